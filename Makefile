@@ -1,0 +1,36 @@
+# Two entry points: `make test` and `make demo`. Each creates .venv when it is missing.
+# torch is installed first and pinned: on this kind of machine torch==2.13.0 is a CPU build on
+# local disk; an unpinned torch would pull a multi-GB CUDA build. On CUDA/ROCm hosts install your
+# vendor's torch build into .venv first; `make` then leaves it alone.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+TORCH  ?= torch==2.13.0
+STAMP  := $(VENV)/.installed
+
+.PHONY: test demo venv clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): $(PY) pyproject.toml
+	$(PIP) install --quiet --upgrade pip
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) install --quiet "$(TORCH)"
+	$(PIP) install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+demo: $(STAMP)
+	@echo "== this machine =="
+	$(VENV)/bin/hetflow inventory
+	@echo
+	@echo "== a recorded cluster (examples/cluster-mixed.yaml) =="
+	$(VENV)/bin/hetflow inventory --cluster examples/cluster-mixed.yaml
+
+clean:
+	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache
