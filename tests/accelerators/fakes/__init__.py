@@ -1,0 +1,1 @@
+"""Fake vendor-library modules (pynvml, amdsmi) for the discovery tests."""
