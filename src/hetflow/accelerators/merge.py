@@ -62,13 +62,16 @@ def _match(dev: Device, devices: dict[int, Device]) -> int | None:
         for idx, other in devices.items():
             if other.pci_bus_id == dev.pci_bus_id:
                 return idx
-        if any(o.pci_bus_id is not None for o in devices.values()):
-            return None  # the other side knows bus ids and none matched: a different device
     if dev.uuid is not None:
         for idx, other in devices.items():
             if other.uuid == dev.uuid:
                 return idx
-    return dev.index if dev.index in devices else None
+    same_index = devices.get(dev.index)
+    if same_index is None:
+        return None
+    if None not in (same_index.pci_bus_id, dev.pci_bus_id) and same_index.pci_bus_id != dev.pci_bus_id:
+        return None  # both know their bus id and they differ: a different device
+    return dev.index
 
 
 def _merge_two(base: NodeTopology, part: NodeTopology) -> NodeTopology:

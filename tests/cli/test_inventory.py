@@ -1,0 +1,180 @@
+"""`hetflow inventory` as a user runs it: this machine, recorded files, a cluster file, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from hetflow.cli.main import main
+from tests.conftest import FIXTURES, REPO, fixture_path
+
+EXAMPLE_CLUSTER = REPO / "examples" / "cluster-mixed.yaml"
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_inventory_of_this_machine_is_a_cpu_node(capsys) -> None:
+    code, out, _ = run_cli(capsys, "inventory", "--json")
+    assert code == 0
+    snap = json.loads(out)
+    (node,) = snap["nodes"]
+    assert node["cpu_cores"] == os.cpu_count()
+    assert node["host_memory_bytes"] > 0
+    # this test machine has no GPU: the node is a CPU node, not an error
+    assert [d["vendor"] for d in node["devices"]] == ["cpu"]
+
+
+def test_inventory_table_of_this_machine(capsys) -> None:
+    code, out, _ = run_cli(capsys, "inventory")
+    assert code == 0
+    assert f"{os.cpu_count()} CPU cores" in out
+
+
+def test_inventory_from_recorded_topology_and_memory(capsys) -> None:
+    code, out, _ = run_cli(
+        capsys, "inventory", "--json", "--from",
+        str(fixture_path("nvidia-h100-sxm5x8-nvswitch-2numa_nvidia-smi-topo-m.txt")),
+    )
+    assert code == 0
+    (node,) = json.loads(out)["nodes"]
+    assert len(node["devices"]) == 8
+    assert len(node["links"]) == 28
+    assert {l["kind"] for l in node["links"]} == {"nvswitch"}
+    assert all(l["bandwidth_gbps"] and l["bandwidth_gbps"] > 100 for l in node["links"])
+    assert [d["numa_node"] for d in node["devices"]] == [0, 0, 0, 0, 1, 1, 1, 1]
+
+
+def test_inventory_of_example_cluster(capsys) -> None:
+    code, out, _ = run_cli(capsys, "inventory", "--json", "--cluster", str(EXAMPLE_CLUSTER))
+    assert code == 0
+    snap = json.loads(out)
+    nodes = snap["nodes"]
+    assert len(nodes) == 4 + 4 + 2 + 2 + 1 + 1 + 2
+    models = [d["model"] for n in nodes for d in n["devices"]]
+    assert models.count("MI300X") == 4 * 8 + 8
+    gpus = [d for n in nodes for d in n["devices"] if d["vendor"] != "cpu"]
+    assert len(gpus) == 32 + 32 + 16 + 8 + 8 + 8
+    names = [n["name"] for n in nodes]
+    assert len(set(names)) == len(names)
+    # the snapshot JSON is itself a valid --cluster input
+    path = Path(os.environ.get("TMPDIR", "/tmp")) / f"snap-{os.getpid()}.json"
+    path.write_text(out)
+    try:
+        code2, out2, _ = run_cli(capsys, "inventory", "--json", "--cluster", str(path))
+    finally:
+        path.unlink()
+    assert code2 == 0 and json.loads(out2) == snap
+
+
+def test_cluster_table_groups_identical_nodes(capsys) -> None:
+    code, out, _ = run_cli(capsys, "inventory", "--cluster", str(EXAMPLE_CLUSTER))
+    assert code == 0
+    assert "16 nodes" in out
+    assert "and 3 identical" in out  # 4 MI300X nodes print once
+
+
+@pytest.mark.parametrize(
+    "content, expected",
+    [
+        ("nodes:\n  - {count: 2, node: 8x MI300X, colour: red}\n", "cluster.yaml:2: nodes[0]: unknown key 'colour'"),
+        ("nodes:\n  - {count: two, node: 8x MI300X}\n", "cluster.yaml:2: nodes[0].count: expected a whole number"),
+        ("nodes:\n  - {count: 2, node: 8x MI300Z}\n", "did you mean"),
+        ("nodes:\n  - {count: 2}\n", "give exactly one of"),
+        ("nodes: [\n", "cluster.yaml"),
+        ("nodez: []\n", "unknown key 'nodez'"),
+        ("nodes:\n  - {from: [missing-file.txt]}\n", "missing-file.txt"),
+    ],
+)
+def test_bad_cluster_file_exits_2_with_one_line(capsys, tmp_path, content, expected) -> None:
+    path = tmp_path / "cluster.yaml"
+    path.write_text(content)
+    code, out, err = run_cli(capsys, "inventory", "--cluster", str(path))
+    assert code == 2
+    assert out == ""
+    assert len(err.strip().splitlines()) == 1, err
+    assert expected in err
+
+
+def test_missing_and_unknown_files_exit_2(capsys, tmp_path) -> None:
+    code, _, err = run_cli(capsys, "inventory", "--from", str(tmp_path / "nope.txt"))
+    assert code == 2 and "no such file" in err
+    junk = tmp_path / "junk.txt"
+    junk.write_text("hello world\nthis is not a tool output\n")
+    code, _, err = run_cli(capsys, "inventory", "--from", str(junk))
+    assert code == 2 and "not a recorded tool output" in err
+
+
+def test_console_script_prints_no_traceback_on_bad_input(tmp_path) -> None:
+    junk = tmp_path / "junk.xml"
+    junk.write_bytes(b"<nvidia_smi_log><gpu><product_name>X</product_name")
+    exe = Path(sys.executable).parent / "hetflow"
+    out = subprocess.run([str(exe), "inventory", "--from", str(junk)], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 2
+    assert "Traceback" not in out.stderr
+    assert out.stderr.startswith("hetflow: error:")
+
+
+TEXT_FIXTURES = sorted(
+    p.name for p in FIXTURES.iterdir() if p.suffix in {".txt", ".xml", ".json", ".csv"}
+    and p.name not in {"API-NOTES.md", "BANDWIDTH.md", "SOURCES.md"}
+)
+
+
+@pytest.mark.parametrize("name", TEXT_FIXTURES)
+def test_every_text_fixture_loads_through_the_cli(capsys, name) -> None:
+    code, out, err = run_cli(capsys, "inventory", "--json", "--from", str(fixture_path(name)))
+    assert code == 0, err
+    (node,) = json.loads(out)["nodes"]
+    assert node["devices"], f"{name}: no device found"
+
+
+def _garble(text: str, rnd: random.Random, how: str) -> str:
+    lines = text.splitlines(keepends=True)
+    if how == "truncate":
+        return text[: rnd.randrange(len(text) + 1)]
+    if how == "shuffle":
+        rnd.shuffle(lines)
+        return "".join(lines)
+    if how == "columns":  # swap two whitespace-separated columns on every line
+        out = []
+        for line in lines:
+            cells = line.split()
+            if len(cells) > 2:
+                i, j = rnd.sample(range(len(cells)), 2)
+                cells[i], cells[j] = cells[j], cells[i]
+            out.append(" ".join(cells) + "\n")
+        return "".join(out)
+    pos = rnd.randrange(len(text) + 1)  # splice random bytes in
+    noise = "".join(chr(rnd.randrange(1, 0x2FF)) for _ in range(rnd.randrange(1, 40)))
+    return text[:pos] + noise + text[pos:]
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    name=st.sampled_from(TEXT_FIXTURES),
+    how=st.sampled_from(["truncate", "shuffle", "columns", "noise"]),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_garbled_fixtures_exit_0_or_2_never_a_traceback(capsys, tmp_path, name, how, seed) -> None:
+    text = fixture_path(name).read_text(errors="replace")
+    path = tmp_path / f"garbled-{name}"
+    path.write_text(_garble(text, random.Random(seed), how))
+    code = main(["inventory", "--json", "--from", str(path)])  # an exception fails the test
+    out, err = capsys.readouterr()
+    assert code in (0, 2)
+    if code == 2:
+        assert out == "" and len(err.strip().splitlines()) == 1 and err.startswith("hetflow: error:")
+    else:
+        json.loads(out)
