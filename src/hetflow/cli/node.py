@@ -1,0 +1,80 @@
+"""``hetflow node start``: join this machine to a Ray cluster as a hetflow node.
+
+    hetflow node start --print                     # show the `ray start` command, run nothing
+    hetflow node start                             # start a head node here
+    hetflow node start --address HEAD:6379         # join a running cluster
+    hetflow node start --from topo.txt --name n1   # describe the node from recorded output
+
+The node gives Ray no GPU resource; each accelerator becomes the custom resource
+``hetflow_dev_<i>`` (capacity = its memory in MiB) and the node gets ``hetflow.io/*`` labels
+(vendor, model, memory, devices, fast-link island size). After `ray start`, the node's topology
+is published in Ray's internal KV, where the planner reads it (docs/placement.md explains why).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import socket
+import subprocess
+import sys
+
+from hetflow.core.errors import HetflowError, InputError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("node", help="start this machine as a hetflow node of a Ray cluster",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    verbs = p.add_subparsers(dest="node_command", metavar="ACTION")
+    s = verbs.add_parser("start", help="run (or --print) `ray start` with hetflow's resources and labels")
+    s.add_argument("--address", help="address of the Ray head to join (default: start a head)")
+    s.add_argument("--from", dest="from_files", nargs="+", metavar="FILE",
+                   help="describe the node from recorded tool output instead of probing")
+    s.add_argument("--model", help="accelerator model for recorded files that do not name it")
+    s.add_argument("--name", help="node name (default: this host's name)")
+    s.add_argument("--num-cpus", type=int, help="CPUs to give Ray (default: Ray's own count)")
+    s.add_argument("--print", dest="print_only", action="store_true",
+                   help="print the command and exit without starting anything")
+    s.set_defaults(func=run_start)
+    p.set_defaults(func=lambda args: p.print_help() or 2)
+
+
+def _node(args: argparse.Namespace):
+    name = args.name or socket.gethostname()
+    if args.from_files:
+        from hetflow.accelerators.load import load_node
+
+        return load_node(args.from_files, name=name, model=args.model)
+    from hetflow.accelerators.discover import discover_local
+    from hetflow.accelerators.enrich import enrich_node
+
+    return dataclasses.replace(enrich_node(discover_local()), name=name)
+
+
+def run_start(args: argparse.Namespace) -> int:
+    from hetflow.runtime.resources import fast_islands, format_command, ray_start_command
+
+    if args.num_cpus is not None and args.num_cpus < 0:
+        raise InputError("--num-cpus must be >= 0")
+    node = _node(args)
+    cmd = ray_start_command(node, args.address, num_cpus=args.num_cpus)
+    islands = fast_islands(node)
+    print(f"# node {node.name}: {len(node.accelerators)} accelerators, fast-link islands "
+          f"{[len(i) for i in islands] if islands else []}")
+    print(format_command(cmd))
+    if args.print_only:
+        return 0
+    done = subprocess.run(cmd, check=False)
+    if done.returncode != 0:
+        raise HetflowError(f"`ray start` failed with exit code {done.returncode} (see its output above)")
+    import ray
+
+    from hetflow.runtime.binding import publish_node
+
+    ray.init(address=args.address or "auto", log_to_driver=False)
+    try:
+        publish_node(node)
+    finally:
+        ray.shutdown()
+    print(f"published the topology of {node.name} to the cluster", file=sys.stderr)
+    return 0

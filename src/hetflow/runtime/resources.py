@@ -1,0 +1,153 @@
+"""How a hetflow node presents its devices to Ray, and how a worker sees exactly its devices.
+
+Why this shape (Ray 2.60, checked on this kind of machine; see docs/placement.md):
+
+* Inside a node Ray hands out GPU instances first fit by index, and per-device custom resources
+  do not steer which instance it picks. So a hetflow node gives Ray **no** ``GPU`` resource at
+  all (``--num-gpus 0``). Each accelerator is a custom resource ``hetflow_dev_<i>`` whose
+  capacity is the device's memory in MiB. Ray's own resource accounting is then hetflow's
+  device bookkeeping: an exclusive job takes a device's whole capacity, a shareable replica
+  takes its memory, and Ray refuses to over-commit either.
+* A plain Ray workload (``num_gpus=1``) is never handed a hetflow device: Ray sees no GPUs on a
+  hetflow node, so such work cannot be scheduled there at all.
+* Each worker gets its visibility variables from its actor's ``runtime_env`` (set before the
+  process starts, so before any framework initialises a device), plus Ray's
+  ``RAY_EXPERIMENTAL_NOSET_*_VISIBLE_DEVICES`` so that Ray never rewrites them.
+
+This module is pure (no ray import): names, capacities, labels, the ``ray start`` command line
+and the visibility environment.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+
+from hetflow.core.topology import Device, LinkKind, NodeTopology, Vendor
+
+DEVICE_RESOURCE_PREFIX = "hetflow_dev_"
+LABEL_PREFIX = "hetflow.io/"
+NODE_LABEL = LABEL_PREFIX + "node"
+UNKNOWN_MEMORY_UNITS = 1024  # capacity for a device whose memory no tool reported
+MIB = 1024 * 1024
+
+# Links fast enough to call a group of devices one island (not PCIe, not unknown).
+FAST_KINDS = frozenset({LinkKind.NVLINK, LinkKind.NVSWITCH, LinkKind.XGMI, LinkKind.SAME_PACKAGE})
+
+
+def device_resource(index: int) -> str:
+    return f"{DEVICE_RESOURCE_PREFIX}{index}"
+
+
+def device_capacity(device: Device) -> int:
+    """Capacity of a device's Ray resource: its memory in MiB (a fixed 1024 when unknown)."""
+    if device.memory_bytes:
+        return max(1, device.memory_bytes // MIB)
+    return UNKNOWN_MEMORY_UNITS
+
+
+def units_for(device: Device, memory_bytes: int | None, exclusive: bool) -> int:
+    """How much of ``device``'s resource one rank takes: all of it, or its memory share."""
+    capacity = device_capacity(device)
+    if exclusive or memory_bytes is None or not device.memory_bytes:
+        return capacity
+    return min(capacity, max(1, -(-memory_bytes // MIB)))  # ceil to whole MiB
+
+
+def node_resources(node: NodeTopology) -> dict[str, int]:
+    return {device_resource(d.index): device_capacity(d) for d in node.accelerators}
+
+
+def fast_islands(node: NodeTopology) -> list[list[int]]:
+    """Groups of accelerators joined by NVLink/NVSwitch/xGMI (connected components), largest first."""
+    parent = {d.index: d.index for d in node.accelerators}
+
+    def find(x: int) -> int:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for link in node.links:
+        if link.kind in FAST_KINDS and link.a in parent and link.b in parent:
+            parent[find(link.a)] = find(link.b)
+    groups: dict[int, list[int]] = {}
+    for idx in sorted(parent):
+        groups.setdefault(find(idx), []).append(idx)
+    return sorted(groups.values(), key=lambda g: (-len(g), g[0]))
+
+
+def _label_value(text: str) -> str:
+    """A Ray (Kubernetes-syntax) label value: <= 63 chars of [A-Za-z0-9_.-], alnum at both ends."""
+    value = re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-_.")[:63].strip("-_.")
+    return value or "unknown"
+
+
+def node_labels(node: NodeTopology) -> dict[str, str]:
+    """Labels for ``ray start --labels``: what a label selector can ask of this node."""
+    accs = node.accelerators
+    labels = {NODE_LABEL: _label_value(node.name)}
+    if not accs:
+        labels[LABEL_PREFIX + "vendor"] = "cpu"
+        return labels
+    vendors = sorted({d.vendor.value for d in accs})
+    models = sorted({d.model or d.name or "unknown" for d in accs})
+    mems = [d.memory_bytes for d in accs if d.memory_bytes]
+    islands = fast_islands(node)
+    labels.update({
+        LABEL_PREFIX + "vendor": _label_value("-".join(vendors)),
+        LABEL_PREFIX + "model": _label_value("-".join(models)),
+        LABEL_PREFIX + "devices": str(len(accs)),
+        LABEL_PREFIX + "island-size": str(len(islands[0])),
+        LABEL_PREFIX + "islands": str(len(islands)),
+    })
+    if mems:
+        labels[LABEL_PREFIX + "memory-gib"] = str(min(mems) // (1024 * MIB))
+    return labels
+
+
+def ray_start_command(
+    node: NodeTopology,
+    address: str | None,
+    num_cpus: int | None = None,
+    extra: list[str] | None = None,
+) -> list[str]:
+    """``ray start`` for this node: no Ray GPUs, one resource per device, hetflow labels."""
+    cmd = ["ray", "start"]
+    cmd += [f"--address={address}"] if address else ["--head"]
+    cmd += ["--num-gpus=0"]
+    if num_cpus is not None:
+        cmd.append(f"--num-cpus={num_cpus}")
+    res = node_resources(node)
+    if res:
+        cmd.append("--resources=" + json.dumps(res, separators=(",", ":"), sort_keys=True))
+    cmd.append("--labels=" + ",".join(f"{k}={v}" for k, v in sorted(node_labels(node).items())))
+    return cmd + list(extra or [])
+
+
+def format_command(cmd: list[str]) -> str:
+    return " ".join(shlex.quote(c) for c in cmd)
+
+
+def visibility_env(vendor: Vendor, devices: list[int] | tuple[int, ...]) -> dict[str, str]:
+    """Environment that makes a worker see exactly ``devices`` (physical indices, rank order).
+
+    NVIDIA: ``CUDA_VISIBLE_DEVICES``. AMD: ``HIP_VISIBLE_DEVICES`` *and*
+    ``CUDA_VISIBLE_DEVICES`` with the same ids - HIP honours either, and Ray Train computes a
+    worker's local device index from ``CUDA_VISIBLE_DEVICES`` only (the ROCm "invalid device
+    ordinal" reports, ray#49260). ``ROCR_VISIBLE_DEVICES`` is left alone: HIP indices apply
+    after ROCr's filtering, so setting both would filter twice. The NOSET variables stop Ray
+    from rewriting any of them. CPU: no device is visible.
+    """
+    ids = ",".join(str(d) for d in devices)
+    noset = {
+        "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1",
+        "RAY_EXPERIMENTAL_NOSET_HIP_VISIBLE_DEVICES": "1",
+        "RAY_EXPERIMENTAL_NOSET_ROCR_VISIBLE_DEVICES": "1",
+    }
+    if vendor is Vendor.NVIDIA:
+        return {"CUDA_VISIBLE_DEVICES": ids, **noset}
+    if vendor is Vendor.AMD:
+        return {"HIP_VISIBLE_DEVICES": ids, "CUDA_VISIBLE_DEVICES": ids, **noset}
+    return {"CUDA_VISIBLE_DEVICES": "", "HIP_VISIBLE_DEVICES": "", **noset}
