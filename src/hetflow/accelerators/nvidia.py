@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Callable
 
+from hetflow.core.pci import normalize_pci_bus_id as _normalize_pci_bus_id
 from hetflow.core.topology import Device, Link, LinkKind, NodeTopology, PcieLevel, Vendor
 
 log = logging.getLogger(__name__)
@@ -70,26 +71,7 @@ def discover(lib: Any = None) -> NodeTopology | None:
             log.debug("nvmlShutdown failed: %s", err)
 
 
-def normalize_pci_bus_id(raw: str | bytes | None) -> str | None:
-    """``"00000000:1A:00.0"`` (NVML) or ``"0000:1a:00.0"`` -> ``"0000:1a:00.0"``.
-
-    Lower-case hex, a domain of at least 4 digits, 2-digit bus and device. ``None`` for text that
-    is not a PCI address.
-    """
-    if raw is None:
-        return None
-    text = raw.decode() if isinstance(raw, bytes) else raw
-    parts = text.strip().split(":")
-    if len(parts) == 2:  # "bb:dd.f" without a domain
-        parts = ["0", *parts]
-    if len(parts) != 3 or "." not in parts[2]:
-        return None
-    dev, fn = parts[2].split(".", 1)
-    try:
-        domain, bus, device, function = (int(x, 16) for x in (parts[0], parts[1], dev, fn))
-    except ValueError:
-        return None
-    return f"{domain:04x}:{bus:02x}:{device:02x}.{function:x}"
+normalize_pci_bus_id = _normalize_pci_bus_id  # kept for callers of this module
 
 
 def _import_pynvml() -> ModuleType | None:

@@ -34,6 +34,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
+from hetflow.core.pci import normalize_pci_bus_id
 from hetflow.accelerators.recorded.base import RecordedFormat
 from hetflow.core.errors import ParseError
 from hetflow.core.topology import Device, Link, LinkKind, NodeTopology, Vendor
@@ -50,32 +51,13 @@ NOTE_RBT = "measured by rocm-bandwidth-test (unidirectional)"
 XGMI_HOP_WEIGHT = 15
 PCIE_SEGMENT_WEIGHT = 20
 
-_BUS_ID = re.compile(
-    r"^(?:(?P<domain>[0-9a-fA-F]{1,8}):)?(?P<bus>[0-9a-fA-F]{1,2}):(?P<dev>[0-9a-fA-F]{1,2})"
-    r"\.(?P<fn>[0-7])$"
-)
 _LINK_KINDS = {"XGMI": LinkKind.XGMI, "PCIE": LinkKind.PCIE}
 
 
 # --------------------------------------------------------------------------- shared helpers
 
 
-def normalise_bus_id(text: str) -> str | None:
-    """``"0000:0C:00.0"``, ``"c9:0.0"`` -> ``"0000:0c:00.0"``; None if ``text`` is no bus id.
-
-    A missing domain is 0000 (the tools that omit it print domain-0 devices only as far as the
-    fixtures show).
-    """
-    match = _BUS_ID.match(text.strip())
-    if match is None:
-        return None
-    domain = int(match["domain"] or "0", 16)
-    if domain > 0xFFFF:
-        return None
-    bus, dev, fn = int(match["bus"], 16), int(match["dev"], 16), int(match["fn"])
-    if dev > 0x1F:
-        return None
-    return f"{domain:04x}:{bus:02x}:{dev:02x}.{fn}"
+normalise_bus_id = normalize_pci_bus_id  # one spelling for every parser (core/pci.py)
 
 
 def _safe_sniff(check: Callable[[str], bool]) -> Callable[[str], bool]:

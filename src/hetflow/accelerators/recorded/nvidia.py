@@ -32,6 +32,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from typing import Callable, Collection, Iterable, Iterator, Mapping
 
+from hetflow.core.pci import normalize_pci_bus_id
 from hetflow.accelerators.recorded.base import RecordedFormat
 from hetflow.core.errors import InputError, ParseError
 from hetflow.core.topology import Device, Link, LinkKind, NodeTopology, PcieLevel, Vendor, pair
@@ -69,19 +70,9 @@ def _is_elision(line: str) -> bool:
     return bool(_ELISION.match(line))
 
 
-_BUS_ID = re.compile(
-    r"^(?:([0-9a-f]{1,8}):)?([0-9a-f]{1,2}):([0-9a-f]{1,2})\.([0-7])$", re.ASCII | re.IGNORECASE
-)
 
 
-def normalise_pci_bus_id(raw: str) -> str | None:
-    """``'00000000:18:00.0'`` -> ``'0000:18:00.0'``: lowercase, domain of at least 4 hex digits
-    (wider PCI domains, e.g. VMD's ``10000``, keep their digits). None if ``raw`` is no bus id."""
-    m = _BUS_ID.match(raw.strip())
-    if not m:
-        return None
-    domain, bus, dev, fn = m.groups()
-    return f"{int(domain or '0', 16):04x}:{int(bus, 16):02x}:{int(dev, 16):02x}.{fn}"
+normalise_pci_bus_id = normalize_pci_bus_id  # one spelling for every parser (core/pci.py)
 
 
 def _bus_id(raw: str, source: str, line: int | None, what: str) -> str:
