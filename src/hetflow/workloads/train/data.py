@@ -1,0 +1,132 @@
+"""The built-in datasets and the step -> samples order.
+
+Nothing is downloaded. ``digits`` is scikit-learn's bundled 8x8 digits; ``python-source`` is
+the source text of a fixed list of standard-library modules of the running Python, tokenised
+as bytes (vocabulary 256) and cut into windows of ``seq_len + 1`` tokens.
+
+The order is **stateless**: the global batch of step ``s`` is a function of (dataset size,
+batch size, seed, s) alone - the ``s % steps_per_epoch``-th slice of epoch
+``s // steps_per_epoch``'s seeded permutation. A job resumed at step s therefore sees exactly
+the batches an uninterrupted job would have seen, with no sampler state to checkpoint, and a
+different number of data-parallel replicas sees the same global batch (each replica takes a
+contiguous share of it).
+"""
+
+from __future__ import annotations
+
+import sysconfig
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from hetflow.core.errors import InputError
+
+# Standard-library modules present in every CPython >= 3.11, read in this order.
+CORPUS_MODULES = (
+    "argparse.py", "bisect.py", "difflib.py", "fractions.py", "functools.py", "heapq.py",
+    "json/decoder.py", "json/encoder.py", "string.py", "textwrap.py",
+)
+
+
+@dataclass(frozen=True)
+class Split:
+    """Inputs and targets of one split; row i of each is sample i."""
+
+    inputs: torch.Tensor
+    targets: torch.Tensor
+
+    def __len__(self) -> int:
+        return len(self.inputs)
+
+    def take(self, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.inputs[indices], self.targets[indices]
+
+
+@dataclass(frozen=True)
+class Dataset:
+    name: str
+    train: Split
+    val: Split
+
+
+def load_dataset(name: str, *, val_fraction: float, seed: int, seq_len: int = 64) -> Dataset:
+    """``digits`` or ``python-source``, split into train and validation by ``seed``."""
+    if name == "digits":
+        inputs, targets = _digits()
+    elif name == "python-source":
+        inputs, targets = _text_windows(seq_len)
+    else:
+        raise InputError(f"unknown dataset {name!r}; expected digits or python-source")
+    order = torch.randperm(len(inputs), generator=torch.Generator().manual_seed(seed))
+    num_val = max(1, int(round(len(inputs) * val_fraction)))
+    val, train = order[:num_val].sort().values, order[num_val:].sort().values
+    return Dataset(name, Split(inputs[train], targets[train]), Split(inputs[val], targets[val]))
+
+
+@lru_cache(maxsize=1)
+def _digits() -> tuple[torch.Tensor, torch.Tensor]:
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    # Pixels are 0..16; scale to 0..1 so the default initialisation suits them.
+    inputs = torch.from_numpy(np.asarray(bunch.data, dtype=np.float32) / 16.0)
+    targets = torch.from_numpy(np.asarray(bunch.target, dtype=np.int64))
+    return inputs, targets
+
+
+def corpus_bytes() -> bytes:
+    """The text corpus: the listed standard-library sources, concatenated in order."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    parts = []
+    for name in CORPUS_MODULES:
+        path = stdlib / name
+        try:
+            parts.append(path.read_bytes())
+        except OSError as exc:
+            raise InputError(f"the python-source corpus needs {path} from the standard library "
+                             f"({exc.strerror}); use a full Python installation") from None
+    return b"\n".join(parts)
+
+
+@lru_cache(maxsize=4)
+def _text_windows(seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    tokens = torch.frombuffer(bytearray(corpus_bytes()), dtype=torch.uint8).long()
+    count = (len(tokens) - 1) // seq_len
+    starts = torch.arange(count) * seq_len
+    windows = tokens[starts[:, None] + torch.arange(seq_len + 1)]
+    return windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
+
+
+class StepOrder:
+    """Which training samples make up each step's global batch (see the module docstring)."""
+
+    def __init__(self, num_samples: int, batch_size: int, seed: int) -> None:
+        if batch_size > num_samples:
+            raise InputError(f"train.batch_size {batch_size} is larger than the "
+                             f"{num_samples} training samples; lower it")
+        self.num_samples = num_samples
+        self.batch_size = batch_size
+        self.seed = seed
+        self.steps_per_epoch = num_samples // batch_size  # the last partial batch is dropped
+        self._epoch = -1
+        self._perm = torch.empty(0, dtype=torch.long)
+
+    def global_batch(self, step: int) -> torch.Tensor:
+        """Indices of step ``step`` (0-based) over all replicas."""
+        epoch, within = divmod(step, self.steps_per_epoch)
+        if epoch != self._epoch:
+            generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+            self._perm = torch.randperm(self.num_samples, generator=generator)
+            self._epoch = epoch
+        return self._perm[within * self.batch_size:(within + 1) * self.batch_size]
+
+    def replica_batch(self, step: int, dp_index: int, dp: int) -> torch.Tensor:
+        """The contiguous share of step ``step``'s global batch that replica ``dp_index`` trains on."""
+        share = self.batch_size // dp
+        return self.global_batch(step)[dp_index * share:(dp_index + 1) * share]
+
+
+__all__ = ["CORPUS_MODULES", "Dataset", "Split", "StepOrder", "corpus_bytes", "load_dataset"]

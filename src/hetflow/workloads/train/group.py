@@ -1,0 +1,230 @@
+"""hetflow's actor group for training: place the ranks, start them, watch them, tear them down.
+
+Why our own group rather than Ray Train: Ray Train V2 makes one placement group of identical
+bundles and picks GPUs first-fit, so it cannot put rank r on the device the planner chose for
+it. Here each rank's actor gets exactly its planned device (``hetflow.runtime.binding``).
+
+Placement, in order of preference:
+
+1. **hetflow-managed nodes** (published with ``hetflow node``) and ``resources.device`` not
+   ``cpu``: the planner places the dp x pp x tp layout (tensor-parallel groups on the fastest
+   links) and :func:`~hetflow.runtime.binding.reserve` binds each rank to its device.
+2. **plain Ray GPUs** (no hetflow nodes): one Ray GPU per rank in a placement group; Ray
+   chooses which GPUs (first fit) and sets their visibility.
+3. **CPU only** (``resources.device: cpu``, or a cluster with no GPUs at all): one bundle of
+   ``cpus_per_rank`` CPUs per rank, in a placement group so that all ranks start together or
+   not at all.
+
+A placement that Ray does not commit within ``placement_timeout_s`` is removed and reported as
+:class:`~hetflow.core.errors.Unschedulable`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from hetflow.core.errors import HetflowError, Unschedulable
+from hetflow.core.request import ParallelLayout, PlacementRequest, parse_vendor
+from hetflow.core.units import parse_bytes
+from hetflow.workloads.train.config import TrainConfig
+from hetflow.workloads.train.loop import RankResult
+from hetflow.workloads.train.worker import TrainWorker
+
+FAILURE_GRACE_S = 5.0  # after one rank fails, how long the others get to fail or finish too
+
+
+class WorkerFailure(HetflowError):
+    """A rank's process died or lost its peers: restarting from a checkpoint may help."""
+
+
+class TrainingCodeError(HetflowError):
+    """A rank raised an error of its own (not a lost peer): a restart would only repeat it."""
+
+
+@dataclass
+class Placed:
+    """Where the ranks go: ``.options()`` per rank and how to give the resources back."""
+
+    options: list[dict[str, Any]]
+    release: Callable[[], None]
+    how: str  # one line for the user: which path and which devices
+
+
+def place_ranks(config: TrainConfig, job_id: str) -> Placed:
+    """Reserve resources for every rank of ``config.layout`` (see the module docstring)."""
+    res = config.resources
+    world = config.layout.world_size
+    if res.device != "cpu":
+        from hetflow.runtime.binding import published_nodes
+
+        if published_nodes():
+            return _place_on_hetflow_nodes(config, job_id)
+    gpus = ray.cluster_resources().get("GPU", 0) if res.device != "cpu" else 0
+    if res.device == "gpu" and not gpus:
+        raise Unschedulable(
+            f"job {job_id}: resources.device is gpu but the Ray cluster has no hetflow-managed "
+            "nodes and no Ray GPUs; start the GPU nodes with `hetflow node` (or `ray start "
+            "--num-gpus N`), or set resources.device: cpu"
+        )
+    bundle = {"CPU": res.cpus_per_rank, **({"GPU": 1.0} if gpus else {})}
+    group = placement_group([dict(bundle) for _ in range(world)], strategy="PACK",
+                            name=f"hetflow-{job_id}")
+    _wait_committed(group, res.placement_timeout_s, job_id, world, bundle)
+    options = [{
+        "num_cpus": res.cpus_per_rank,
+        "num_gpus": 1 if gpus else 0,
+        "scheduling_strategy": PlacementGroupSchedulingStrategy(
+            placement_group=group, placement_group_bundle_index=rank),
+    } for rank in range(world)]
+    kind = "one Ray GPU each (Ray chooses which)" if gpus else f"{res.cpus_per_rank:g} CPU each"
+    return Placed(options, lambda: remove_placement_group(group),
+                  f"{world} ranks, {kind}, no hetflow-managed nodes in this cluster")
+
+
+def _wait_committed(group: Any, timeout_s: float, job_id: str, world: int,
+                    bundle: dict[str, float]) -> None:
+    ready, _ = ray.wait([group.ready()], timeout=timeout_s)
+    if not ready:
+        remove_placement_group(group)
+        raise Unschedulable(
+            f"job {job_id}: Ray could not reserve {world} x {bundle} within {timeout_s:g}s "
+            f"(cluster has {ray.cluster_resources()}); lower layout degrees or "
+            "resources.cpus_per_rank, or add nodes"
+        )
+
+
+def _place_on_hetflow_nodes(config: TrainConfig, job_id: str) -> Placed:
+    from hetflow.runtime.binding import live_snapshot, reserve
+    from hetflow.scheduling.planner import plan
+
+    res, layout = config.resources, config.layout
+    snapshot = live_snapshot()
+    request = PlacementRequest(
+        job_id,
+        layout=ParallelLayout(dp=layout.dp, pp=layout.pp, tp=layout.tp),
+        memory_bytes=parse_bytes(res.memory) if res.memory else None,
+        vendor=parse_vendor(res.vendor),
+        model=res.accelerator,
+    )
+    placement = plan(snapshot, request)
+    bound = reserve(placement, snapshot, cpus_per_rank=res.cpus_per_rank,
+                    timeout_s=res.placement_timeout_s)
+    options = [bound.actor_options(rank) for rank in range(placement.world_size)]
+    return Placed(options, bound.release, placement.explain())
+
+
+class WorkerGroup:
+    """One attempt: ``world_size`` actors, one per rank, on the placement of ``place_ranks``."""
+
+    def __init__(self, config: TrainConfig, job_id: str, attempt: int,
+                 progress: Any | None = None) -> None:
+        self.config = config
+        self.job_id = job_id
+        self.attempt = attempt
+        self.progress = progress
+        self.placed: Placed | None = None
+        self.actors: list[Any] = []
+        self.where: list[dict[str, Any]] = []
+
+    def start(self) -> None:
+        """Reserve, create the actors and wait until each has started (torch imported)."""
+        self.placed = place_ranks(self.config, f"{self.job_id}-{self.attempt}")
+        remote = ray.remote(max_restarts=0, max_concurrency=1)(TrainWorker)
+        self.actors = [remote.options(**opts).remote() for opts in self.placed.options]
+        try:
+            self.where = ray.get([a.where.remote() for a in self.actors],
+                                 timeout=self.config.resources.placement_timeout_s)
+        except (RayActorError, GetTimeoutError) as exc:
+            raise WorkerFailure(f"a worker of job {self.job_id} did not start: {exc}") from None
+
+    @property
+    def pids(self) -> list[int]:
+        return [w["pid"] for w in self.where]
+
+    def run(self, tick: Callable[[], None] | None = None, poll_s: float = 0.1) -> list[RankResult]:
+        """Train to the end; ``tick`` is called about every ``poll_s`` while waiting.
+
+        Raises WorkerFailure when a rank's process died (or its collectives lost a peer), and
+        TrainingCodeError when a rank raised an error of its own.
+        """
+        assert self.actors, "start() first"
+        rendezvous = f"tcp://{self.where[0]['ip']}:{self.where[0]['port']}"
+        world = len(self.actors)
+        refs = [a.train.remote(self.config, rank, world, rendezvous, self.progress, self.attempt)
+                for rank, a in enumerate(self.actors)]
+        pending = list(refs)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1, timeout=poll_s)
+            if tick is not None:
+                tick()
+            for ref in done:
+                try:
+                    ray.get(ref)
+                except (RayActorError, RayTaskError) as exc:
+                    self._raise_failure(refs, refs.index(ref), exc)
+        results: list[RankResult] = ray.get(refs)
+        for result, where in zip(results, self.where):
+            result.node_id = where["node_id"]
+        return results
+
+    def _raise_failure(self, refs: list[Any], first_rank: int, first: Exception) -> None:
+        """Decide between 'a process died' (restartable) and 'the code failed' (not)."""
+        errors: dict[int, Exception] = {first_rank: first}
+        ray.wait(refs, num_returns=len(refs), timeout=FAILURE_GRACE_S)
+        for rank, ref in enumerate(refs):
+            if rank in errors:
+                continue
+            try:
+                ray.get(ref, timeout=0)
+            except (RayActorError, RayTaskError) as exc:
+                errors[rank] = exc
+            except GetTimeoutError:
+                pass  # still blocked in a collective: it is waiting for the failed rank
+        own = {r: e for r, e in errors.items()
+               if isinstance(e, RayTaskError) and not _is_lost_peer(e)}
+        died = sorted(r for r, e in errors.items() if isinstance(e, RayActorError))
+        if own and not died:
+            rank, exc = min(own.items())
+            raise TrainingCodeError(
+                f"rank {rank} of job {self.job_id} failed: {_cause_text(exc)}")
+        what = (f"rank {died[0]}'s process died" if died
+                else f"rank {min(errors)} lost its peers ({_cause_text(errors[min(errors)])})")
+        raise WorkerFailure(f"{what} (attempt {self.attempt})")
+
+    def shutdown(self) -> None:
+        """Kill the actors and give the resources back; safe to call twice."""
+        for actor in self.actors:
+            ray.kill(actor, no_restart=True)
+        self.actors = []
+        if self.placed is not None:
+            self.placed.release()
+            self.placed = None
+
+
+def _is_lost_peer(exc: RayTaskError) -> bool:
+    """True when the rank failed inside a collective because another rank went away."""
+    import torch.distributed as dist
+
+    cause = getattr(exc, "cause", None)
+    if isinstance(cause, dist.DistError):
+        return True
+    text = str(cause or exc).lower()
+    # gloo reports a vanished peer as a plain RuntimeError from its transport
+    return any(s in text for s in ("connection closed by peer", "connection reset by peer",
+                                   "broken pipe", "gloo/transport", "timed out"))
+
+
+def _cause_text(exc: Exception) -> str:
+    cause = getattr(exc, "cause", None)
+    if cause is not None:
+        return f"{type(cause).__name__}: {cause}"
+    return str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+
+
+__all__ = ["Placed", "TrainingCodeError", "WorkerFailure", "WorkerGroup", "place_ranks"]

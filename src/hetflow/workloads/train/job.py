@@ -1,0 +1,255 @@
+"""``run_training(config) -> TrainResult``: a whole training job on Ray, with recovery.
+
+    from hetflow.workloads.train.config import load_config
+    from hetflow.workloads.train.job import run_training
+    result = run_training(load_config("examples/train_digits.yaml"))
+    print(result.metrics["val_accuracy"])
+
+The job runs attempts until one finishes. Each attempt is a fresh :class:`WorkerGroup` that
+resumes from the newest complete checkpoint. When a worker process dies (or its peers lose
+it), the group is torn down and a new attempt starts, up to ``resources.max_failures`` times;
+then the job fails with :class:`TrainingFailed`, saying where the last checkpoint is. An error
+raised by the training code itself fails the job at once (a restart would repeat it).
+
+With ``resources.elastic``, a restart whose full layout no longer fits (a node is gone) runs
+with fewer data-parallel replicas instead: the global batch and its order stay the same, so
+the loss curve continues as before, only slower.
+
+At the end the final checkpoint is loaded into a single-device model in this process and
+evaluated on the validation split (accuracy for digits, loss for the text model): this also
+checks that the checkpoint is whole. The checkpoint directory must therefore be reachable from
+this process and every worker (as DCP needs anyway on several nodes).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from hetflow.core.errors import HetflowError, Unschedulable
+from hetflow.workloads.train.checkpoint import CheckpointInfo, latest_checkpoint
+from hetflow.workloads.train.config import TrainConfig
+from hetflow.workloads.train.loop import RankResult
+
+ProgressCallback = Callable[[dict[str, Any], "TrainingJob"], None]
+
+
+class TrainingFailed(HetflowError):
+    """The job gave up: too many worker failures, or an error in the training code."""
+
+
+@dataclass
+class TrainResult:
+    """What a finished job did."""
+
+    name: str
+    steps: int  # optimizer steps done (= train.steps)
+    losses: dict[int, float]  # step -> global mean training loss, every step of the job
+    metrics: dict[str, float]  # validation metrics from the final checkpoint
+    checkpoint: str  # the final checkpoint's directory
+    restarts: int  # attempts that failed and were restarted
+    failures: list[str]  # why each failed attempt failed
+    samples_per_s: float | None  # last attempt, after warm-up
+    startup_s: float  # run_training called -> first step done (first attempt)
+    recovery_s: list[float]  # per restart: failure noticed -> first step of the next attempt
+    wall_s: float
+    layout: dict[str, int]  # the layout of the last attempt (dp may have shrunk)
+    placement: str  # how the last attempt was placed
+    ranks: list[RankResult] = field(default_factory=list)  # the last attempt's ranks
+
+    @property
+    def final_loss(self) -> float:
+        return self.losses[max(self.losses)]
+
+
+class TrainingJob:
+    """A training job's supervisor; ``run()`` blocks until it finishes or fails.
+
+    ``on_progress(record, job)`` is called in this process for each loss record rank 0 sends
+    (``step``, ``loss``, ``time``, ``attempt``); ``job.worker_pids`` are the current attempt's
+    rank processes (rank order).
+    """
+
+    def __init__(self, config: TrainConfig, on_progress: ProgressCallback | None = None) -> None:
+        self.config = config
+        self.on_progress = on_progress
+        self.records: list[dict[str, Any]] = []
+        self.worker_pids: list[int] = []
+        self.attempt = 0
+        self._progress: Any = None
+        self._how = ""  # how the current attempt was placed
+
+    def run(self) -> TrainResult:
+        import ray
+
+        started_ray = False
+        if not ray.is_initialized():
+            ray.init(address=self.config.resources.ray_address, log_to_driver=True)
+            started_ray = True
+        try:
+            return self._run()
+        finally:
+            if self._progress is not None:
+                ray.kill(self._progress)
+                self._progress = None
+            if started_ray:
+                ray.shutdown()
+
+    def _run(self) -> TrainResult:
+        import ray
+
+        from hetflow.workloads.train.group import TrainingCodeError, WorkerFailure, WorkerGroup
+        from hetflow.workloads.train.worker import ProgressLog
+
+        t0 = time.time()
+        config = self.config
+        self._progress = ray.remote(num_cpus=0)(ProgressLog).remote()
+        failures: list[str] = []
+        failed_at: list[float] = []
+        while True:
+            group = WorkerGroup(config, config.name, self.attempt, self._progress)
+            try:
+                config, group = self._start(group, config, failures)
+                self.worker_pids = group.pids
+                ranks = group.run(tick=self._poll)
+                break
+            except WorkerFailure as exc:
+                failed_at.append(time.time())
+                failures.append(str(exc))
+                if len(failures) > config.resources.max_failures:
+                    raise TrainingFailed(self._gave_up(failures)) from None
+            except TrainingCodeError as exc:
+                raise TrainingFailed(f"job {config.name}: {exc}; fix the cause and run again "
+                                     "(completed checkpoints are kept and resumed)") from None
+            finally:
+                group.shutdown()
+                self.worker_pids = []
+            self.attempt += 1
+        self._poll()
+        return self._result(config, ranks, failures, failed_at, t0)
+
+    def _start(self, group: Any, config: TrainConfig, failures: list[str]) -> tuple[TrainConfig, Any]:
+        """Start ``group``; with ``elastic``, shrink dp until it fits after a failure."""
+        from hetflow.workloads.train.group import WorkerGroup
+
+        candidates = [config]
+        if failures and config.resources.elastic:
+            candidates += smaller_layouts(config)
+        for i, candidate in enumerate(candidates):
+            try:
+                if i:
+                    group = WorkerGroup(candidate, candidate.name, self.attempt, self._progress)
+                group.start()
+                self._how = group.placed.how if group.placed else ""
+                return candidate, group
+            except Unschedulable:
+                group.shutdown()
+                if i == len(candidates) - 1:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _poll(self) -> None:
+        import ray
+
+        new = ray.get(self._progress.since.remote(len(self.records)))
+        for record in new:
+            self.records.append(record)
+            if self.on_progress is not None:
+                self.on_progress(record, self)
+
+    def _gave_up(self, failures: list[str]) -> str:
+        info = latest_checkpoint(self.config.checkpoint_dir)
+        where = (f"the last complete checkpoint is step {info.step} in {info.path}"
+                 if info else f"no checkpoint was completed in {self.config.checkpoint_dir}")
+        return (f"job {self.config.name} failed {len(failures)} times, more than "
+                f"resources.max_failures={self.config.resources.max_failures} allows "
+                f"(last: {failures[-1]}); {where}. Run the same config again to resume from it, "
+                "or raise resources.max_failures")
+
+    def _result(self, config: TrainConfig, ranks: list[RankResult], failures: list[str],
+                failed_at: list[float], t0: float) -> TrainResult:
+        rank0 = ranks[0]
+        info = latest_checkpoint(config.checkpoint_dir)
+        assert info is not None and info.step == config.train.steps, "the final checkpoint is missing"
+        first_steps = {}
+        for record in self.records:
+            first_steps.setdefault(record["attempt"], record["time"])
+        recovery = [first_steps[a + 1] - failed_at[a] for a in range(len(failed_at))
+                    if a + 1 in first_steps]
+        layout = config.layout
+        return TrainResult(
+            name=config.name,
+            steps=rank0.end_step,
+            losses=dict(sorted(rank0.losses.items())),
+            metrics=evaluate_checkpoint(config, info),
+            checkpoint=str(info.path),
+            restarts=len(failures),
+            failures=failures,
+            samples_per_s=rank0.samples_per_s,
+            startup_s=(first_steps.get(0, rank0.first_step_at or t0) - t0),
+            recovery_s=recovery,
+            wall_s=time.time() - t0,
+            layout={"dp": layout.dp, "pp": layout.pp, "tp": layout.tp},
+            placement=self._how,
+            ranks=ranks,
+        )
+
+
+def smaller_layouts(config: TrainConfig) -> list[TrainConfig]:
+    """The same job with fewer data-parallel replicas, largest first, where the global batch
+    still splits evenly (over replicas, and over microbatches with a pipeline)."""
+    layout, batch = config.layout, config.train.batch_size
+    out = []
+    for dp in range(layout.dp - 1, 0, -1):
+        per_replica, rem = divmod(batch, dp)
+        if rem or (layout.pp > 1 and per_replica % layout.microbatches):
+            continue
+        mode = layout.data_parallel if dp > 1 else "ddp"
+        out.append(config.with_overrides(layout={"dp": dp, "data_parallel": mode}))
+    return out
+
+
+def evaluate_checkpoint(config: TrainConfig, info: CheckpointInfo,
+                        max_samples: int | None = None) -> dict[str, float]:
+    """Validation metrics of a checkpoint, on one CPU device in this process (over the first
+    ``max_samples`` validation samples when given)."""
+    import torch
+
+    from hetflow.workloads.train.checkpoint import load_model_weights
+    from hetflow.workloads.train.data import load_dataset
+    from hetflow.workloads.train.models import build_model, loss_fn
+
+    model = build_model(config)
+    load_model_weights(info, model)
+    model.eval()
+    dataset = load_dataset(config.dataset, val_fraction=config.data.val_fraction,
+                           seed=config.data.seed, seq_len=getattr(config.model, "seq_len", 64))
+    val = dataset.val
+    count_limit = len(val) if max_samples is None else min(len(val), max_samples)
+    total_loss, correct, count = 0.0, 0, 0
+    with torch.no_grad():
+        for start in range(0, count_limit, 256):
+            end = min(start + 256, count_limit)
+            inputs, targets = val.inputs[start:end], val.targets[start:end]
+            output = model(inputs)
+            total_loss += float(loss_fn(output, targets)) * targets.numel()
+            correct += int((output.argmax(-1) == targets).sum())
+            count += targets.numel()
+    metrics = {"val_loss": total_loss / count}
+    if config.model.kind == "mlp":
+        metrics["val_accuracy"] = correct / count
+    else:
+        metrics["val_token_accuracy"] = correct / count
+    return metrics
+
+
+def run_training(config: TrainConfig, on_progress: ProgressCallback | None = None) -> TrainResult:
+    """Run ``config`` on Ray (joining ``resources.ray_address``, or a local Ray) to the end."""
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    return TrainingJob(config, on_progress).run()
+
+
+__all__ = ["TrainResult", "TrainingFailed", "TrainingJob", "evaluate_checkpoint",
+           "run_training", "smaller_layouts"]

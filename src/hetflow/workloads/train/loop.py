@@ -1,0 +1,256 @@
+"""One rank's training: process group, device mesh, model, steps, checkpoints.
+
+``train_rank`` is plain PyTorch - no Ray - so the same function runs inside a Ray actor
+(:mod:`~hetflow.workloads.train.worker`), under ``torch.multiprocessing`` in the tests, or under
+any other launcher that gives each process its rank and a rendezvous address.
+
+Device and collective backend, the only vendor-specific choice (made here, nowhere else):
+a worker whose placement made a GPU visible (``CUDA_VISIBLE_DEVICES`` / ``HIP_VISIBLE_DEVICES``
+set before the process started) uses ``cuda:0`` and ``nccl`` - on ROCm builds of PyTorch
+(``torch.version.hip``) the device type is still "cuda" and "nccl" is RCCL. Otherwise the CPU
+and ``gloo``.
+
+Losses are reduced in batches (one all-reduce per ``log_every`` steps, per checkpoint and at
+the end, and at the first step of each attempt) instead of one ``.item()`` per step, which would
+synchronise every step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from hetflow.core.errors import HetflowError
+from hetflow.core.request import MeshAxis
+from hetflow.workloads.train.checkpoint import (
+    ModelState,
+    OptimizerState,
+    latest_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+    remove_partials,
+    save_checkpoint,
+)
+from hetflow.workloads.train.config import TrainConfig
+from hetflow.workloads.train.data import StepOrder, load_dataset
+from hetflow.workloads.train.models import build_model, loss_fn
+from hetflow.workloads.train.parallelize import ParallelModel, build_mesh, parallelize
+
+Report = Callable[[list[dict[str, Any]]], None]
+
+
+@dataclass
+class RankResult:
+    """What one rank did in one attempt."""
+
+    rank: int
+    start_step: int  # steps already done when this attempt began (from a checkpoint)
+    end_step: int  # steps done when it returned
+    losses: dict[int, float] = field(default_factory=dict)  # step -> global mean loss (rank 0: all)
+    samples_per_s: float | None = None  # after warm-up, checkpoints at the end excluded
+    first_step_at: float | None = None  # wall time (time.time) when this attempt's first step ended
+    device: str = "cpu"
+    backend: str = "gloo"
+    runtime: str = "cpu"  # cpu, cuda or rocm
+    host: str = ""
+    node_id: str = ""  # the Ray node, when run by the actor group
+    pid: int = 0
+    visible_devices: dict[str, str | None] = field(default_factory=dict)
+    checkpoint: str | None = None  # the final checkpoint's directory
+
+
+VISIBILITY_VARS = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
+
+
+def select_device(preference: str) -> torch.device:
+    """``cuda:0`` when a GPU is visible and wanted, else the CPU; ``gpu`` with none is an error."""
+    if preference != "cpu" and torch.cuda.is_available():
+        return torch.device("cuda", 0)  # the placement made exactly this rank's GPU visible
+    if preference == "gpu":
+        seen = {k: os.environ.get(k) for k in VISIBILITY_VARS}
+        raise HetflowError(
+            f"resources.device is gpu but this worker sees no GPU (torch {torch.__version__}, "
+            f"visibility {seen}); install a CUDA or ROCm build of torch on the workers, or set "
+            "resources.device: cpu"
+        )
+    return torch.device("cpu")
+
+
+def runtime_name(device: torch.device) -> str:
+    if device.type != "cuda":
+        return "cpu"
+    return "rocm" if torch.version.hip else "cuda"
+
+
+def free_port() -> int:
+    """A TCP port free on this host now (the rendezvous port rank 0 listens on)."""
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class _LossBook:
+    """Local losses kept as tensors and reduced to global means in one all-reduce per flush."""
+
+    def __init__(self, replicas_per_loss: int, device: torch.device) -> None:
+        self.replicas = replicas_per_loss  # ranks that hold a copy of each replica's loss x dp
+        self.device = device
+        self.pending: list[tuple[int, torch.Tensor]] = []
+        self.history: dict[int, float] = {}
+
+    def add(self, step: int, loss: torch.Tensor) -> None:
+        self.pending.append((step, loss.detach().float().reshape(())))
+
+    def flush(self) -> list[tuple[int, float]]:
+        if not self.pending:
+            return []
+        values = torch.stack([t for _, t in self.pending]).to(self.device)
+        dist.all_reduce(values)
+        values = (values / self.replicas).tolist()
+        out = [(step, v) for (step, _), v in zip(self.pending, values)]
+        self.history.update(out)
+        self.pending.clear()
+        return out
+
+
+def train_rank(config: TrainConfig, rank: int, world_size: int, init_method: str,
+               report: Report | None = None, attempt: int = 0) -> RankResult:
+    """Train this rank to ``config.train.steps``, resuming from the latest complete checkpoint.
+
+    Every rank of the world calls this with the same config. ``report`` (rank 0 only) receives
+    ``{"step", "loss", "time", "attempt"}`` records at each loss flush.
+    """
+    assert world_size == config.layout.world_size, "world size must be dp * pp * tp"
+    torch.set_num_threads(config.resources.threads_per_rank)
+    device = select_device(config.resources.device)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size,
+                            timeout=timedelta(minutes=10))
+    try:
+        return _train(config, rank, device, report, attempt)
+    finally:
+        dist.destroy_process_group()
+
+
+def _train(config: TrainConfig, rank: int, device: torch.device, report: Report | None,
+           attempt: int) -> RankResult:
+    layout, train = config.layout, config.train
+    mesh = build_mesh(config, device.type)
+    dp_index = mesh[MeshAxis.DP.value].get_local_rank()
+    model = parallelize(build_model(config), config, mesh, device)
+    optimizer = build_optimizer(config, model.module)
+    state = {"model": ModelState(model.module), "optim": OptimizerState(model.module, optimizer)}
+    book = _LossBook(layout.dp * layout.tp, device)
+    start = _resume(config, rank, state, book)
+
+    seq_len = getattr(config.model, "seq_len", 64)
+    dataset = load_dataset(config.dataset, val_fraction=config.data.val_fraction,
+                           seed=config.data.seed, seq_len=seq_len)
+    order = StepOrder(len(dataset.train), train.batch_size, config.data.seed)
+    scaler = torch.amp.GradScaler(device.type) if train.precision == "fp16" else None
+    result = RankResult(rank=rank, start_step=start, end_step=start, device=str(device),
+                        backend=dist.get_backend(), runtime=runtime_name(device),
+                        host=socket.gethostname(), pid=os.getpid(),
+                        visible_devices={k: os.environ.get(k) for k in VISIBILITY_VARS})
+    interval = config.checkpoint.interval
+    timed_from = min(start + train.warmup_steps, train.steps - 1)
+    t_start = None
+    for step in range(start, train.steps):
+        if step == timed_from:
+            _sync(device)
+            t_start = time.perf_counter()
+        inputs, targets = dataset.train.take(order.replica_batch(step, dp_index, layout.dp))
+        loss = _step(model, optimizer, scaler, inputs.to(device), targets.to(device), device)
+        done = step + 1
+        book.add(done, loss)
+        checkpoint_now = done == train.steps or (interval and done % interval == 0)
+        if done == start + 1 or done % train.log_every == 0 or checkpoint_now:
+            flushed = book.flush()
+            if result.first_step_at is None:
+                result.first_step_at = time.time()
+            if rank == 0 and report is not None and flushed:
+                report([{"step": s, "loss": v, "time": time.time(), "attempt": attempt}
+                        for s, v in flushed])
+        if done == train.steps:
+            _sync(device)
+            if t_start is not None and done > timed_from:
+                elapsed = time.perf_counter() - t_start
+                result.samples_per_s = (done - timed_from) * train.batch_size / elapsed
+        if checkpoint_now:
+            meta = {"losses": {str(k): v for k, v in sorted(book.history.items())},
+                    "layout": {"dp": layout.dp, "pp": layout.pp, "tp": layout.tp},
+                    "attempt": attempt, "config_name": config.name}
+            path = save_checkpoint(config.checkpoint_dir, done, state, meta,
+                                   keep_last=config.checkpoint.keep_last)
+            result.checkpoint = str(path)
+        result.end_step = done
+    result.losses = dict(book.history)
+    return result
+
+
+def build_optimizer(config: TrainConfig, module: torch.nn.Module) -> torch.optim.Optimizer:
+    train = config.train
+    if train.optimizer == "sgd":
+        return torch.optim.SGD(module.parameters(), lr=train.lr, momentum=0.9,
+                               weight_decay=train.weight_decay)
+    return torch.optim.AdamW(module.parameters(), lr=train.lr, weight_decay=train.weight_decay)
+
+
+def _resume(config: TrainConfig, rank: int, state: dict[str, Any], book: _LossBook) -> int:
+    """Load the newest complete checkpoint (rank 0 picks it for everyone); return its step."""
+    chosen: list[Any] = [None]
+    if rank == 0 and config.checkpoint.resume:
+        remove_partials(config.checkpoint_dir)  # no rank writes before the first step
+        info = latest_checkpoint(config.checkpoint_dir)
+        chosen = [str(info.path) if info else None]
+    dist.broadcast_object_list(chosen, src=0)
+    if chosen[0] is None:
+        return 0
+    info = next(c for c in list_checkpoints(config.checkpoint_dir) if str(c.path) == chosen[0])
+    load_checkpoint(info, state)
+    book.history.update({int(k): float(v) for k, v in info.meta.get("losses", {}).items()})
+    return info.step
+
+
+def _step(model: ParallelModel, optimizer: torch.optim.Optimizer,
+          scaler: torch.amp.GradScaler | None, inputs: torch.Tensor, targets: torch.Tensor,
+          device: torch.device) -> torch.Tensor:
+    """One optimizer step; returns this rank's loss (zero on pipeline stages that have none)."""
+    autocast = (torch.autocast(device.type, dtype=model.autocast_dtype)
+                if model.autocast_dtype is not None else contextlib.nullcontext())
+    if model.schedule is not None:
+        losses: list[torch.Tensor] = []
+        with autocast:
+            args = (inputs,) if model.is_first_stage else ()
+            model.schedule.step(*args, target=targets if model.is_last_stage else None,
+                                losses=losses if model.is_last_stage else None)
+        loss = torch.stack(losses).mean() if losses else torch.zeros((), device=device)
+    else:
+        with autocast:
+            loss = loss_fn(model.module(inputs), targets)
+        (scaler.scale(loss) if scaler else loss).backward()
+    if scaler is not None:
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss
+
+
+__all__ = ["RankResult", "free_port", "select_device", "runtime_name", "train_rank"]

@@ -1,0 +1,169 @@
+"""Apply a parallel layout to a single-device model, from outside (the torchtitan way).
+
+Order, per rank (each step needs the one before it):
+
+1. **Pipeline split** (``pp > 1``): keep this stage's contiguous run of ``layers`` and drop
+   the modules of the other stages (``FIRST_STAGE`` / ``LAST_STAGE`` become ``None``). Names are
+   unchanged, so checkpoints from any layout hold the same keys.
+2. **Tensor parallel** (``tp > 1``), with ``torch.distributed.tensor.parallel`` on the ``tp``
+   mesh axis: in each GPT block wq/wk/wv and the MLP's w1 are column-sharded, wo and w2
+   row-sharded (one all-reduce after attention, one after the MLP); in the digits MLP hidden
+   layers are sharded in (column, row) pairs. Embeddings, norms and the head stay replicated.
+3. **Data parallel** (``dp > 1``) on the ``dp`` axis: FSDP2 ``fully_shard`` per block then the
+   root (mixed precision by its policy), or DDP on the ``dp`` process group. DDP does not take
+   DTensor parameters, so ``dp x tp`` needs FSDP (the config refuses the other combination).
+4. **Pipeline schedule**: a ``PipelineStage`` on the ``pp`` axis's group, driven by GPipe or
+   1F1B; gradients are averaged over microbatches (``scale_grads``) so every layout optimises
+   the same mean loss.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    RowwiseParallel,
+    parallelize_module,
+)
+from torch.nn.parallel import DistributedDataParallel
+
+from hetflow.core.request import MeshAxis
+from hetflow.workloads.train.config import TrainConfig
+from hetflow.workloads.train.models import GPT, MLP, loss_fn
+
+DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+
+
+@dataclass
+class ParallelModel:
+    """This rank's share of the model, ready to train.
+
+    ``module`` is what the optimizer and the checkpoint see (DDP-wrapped or FSDP-sharded).
+    With a pipeline, ``schedule`` runs forward and backward; otherwise the caller does.
+    ``autocast_dtype`` is the dtype to autocast forward passes to (``None``: no autocast,
+    because the precision is fp32 or FSDP's mixed-precision policy handles it).
+    """
+
+    module: nn.Module
+    schedule: Any | None
+    is_first_stage: bool
+    is_last_stage: bool
+    autocast_dtype: torch.dtype | None
+
+
+def build_mesh(config: TrainConfig, device_type: str) -> DeviceMesh:
+    """The world as a (dp, pp, tp) mesh; rank order as :class:`~hetflow.core.request.ParallelLayout`."""
+    layout = config.layout
+    return init_device_mesh(
+        device_type, (layout.dp, layout.pp, layout.tp),
+        mesh_dim_names=tuple(axis.value for axis in MeshAxis),
+    )
+
+
+def stage_blocks(num_blocks: int, num_stages: int, stage: int) -> range:
+    """Blocks of pipeline stage ``stage``: an even split, earlier stages taking the remainder."""
+    assert 0 <= stage < num_stages <= num_blocks
+    base, extra = divmod(num_blocks, num_stages)
+    start = stage * base + min(stage, extra)
+    return range(start, start + base + (1 if stage < extra else 0))
+
+
+def pipeline_split(model: nn.Module, stage: int, num_stages: int) -> nn.Module:
+    """Keep only stage ``stage``'s blocks (and the embeddings / head if it is first / last)."""
+    keep = {str(i) for i in stage_blocks(len(model.layers), num_stages, stage)}
+    for key in list(model.layers.keys()):
+        if key not in keep:
+            del model.layers[key]
+    if stage != 0:
+        for name in model.FIRST_STAGE:
+            setattr(model, name, None)
+    if stage != num_stages - 1:
+        for name in model.LAST_STAGE:
+            setattr(model, name, None)
+    return model
+
+
+def apply_tp(model: nn.Module, tp_mesh: DeviceMesh) -> None:
+    """Shard attention and MLP weights over ``tp_mesh`` (see the module docstring)."""
+    if isinstance(model, GPT):
+        plan = {
+            "attention.wq": ColwiseParallel(),
+            "attention.wk": ColwiseParallel(),
+            "attention.wv": ColwiseParallel(),
+            "attention.wo": RowwiseParallel(),
+            "feed_forward.w1": ColwiseParallel(),
+            "feed_forward.w2": RowwiseParallel(),
+        }
+        for block in model.layers.values():
+            parallelize_module(block, tp_mesh, plan)
+        return
+    assert isinstance(model, MLP), f"no tensor-parallel plan for {type(model).__name__}"
+    keys = list(model.layers.keys())
+    # Pairs inside this stage: the first layer's output stays sharded through the ReLU and is
+    # the second's sharded input, so each pair costs one all-reduce. An odd last layer stays whole.
+    for first, second in zip(keys[0::2], keys[1::2]):
+        parallelize_module(model.layers[first], tp_mesh, {"linear": ColwiseParallel()})
+        parallelize_module(model.layers[second], tp_mesh, {"linear": RowwiseParallel()})
+
+
+def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, dtype: torch.dtype | None) -> nn.Module:
+    """FSDP2: each block is one all-gather unit, the root holds the rest."""
+    policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype \
+        else MixedPrecisionPolicy()
+    for block in model.layers.values():
+        fully_shard(block, mesh=dp_mesh, mp_policy=policy)
+    fully_shard(model, mesh=dp_mesh, mp_policy=policy)
+    return model
+
+
+def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh, device: torch.device,
+              pipelined: bool = False) -> nn.Module:
+    # Under a pipeline schedule DDP sees several backward passes per step (one per microbatch,
+    # under no_sync), and its one-time bucket rebuild then counts every parameter once per
+    # microbatch and fails an internal assert (torch 2.13). find_unused_parameters turns the
+    # rebuild off, at the price of one graph walk per forward.
+    return DistributedDataParallel(
+        model,
+        process_group=dp_mesh.get_group(),
+        device_ids=[device.index] if device.type == "cuda" else None,
+        find_unused_parameters=pipelined,
+    )
+
+
+def parallelize(model: nn.Module, config: TrainConfig, mesh: DeviceMesh,
+                device: torch.device) -> ParallelModel:
+    """Split, shard and wrap ``model`` (built identically on every rank) for this rank."""
+    layout = config.layout
+    dtype = DTYPES[config.train.precision]
+    pp_index = mesh[MeshAxis.PP.value].get_local_rank()
+    first, last = pp_index == 0, pp_index == layout.pp - 1
+    if layout.pp > 1:
+        model = pipeline_split(model, pp_index, layout.pp)
+    model.to(device)
+    if layout.tp > 1:
+        apply_tp(model, mesh[MeshAxis.TP.value])
+    autocast_dtype = dtype
+    if layout.dp > 1 and layout.data_parallel == "fsdp":
+        model = apply_fsdp(model, mesh[MeshAxis.DP.value], dtype)
+        autocast_dtype = None  # the FSDP policy casts parameters itself
+    elif layout.dp > 1:
+        model = apply_ddp(model, mesh[MeshAxis.DP.value], device, pipelined=layout.pp > 1)
+    schedule = None
+    if layout.pp > 1:
+        stage = PipelineStage(model, pp_index, layout.pp, device,
+                              group=mesh[MeshAxis.PP.value].get_group())
+        schedule = SCHEDULES[layout.pipeline_schedule](
+            stage, n_microbatches=layout.microbatches, loss_fn=loss_fn, scale_grads=True)
+    return ParallelModel(model, schedule, first, last, autocast_dtype)
+
+
+__all__ = ["ParallelModel", "apply_ddp", "apply_fsdp", "apply_tp", "build_mesh", "parallelize",
+           "pipeline_split", "stage_blocks", "DTYPES"]
