@@ -3,7 +3,13 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+# Ray reads this once, on its first import: without it a multi-node test cluster on loopback is
+# rewritten to the host address and can hang (../shared/RAY-NOTES.md). Set before any test
+# module imports ray.
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 import pytest
 

@@ -4,11 +4,14 @@
     hetflow node start                             # start a head node here
     hetflow node start --address HEAD:6379         # join a running cluster
     hetflow node start --from topo.txt --name n1   # describe the node from recorded output
+    hetflow node start --workload data             # size the object store for a data pipeline
 
 The node gives Ray no GPU resource; each accelerator becomes the custom resource
 ``hetflow_dev_<i>`` (capacity = its memory in MiB) and the node gets ``hetflow.io/*`` labels
 (vendor, model, memory, devices, fast-link island size). After `ray start`, the node's topology
 is published in Ray's internal KV, where the planner reads it (docs/placement.md explains why).
+The object store is sized from this host's memory and the workload, and the reason printed
+(hetflow.runtime.object_store; docs/deployment.md).
 """
 
 from __future__ import annotations
@@ -33,6 +36,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--model", help="accelerator model for recorded files that do not name it")
     s.add_argument("--name", help="node name (default: this host's name)")
     s.add_argument("--num-cpus", type=int, help="CPUs to give Ray (default: Ray's own count)")
+    s.add_argument("--workload", choices=["data", "train", "tune", "serve"],
+                   help="size the object store for this workload (default: Ray's 30%% share)")
+    s.add_argument("--object-store-memory", metavar="SIZE",
+                   help="object store size, e.g. 200GiB (default: chosen from memory and --workload)")
     s.add_argument("--print", dest="print_only", action="store_true",
                    help="print the command and exit without starting anything")
     s.set_defaults(func=run_start)
@@ -51,16 +58,35 @@ def _node(args: argparse.Namespace):
     return dataclasses.replace(enrich_node(discover_local()), name=name)
 
 
+def _object_store(args: argparse.Namespace, node) -> tuple[int | None, str]:
+    """(bytes for --object-store-memory or None, the line that says why)."""
+    from hetflow.accelerators.cpu import host_memory_bytes
+    from hetflow.core.units import format_bytes, parse_bytes
+    from hetflow.runtime.object_store import choose_object_store_memory, dev_shm_bytes
+
+    if args.object_store_memory:
+        size = parse_bytes(args.object_store_memory)
+        return size, f"object store: {format_bytes(size)} (--object-store-memory)"
+    # The store lives on this host, so its memory counts, even when --from describes the devices.
+    memory = host_memory_bytes() if args.from_files else (node.host_memory_bytes or host_memory_bytes())
+    choice = choose_object_store_memory(memory, args.workload, accelerators=len(node.accelerators),
+                                        shm_bytes=dev_shm_bytes())
+    return choice.bytes, choice.describe()
+
+
 def run_start(args: argparse.Namespace) -> int:
     from hetflow.runtime.resources import fast_islands, format_command, ray_start_command
 
     if args.num_cpus is not None and args.num_cpus < 0:
         raise InputError("--num-cpus must be >= 0")
     node = _node(args)
-    cmd = ray_start_command(node, args.address, num_cpus=args.num_cpus)
+    store_bytes, store_reason = _object_store(args, node)
+    cmd = ray_start_command(node, args.address, num_cpus=args.num_cpus,
+                            object_store_memory=store_bytes)
     islands = fast_islands(node)
     print(f"# node {node.name}: {len(node.accelerators)} accelerators, fast-link islands "
           f"{[len(i) for i in islands] if islands else []}")
+    print(f"# {store_reason}")
     print(format_command(cmd))
     if args.print_only:
         return 0

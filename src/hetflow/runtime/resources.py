@@ -112,13 +112,17 @@ def ray_start_command(
     address: str | None,
     num_cpus: int | None = None,
     extra: list[str] | None = None,
+    object_store_memory: int | None = None,
 ) -> list[str]:
-    """``ray start`` for this node: no Ray GPUs, one resource per device, hetflow labels."""
+    """``ray start`` for this node: no Ray GPUs, one resource per device, hetflow labels, and
+    the object store size when one is given (None: Ray's default)."""
     cmd = ["ray", "start"]
     cmd += [f"--address={address}"] if address else ["--head"]
     cmd += ["--num-gpus=0"]
     if num_cpus is not None:
         cmd.append(f"--num-cpus={num_cpus}")
+    if object_store_memory is not None:
+        cmd.append(f"--object-store-memory={object_store_memory}")
     res = node_resources(node)
     if res:
         cmd.append("--resources=" + json.dumps(res, separators=(",", ":"), sort_keys=True))

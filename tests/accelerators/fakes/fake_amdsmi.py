@@ -15,7 +15,11 @@ real package's names, signatures, return shapes and exceptions for the subset he
   ``amdsmi_get_minmax_bandwidth_between_processors`` returns MB/s and raises NOT_SUPPORTED for
   pairs that are not xGMI (as the library does);
 - every device call before ``amdsmi_init`` (or after ``amdsmi_shut_down``) raises
-  ``AmdSmiLibraryException(AMDSMI_STATUS_NOT_INIT)``.
+  ``AmdSmiLibraryException(AMDSMI_STATUS_NOT_INIT)``;
+- for the metrics sampler: ``amdsmi_get_gpu_activity`` (``gfx_activity`` %, "N/A" when
+  unknown), ``amdsmi_get_gpu_memory_usage(h, VRAM)`` (bytes), ``amdsmi_get_power_info``
+  (``socket_power`` in W) and ``amdsmi_get_link_metrics`` (cumulative ``read``/``write`` KB per
+  xGMI link), with the real wrapper's return shapes.
 
 What the fake machine holds is a :class:`FakeBox`; :func:`install` makes it current; the
 ``*_box()`` builders describe the machines the tests use.
@@ -132,6 +136,14 @@ class FakeProcessor:
     numa_node: int
     compute_partition: str | None  # "SPX", "CPX"; None: the call raises NOT_SUPPORTED
     hip_id: int | None = None  # amdsmi_get_gpu_enumeration_info; None: the call raises
+    # What the GPU is doing (the metrics sampler reads these; discovery does not):
+    gfx_activity: int | None = 0  # amdsmi_get_gpu_activity()["gfx_activity"], %; None: "N/A"
+    vram_used: int = 0  # amdsmi_get_gpu_memory_usage(h, VRAM), bytes
+    socket_power_w: int | None = None  # amdsmi_get_power_info()["socket_power"], W; None: "N/A"
+    # Cumulative xGMI data per link in KB (amdsmi_get_link_metrics "read"/"write"); empty:
+    # the call raises NOT_SUPPORTED.
+    xgmi_read_kb: list[int] = field(default_factory=list)
+    xgmi_write_kb: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -251,6 +263,53 @@ def amdsmi_get_gpu_memory_total(processor_handle: Any, mem_type: AmdSmiMemoryTyp
     if mem_type is not AmdSmiMemoryType.VRAM:
         raise AmdSmiLibraryException(AMDSMI_STATUS_NOT_SUPPORTED)
     return p.vram_bytes
+
+
+def amdsmi_get_gpu_memory_usage(processor_handle: Any, mem_type: AmdSmiMemoryType) -> int:
+    p = _proc(processor_handle)
+    if not isinstance(mem_type, AmdSmiMemoryType):
+        raise AmdSmiParameterException(mem_type, AmdSmiMemoryType)
+    if mem_type is not AmdSmiMemoryType.VRAM:
+        raise AmdSmiLibraryException(AMDSMI_STATUS_NOT_SUPPORTED)
+    return p.vram_used
+
+
+def amdsmi_get_gpu_activity(processor_handle: Any) -> dict[str, Any]:
+    """Percentages; the real wrapper puts "N/A" where the library returned 0xFFFF."""
+    p = _proc(processor_handle)
+    return {"gfx_activity": "N/A" if p.gfx_activity is None else p.gfx_activity,
+            "umc_activity": "N/A", "mm_activity": "N/A"}
+
+
+def amdsmi_get_power_info(processor_handle: Any) -> dict[str, Any]:
+    """Watts (volts in mV); "N/A" where the library returned 0xFFFF, as the real wrapper."""
+    p = _proc(processor_handle)
+    power: Any = "N/A" if p.socket_power_w is None else p.socket_power_w
+    return {"socket_power": power, "current_socket_power": power, "average_socket_power": "N/A",
+            "gfx_voltage": "N/A", "soc_voltage": "N/A", "mem_voltage": "N/A", "power_limit": 750}
+
+
+AMDSMI_MAX_NUM_XGMI_LINKS = 8  # entries amdsmi_get_link_metrics lists (amdsmi_interface 7.0.2)
+
+
+def amdsmi_get_link_metrics(processor_handle: Any) -> dict[str, Any]:
+    """``{"num_links", "links": [{bdf, bit_rate, max_bandwidth, link_type, read, write}]}``;
+    read/write are cumulative KB; entries past ``num_links`` are zero, as in the struct."""
+    p = _proc(processor_handle)
+    if not p.xgmi_read_kb:
+        raise AmdSmiLibraryException(AMDSMI_STATUS_NOT_SUPPORTED)
+    links = []
+    for i in range(AMDSMI_MAX_NUM_XGMI_LINKS):
+        used = i < len(p.xgmi_read_kb)
+        links.append({
+            "bdf": MI300X_BDFS[i % len(MI300X_BDFS)] if used else "0000:00:00.0",
+            "bit_rate": 32 if used else 0,
+            "max_bandwidth": 64 if used else 0,
+            "link_type": int(AmdSmiLinkType.AMDSMI_LINK_TYPE_XGMI) if used else 0,
+            "read": p.xgmi_read_kb[i] if used else 0,
+            "write": p.xgmi_write_kb[i] if used else 0,
+        })
+    return {"num_links": len(p.xgmi_read_kb), "links": links}
 
 
 def amdsmi_topo_get_numa_node_number(processor_handle: Any) -> int:

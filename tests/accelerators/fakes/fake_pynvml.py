@@ -12,7 +12,12 @@ signatures, return shapes and error classes, for the subset hetflow calls:
   ``.total/.free/.used`` in bytes, ``nvmlDeviceGetCudaComputeCapability`` returns a tuple,
   ``nvmlDeviceGetMemoryAffinity`` returns a ctypes array of 64-bit node-set words;
 - every device call before ``nvmlInit`` or after the matching ``nvmlShutdown`` raises
-  ``NVMLError_Uninitialized``, as the real library does.
+  ``NVMLError_Uninitialized``, as the real library does;
+- for the metrics sampler: ``nvmlDeviceGetUtilizationRates`` (a ``c_nvmlUtilization_t`` with
+  ``.gpu``/``.memory`` in percent), ``nvmlDeviceGetPowerUsage`` (milliwatts),
+  ``nvmlDeviceGetFieldValues`` with the NVLink throughput fields (``c_nvmlFieldValue_t`` array,
+  a ``nvmlReturn`` per field, cumulative KiB in ``value.ullVal``, ``scopeId`` = link number or
+  ``UINT_MAX`` for the sum over links, as nvml.h documents).
 
 What the fake machine holds is a :class:`FakeBox`; :func:`install` makes it current. The
 ``*_box()`` builders describe the machines the tests use. Their numbers come from the recorded
@@ -87,6 +92,17 @@ NVML_AFFINITY_SCOPE_SOCKET = 1
 # passing the constant straight to NVML fails here as it would there.
 NVML_P2P_CAPS_INDEX_READ = (0,)
 
+# Field ids and value types for nvmlDeviceGetFieldValues (NVLink throughput counters, in KiB).
+# nvml.h: "Link ID needs to be specified in the scopeId field in nvmlFieldValue_t. A scopeId of
+# UINT_MAX returns aggregate value summed up across all links for the specified counter type."
+NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX = 138
+NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX = 139
+NVML_VALUE_TYPE_DOUBLE = 0
+NVML_VALUE_TYPE_UNSIGNED_INT = 1
+NVML_VALUE_TYPE_UNSIGNED_LONG = 2
+NVML_VALUE_TYPE_UNSIGNED_LONG_LONG = 3
+UINT_MAX = 0xFFFFFFFF
+
 MIB = 1 << 20
 
 
@@ -159,6 +175,34 @@ class c_nvmlMemory_t:  # noqa: N801 - the real name
     used: int
 
 
+class c_nvmlUtilization_t(ctypes.Structure):  # noqa: N801 - the real name and fields
+    _fields_ = [("gpu", ctypes.c_uint), ("memory", ctypes.c_uint)]
+
+
+class c_nvmlValue_t(ctypes.Union):  # noqa: N801 - the real name and fields
+    _fields_ = [
+        ("dVal", ctypes.c_double),
+        ("uiVal", ctypes.c_uint),
+        ("ulVal", ctypes.c_ulong),
+        ("ullVal", ctypes.c_ulonglong),
+        ("sllVal", ctypes.c_longlong),
+        ("siVal", ctypes.c_int),
+        ("usVal", ctypes.c_ushort),
+    ]
+
+
+class c_nvmlFieldValue_t(ctypes.Structure):  # noqa: N801 - the real name and fields
+    _fields_ = [
+        ("fieldId", ctypes.c_uint32),
+        ("scopeId", ctypes.c_uint32),
+        ("timestamp", ctypes.c_int64),
+        ("latencyUsec", ctypes.c_int64),
+        ("valueType", ctypes.c_uint),
+        ("nvmlReturn", ctypes.c_uint),
+        ("value", c_nvmlValue_t),
+    ]
+
+
 # ---- the fake machine -----------------------------------------------------------------------
 
 
@@ -186,6 +230,19 @@ class FakeGpu:
     nvlinks: list[FakeNvLink | None] = field(default_factory=list)
     nvlink_supported: bool = True  # False: every NVLink call raises NotSupported
     lost: bool = False  # nvmlDeviceGetHandleByIndex raises GpuIsLost
+    # What the GPU is doing (the metrics sampler reads these; discovery does not):
+    utilization_gpu: int = 0  # nvmlDeviceGetUtilizationRates().gpu, percent
+    utilization_memory: int = 0  # .memory, percent
+    memory_used: int = 0  # bytes; nvmlDeviceGetMemoryInfo().free is total - used
+    power_mw: int | None = None  # nvmlDeviceGetPowerUsage, milliwatts; None: NotSupported
+    # Cumulative NVLink data counters in KiB, one entry per link (the
+    # NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_* field values); empty: NotSupported (no NVLink).
+    nvlink_tx_kib: list[int] = field(default_factory=list)
+    nvlink_rx_kib: list[int] = field(default_factory=list)
+    # Traffic the fake adds to every link's TX and RX counter at each nvmlDeviceGetFieldValues
+    # call, so that a sampler sees the counters move.
+    nvlink_kib_per_query: int = 0
+    nvlink_aggregate_scope: bool = True  # False: scopeId UINT_MAX answers NotSupported per field
 
 
 @dataclass
@@ -301,7 +358,52 @@ def nvmlDeviceGetPciInfo(handle: c_nvmlDevice_t) -> nvmlPciInfo_t:  # noqa: N802
 
 def nvmlDeviceGetMemoryInfo(handle: c_nvmlDevice_t, version=None) -> c_nvmlMemory_t:  # noqa: N802
     gpu = _gpu(handle)
-    return c_nvmlMemory_t(total=gpu.memory_total, free=gpu.memory_total, used=0)
+    return c_nvmlMemory_t(total=gpu.memory_total, free=gpu.memory_total - gpu.memory_used, used=gpu.memory_used)
+
+
+def nvmlDeviceGetUtilizationRates(handle: c_nvmlDevice_t) -> c_nvmlUtilization_t:  # noqa: N802
+    gpu = _gpu(handle)
+    return c_nvmlUtilization_t(gpu=gpu.utilization_gpu, memory=gpu.utilization_memory)
+
+
+def nvmlDeviceGetPowerUsage(handle: c_nvmlDevice_t) -> int:  # noqa: N802
+    gpu = _gpu(handle)
+    if gpu.power_mw is None:
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+    return gpu.power_mw
+
+
+def _field_value(gpu: FakeGpu, field_id: int, scope_id: int) -> tuple[int, int]:
+    """(nvmlReturn, value) of one NVLink throughput field, as NVML fills it per field."""
+    counters = {NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX: gpu.nvlink_tx_kib,
+                NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX: gpu.nvlink_rx_kib}.get(field_id)
+    if not counters:
+        return NVML_ERROR_NOT_SUPPORTED, 0
+    if scope_id == UINT_MAX:
+        return (NVML_SUCCESS, sum(counters)) if gpu.nvlink_aggregate_scope else (NVML_ERROR_NOT_SUPPORTED, 0)
+    if scope_id >= len(counters):
+        return NVML_ERROR_INVALID_ARGUMENT, 0
+    return NVML_SUCCESS, counters[scope_id]
+
+
+def nvmlDeviceGetFieldValues(handle: c_nvmlDevice_t, fieldIds):  # noqa: N802,N803
+    """Like the real wrapper: each entry is a field id or a (field id, scope id) tuple; the call
+    itself succeeds and every returned value carries its own ``nvmlReturn``."""
+    gpu = _gpu(handle)
+    for counters in (gpu.nvlink_tx_kib, gpu.nvlink_rx_kib):
+        for link in range(len(counters)):
+            counters[link] += gpu.nvlink_kib_per_query
+    values = (c_nvmlFieldValue_t * len(fieldIds))()
+    for i, field_id in enumerate(fieldIds):
+        try:
+            (values[i].fieldId, values[i].scopeId) = field_id
+        except TypeError:
+            values[i].fieldId = field_id
+        ret, value = _field_value(gpu, values[i].fieldId, values[i].scopeId)
+        values[i].nvmlReturn = ret
+        values[i].valueType = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+        values[i].value.ullVal = value
+    return values
 
 
 def nvmlDeviceGetCudaComputeCapability(handle: c_nvmlDevice_t) -> tuple[int, int]:  # noqa: N802

@@ -1,0 +1,255 @@
+"""``hetflow top``: a live view of a Ray cluster's devices and jobs, with bottleneck hints.
+
+    hetflow top                          # connect to the local cluster, refresh every 2 s
+    hetflow top --address HEAD:6379      # another cluster
+    hetflow top --once                   # print one frame and exit (for scripts and logs)
+    hetflow top --once --json            # the same data as JSON
+
+The first call starts hetflow's metrics agents (one per node, see
+``hetflow.runtime.metrics``) where they are not running yet; they keep running after ``top``
+exits, so Prometheus keeps its series. ``--no-start`` only reads; ``--stop-agents`` removes them.
+Devices show the measured utilisation, memory, power and NVLink/xGMI traffic and the job that
+holds them; jobs show what they reported through ``report_job_metrics`` (samples/s, step
+time, achieved vs catalog peak TFLOP/s). Hints name a job whose tensor-parallel group spans a
+slow link, or whose devices sit idle. A sample older than ``--stale`` seconds shows as ``?``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from typing import Any
+
+from hetflow.core.errors import HetflowError, InputError
+
+GIB = 1 << 30
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("top", help="live view of devices and jobs on a Ray cluster, with bottleneck hints",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--address", help="Ray address (default: the local cluster, as `ray.init('auto')`)")
+    p.add_argument("--interval", type=float, default=2.0, metavar="S",
+                   help="seconds between refreshes (and the agents' sampling period when they are started)")
+    p.add_argument("--once", action="store_true", help="print one frame and exit")
+    p.add_argument("--json", action="store_true", help="with --once: print the frame's data as JSON")
+    p.add_argument("--no-start", action="store_true", help="do not start missing metrics agents")
+    p.add_argument("--stop-agents", action="store_true",
+                   help="stop hetflow's metrics agents and cluster exporter, then exit")
+    p.add_argument("--stale", type=float, default=None, metavar="S",
+                   help="treat samples older than this as missing (default: max(30, 3 x interval))")
+    p.set_defaults(func=run)
+
+
+# ---------------------------------------------------------------------------- formatting
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0%}"
+
+
+def _gib(x: int | None) -> str:
+    return "-" if x is None else f"{x / GIB:.1f}"
+
+
+def _rate(x: float | None) -> str:
+    return "-" if x is None else f"{x / 1e9:.2f}"
+
+
+def _num(x: float | None, fmt: str = "{:,.1f}") -> str:
+    return "-" if x is None or not math.isfinite(x) else fmt.format(x)
+
+
+def _where(devices) -> str:
+    per_node: dict[str, list[int]] = {}
+    for ref in devices:
+        per_node.setdefault(ref.node, []).append(ref.device)
+    return " + ".join(f"{n} [{' '.join(map(str, sorted(ix)))}]" for n, ix in per_node.items())
+
+
+def device_rows(view) -> list[dict[str, Any]]:
+    """One row per device of every hetflow node, then per sampled device of other Ray nodes."""
+    from hetflow.runtime.metrics import fresh_sample
+
+    holder: dict[tuple[str, int], list[str]] = {}
+    for job, refs in view.job_devices.items():
+        for ref in refs:
+            holder.setdefault((ref.node, ref.device), []).append(job)
+    rows = []
+    for node in view.snapshot.nodes:
+        for device in node.devices:
+            sample = fresh_sample(view.samples, node.name, device.index, device.vendor,
+                                  view.timestamp, view.stale_after_s)
+            rows.append(_row(node.name, device.index, device.model or device.name, sample,
+                             holder.get((node.name, device.index), [])))
+    known = {n.name for n in view.snapshot.nodes}
+    for name, sample in sorted(view.samples.items()):
+        if name in known or view.timestamp - sample.timestamp > view.stale_after_s:
+            continue
+        for d in sample.devices:
+            rows.append(_row(name, d.device, d.name, d, []))
+    return rows
+
+
+def _row(node: str, index: int, model: str | None, sample, jobs: list[str]) -> dict[str, Any]:
+    return {
+        "node": node, "device": index, "model": model,
+        "sampled": sample is not None,
+        "utilisation": sample.utilisation if sample else None,
+        "memory_used_bytes": sample.memory_used_bytes if sample else None,
+        "memory_total_bytes": sample.memory_total_bytes if sample else None,
+        "power_watts": sample.power_watts if sample else None,
+        "link_fabric": sample.link_fabric if sample else None,
+        "link_rx_bytes_per_s": sample.link_rx_bytes_per_s if sample else None,
+        "link_tx_bytes_per_s": sample.link_tx_bytes_per_s if sample else None,
+        "jobs": jobs,
+    }
+
+
+def job_rows(view) -> list[dict[str, Any]]:
+    rows = []
+    for job, devices in view.job_devices.items():
+        record = view.jobs.get(job)
+        rows.append({
+            "job": job, "devices": len(devices), "where": _where(devices),
+            "samples_per_s": record.samples_per_s if record else None,
+            "step_time_s": record.step_time_s if record else None,
+            "achieved_tflops": record.achieved_tflops if record else None,
+            "peak_tflops": record.peak_tflops if record else None,
+            "effective_ratio": record.effective_ratio if record else None,
+            "reported_s_ago": view.timestamp - record.timestamp if record else None,
+        })
+    return rows
+
+
+def view_to_dict(view) -> dict[str, Any]:
+    """The frame as JSON-ready data (``--once --json``)."""
+    import dataclasses
+
+    return {
+        "timestamp": view.timestamp,
+        "cluster": dataclasses.asdict(view.cluster),
+        "devices": device_rows(view),
+        "jobs": job_rows(view),
+        "hints": [dataclasses.asdict(h) for h in view.hints],
+    }
+
+
+def render(view):
+    """The frame as a rich renderable: a summary line, the device table, the job table, hints."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    c = view.cluster
+    stamp = time.strftime("%H:%M:%S", time.localtime(view.timestamp))
+    summary = Text(
+        f"hetflow top  {stamp}  {len(view.snapshot.nodes)} nodes, {c.accelerators} accelerators, "
+        f"{_num(c.devices_held, '{:g}')} held ({_pct(c.allocated_utilisation)} allocated), "
+        f"{_pct(c.effective_utilisation)} busy, {c.free_devices} free, "
+        f"fragmentation {_pct(c.fragmentation)}, queue {c.queue_length}",
+        style="bold",
+    )
+    devices = Table(title="devices", title_justify="left", expand=False)
+    for col, justify in (("node", "left"), ("dev", "right"), ("model", "left"), ("util", "right"),
+                         ("memory GiB", "right"), ("power W", "right"),
+                         ("link rx/tx GB/s", "right"), ("job", "left")):
+        devices.add_column(col, justify=justify, no_wrap=True)
+    for r in device_rows(view):
+        if not r["sampled"]:
+            cells = ["?", "?", "?", "?"]
+        else:
+            link = (f"{_rate(r['link_rx_bytes_per_s'])}/{_rate(r['link_tx_bytes_per_s'])} {r['link_fabric']}"
+                    if r["link_fabric"] else "-")
+            cells = [_pct(r["utilisation"]),
+                     f"{_gib(r['memory_used_bytes'])}/{_gib(r['memory_total_bytes'])}",
+                     _num(r["power_watts"], "{:.0f}"), link]
+        devices.add_row(r["node"], str(r["device"]), r["model"] or "-", *cells, ", ".join(r["jobs"]) or "")
+    parts: list[Any] = [summary, devices]
+    rows = job_rows(view)
+    if rows:
+        jobs = Table(title="jobs", title_justify="left", expand=False)
+        for col, justify in (("job", "left"), ("devices", "right"), ("where", "left"),
+                             ("samples/s", "right"), ("step s", "right"),
+                             ("TFLOP/s achieved/peak", "right"), ("effective", "right")):
+            jobs.add_column(col, justify=justify, no_wrap=True)
+        for r in rows:
+            jobs.add_row(r["job"], str(r["devices"]), r["where"], _num(r["samples_per_s"]),
+                         _num(r["step_time_s"], "{:.3f}"),
+                         f"{_num(r['achieved_tflops'])}/{_num(r['peak_tflops'])}",
+                         "-" if r["effective_ratio"] is None else f"{r['effective_ratio']:.1%}")
+        parts.append(jobs)
+    for hint in view.hints:
+        parts.append(Text(f"hint: {hint.message}", style="yellow"))
+    return Group(*parts)
+
+
+# ---------------------------------------------------------------------------- running
+
+
+def _connect(address: str | None) -> bool:
+    """Connect to Ray unless this process already is; True when this call connected."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    try:
+        ray.init(address=address or "auto", log_to_driver=False, logging_level="ERROR")
+    except ConnectionError as err:
+        raise HetflowError(
+            f"cannot reach a Ray cluster at {address or 'the local node'} ({err}); start one with "
+            "`hetflow node start` or pass --address HEAD:6379"
+        ) from None
+    return True
+
+
+def run(args: argparse.Namespace) -> int:
+    from hetflow.runtime import metrics
+
+    if args.interval <= 0:
+        raise InputError("--interval must be > 0 seconds")
+    if args.json and not args.once:
+        raise InputError("--json goes with --once (a live view is not JSON)")
+    stale = args.stale if args.stale is not None else max(30.0, 3 * args.interval)
+    connected = _connect(args.address)
+    try:
+        if args.stop_agents:
+            print(f"stopped {metrics.stop_metrics()} hetflow metrics actors", file=sys.stderr)
+            return 0
+        if not args.no_start:
+            metrics.start_metrics(interval_s=args.interval)
+        if args.once:
+            view = metrics.collect_view(stale_after_s=stale)
+            if args.json:
+                print(json.dumps(view_to_dict(view), indent=2, default=str))
+            else:
+                from rich.console import Console
+
+                Console().print(render(view))
+            return 0
+        return _live(args.interval, stale)
+    finally:
+        if connected:
+            import ray
+
+            ray.shutdown()
+
+
+def _live(interval: float, stale: float) -> int:
+    from rich.console import Console
+    from rich.live import Live
+
+    from hetflow.runtime.metrics import collect_view
+
+    console = Console()
+    try:
+        with Live(render(collect_view(stale)), console=console, auto_refresh=False, screen=False) as live:
+            while True:
+                time.sleep(interval)
+                live.update(render(collect_view(stale)), refresh=True)
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 0
