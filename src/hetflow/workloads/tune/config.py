@@ -1,0 +1,289 @@
+"""A tuning run's configuration: one YAML file -> one frozen, validated ``TuningConfig``.
+
+Every section refuses unknown keys; a bad file raises :class:`~hetflow.core.errors.InputError`
+naming the key path (``search.schedular``, ``space.train.lr``, ``base.train.lrr``) and what to
+write instead. Example (``examples/tune_digits.yaml``)::
+
+    name: tune-digits
+    base:                         # the training job every trial starts from (or a file path)
+      model: {kind: mlp, hidden: [64]}
+      train: {batch_size: 64}
+      resources: {device: cpu}
+    space:
+      train:
+        lr: {loguniform: [1.0e-5, 1.0]}
+        batch_size: {choice: [16, 64, 256]}
+    search: {algorithm: tpe, scheduler: asha, seed: 0}
+    budget: {trials: 24, epochs: 20, time: 10m}
+
+A trial is one single-process training run of the base config with the sampled values, for
+``budget.epochs`` epochs, reporting the validation metrics after each epoch.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from hetflow.core.errors import InputError
+from hetflow.workloads.train.config import TrainConfig, load_config
+from hetflow.workloads.tune.space import SearchSpace, parse_space
+
+METRIC_MODES = {"val_accuracy": "max", "val_loss": "min"}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h)?\s*$")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+
+class SearchConfig(_Section):
+    """How trials are chosen and stopped."""
+
+    algorithm: Literal["tpe", "random"] = "tpe"
+    """``tpe``: Optuna's Tree-structured Parzen Estimator (after ``startup_trials`` random
+    trials it samples where good trials were). ``random``: plain random search (the baseline)."""
+    scheduler: Literal["asha", "fifo"] = "asha"
+    """``asha``: Asynchronous Successive Halving stops trials whose metric falls behind at each
+    rung. ``fifo``: every trial runs all ``budget.epochs`` epochs."""
+    metric: Literal["val_accuracy", "val_loss"] = "val_accuracy"
+    """What trials are judged by (after each epoch, on the validation split). ``val_accuracy``
+    (higher is better) needs the mlp model; ``val_loss`` (lower is better) works for both."""
+    seed: int = 0
+    """Seed of the searcher (and of Ray's random sampling), so a run is repeatable."""
+    startup_trials: int = Field(5, ge=1)
+    """TPE only: trials sampled at random before TPE starts modelling the results."""
+    grace_epochs: int = Field(1, ge=1)
+    """ASHA only: epochs every trial gets before it can be stopped (the first rung)."""
+    reduction_factor: float = Field(3.0, gt=1.0)
+    """ASHA only: rungs are at grace_epochs * factor^k, and at each rung only the best
+    1/factor of the trials that reached it go on."""
+
+    @property
+    def mode(self) -> str:
+        """``max`` or ``min``: the direction of ``metric``."""
+        return METRIC_MODES[self.metric]
+
+
+class BudgetConfig(_Section):
+    """How much tuning to do."""
+
+    trials: int = Field(16, gt=0)
+    """Trials in total (a resumed run counts the trials it already has)."""
+    epochs: int = Field(10, gt=0)
+    """Most epochs one trial trains (the last ASHA rung). An epoch is one pass over the
+    training split at the trial's batch size."""
+    time: float | str | None = None
+    """Wall-clock limit for the whole run: seconds, or text such as ``90s``, ``10m``, ``1h``.
+    When it runs out, running trials are stopped and the best so far is written out."""
+    concurrent: int | None = Field(None, gt=0)
+    """Most trials at once. Default: as many as the trial resources allow."""
+    target: float | None = None
+    """Stop the whole run as soon as one trial's metric reaches this value (at least it for
+    val_accuracy, at most it for val_loss). Default: run the whole budget."""
+
+    @field_validator("time")
+    @classmethod
+    def _check_time(cls, value: float | str | None) -> float | str | None:
+        if value is not None:
+            try:
+                parse_duration(value)
+            except InputError as exc:  # pydantic reports ValueErrors with their key path
+                raise ValueError(str(exc).removeprefix("budget.time: ")) from None
+        return value
+
+    @property
+    def time_s(self) -> float | None:
+        return None if self.time is None else parse_duration(self.time)
+
+
+class TrialConfig(_Section):
+    """What one trial gets."""
+
+    cpus: float = Field(1.0, gt=0)
+    """CPUs Ray reserves for each trial."""
+    threads: int = Field(1, gt=0)
+    """torch intra-op threads in each trial (``torch.set_num_threads``)."""
+    memory: str | None = None
+    """Device memory one trial needs on hetflow-managed GPU nodes, e.g. ``2GiB``: the planner
+    lets several trials share a device by memory. Default: ``base.resources.memory``, and
+    without either each trial takes a whole device."""
+    reuse_actors: bool = True
+    """Run the next trial in a finished trial's process when their resources match (saves
+    starting Python and importing torch for every trial)."""
+
+    @field_validator("memory")
+    @classmethod
+    def _check_memory(cls, value: str | None) -> str | None:
+        if value is not None:
+            from hetflow.core.units import parse_bytes
+
+            try:
+                parse_bytes(value)
+            except InputError as exc:
+                raise ValueError(str(exc)) from None
+        return value
+
+
+class OutputConfig(_Section):
+    """Where results go and what is shown."""
+
+    dir: str | None = None
+    """Directory of the run (trials, best config and checkpoint, plot); relative paths are
+    taken from the current directory. Default: ``runs/<name>``."""
+    live: bool = True
+    """Show a live table of the trials while the run goes."""
+    plot: bool = True
+    """Write ``curves.png``: every trial's validation curve, the best one highlighted."""
+
+
+class TuningConfig(_Section):
+    """One tuning run."""
+
+    name: str = Field("tune", min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    """Run name: names the default output directory."""
+    base: TrainConfig = Field(default_factory=TrainConfig)
+    """The training job every trial starts from: a path to a training YAML (relative to this
+    file) or its sections inline. Its ``layout`` must be one process (dp = pp = tp = 1)."""
+    space: dict[str, Any]
+    """What to search: ``{section: {field: distribution}}`` (see docs/tuning.md)."""
+    search: SearchConfig = Field(default_factory=SearchConfig)
+    """Search algorithm, early-stopping scheduler and metric."""
+    budget: BudgetConfig = Field(default_factory=BudgetConfig)
+    """Trials, epochs per trial, time, concurrency."""
+    trial: TrialConfig = Field(default_factory=TrialConfig)
+    """Resources of one trial."""
+    output: OutputConfig = Field(default_factory=OutputConfig)
+    """Output directory and progress display."""
+
+    @model_validator(mode="after")
+    def _check_combinations(self) -> "TuningConfig":
+        errors = []
+        if self.base.layout.world_size != 1:
+            errors.append(f"base.layout: a trial trains in one process; got "
+                          f"{self.base.layout.parallel.describe()} (remove the layout section)")
+        if self.search.metric == "val_accuracy" and self.base.model.kind != "mlp":
+            errors.append("search.metric val_accuracy needs the mlp model (digits); "
+                          "use val_loss for the gpt model")
+        if self.search.scheduler == "asha" and self.search.grace_epochs >= self.budget.epochs:
+            errors.append(f"search.grace_epochs {self.search.grace_epochs} must be below "
+                          f"budget.epochs {self.budget.epochs}, or ASHA never stops a trial early")
+        if errors:
+            raise ValueError("; ".join(errors))
+        try:
+            parse_space(self.space, self.base)
+        except InputError as exc:  # its message already names each key path
+            raise ValueError(str(exc)) from None
+        return self
+
+    @property
+    def search_space(self) -> SearchSpace:
+        return parse_space(self.space, self.base)
+
+    @property
+    def output_dir(self) -> Path:
+        return Path(self.output.dir or f"runs/{self.name}").absolute()
+
+    @property
+    def trial_memory(self) -> str | None:
+        return self.trial.memory or self.base.resources.memory
+
+
+def parse_duration(value: float | int | str) -> float:
+    """``90`` / ``"90s"`` / ``"10m"`` / ``"1.5h"`` -> seconds; InputError otherwise."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        match = _DURATION.match(str(value))
+        if not match:
+            raise InputError(f"budget.time: {value!r} is not a duration; write seconds (600) or "
+                             "a number with s, m or h (90s, 10m, 1.5h)")
+        seconds = float(match.group(1)) * {"s": 1, "m": 60, "h": 3600}[match.group(2) or "s"]
+    if seconds <= 0:
+        raise InputError(f"budget.time: must be positive, got {value!r}")
+    return seconds
+
+
+def tuning_config_from_dict(data: Any, source: str = "config",
+                            relative_to: Path | None = None) -> TuningConfig:
+    """Validate a parsed document; errors become one InputError naming each key path.
+
+    A ``base`` given as a path is read as a training YAML (relative to ``relative_to``).
+    """
+    if not isinstance(data, dict):
+        raise InputError(f"{source}: expected a mapping of sections (name, base, space, search, "
+                         f"budget, trial, output), got {type(data).__name__}")
+    data = dict(data)
+    if isinstance(data.get("base"), str):
+        path = Path(data["base"])
+        if not path.is_absolute() and relative_to is not None:
+            path = relative_to / path
+        data["base"] = load_config(path).model_dump(mode="json")
+    try:
+        return TuningConfig.model_validate(data)
+    except ValidationError as exc:
+        raise InputError(f"{source}: " + "; ".join(_describe(e) for e in exc.errors())) from None
+
+
+def load_tuning_config(path: str | Path) -> TuningConfig:
+    """Read a tuning YAML file. Raises InputError for a missing or invalid file."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise InputError(f"cannot read tuning config {path}: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+        raise InputError(f"{where}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
+    return tuning_config_from_dict(data, source=str(path), relative_to=path.parent)
+
+
+def _describe(error: dict[str, Any]) -> str:
+    raw = list(error["loc"])
+    # pydantic puts the union tag (mlp/gpt) in the location; the file has no such level
+    loc = [str(p) for i, p in enumerate(raw)
+           if not (p in ("mlp", "gpt") and i and raw[i - 1] == "model")]
+    path = ".".join(loc) or "(top level)"
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        known = _known_keys(raw[:-1])
+        hint = difflib.get_close_matches(loc[-1], known, n=1)
+        did_you_mean = f"did you mean {hint[0]!r}? " if hint else ""
+        return f"{path}: unknown key ({did_you_mean}known keys here: {', '.join(known)})"
+    if kind == "missing":
+        return f"{path}: required (see docs/tuning.md)"
+    if kind == "union_tag_invalid":
+        return f"{path}: must be mlp or gpt"
+    message = error["msg"].removeprefix("Value error, ")
+    return f"{path}: {message}" if loc else message
+
+
+def _known_keys(loc: list[Any]) -> list[str]:
+    """Field names of the section at ``loc`` (a pydantic location, union tags included)."""
+    from hetflow.workloads.train.config import GPTConfig, MLPConfig
+
+    section: Any = TuningConfig
+    for part in loc:
+        if part in ("mlp", "gpt"):
+            section = MLPConfig if part == "mlp" else GPTConfig
+            continue
+        field = getattr(section, "model_fields", {}).get(str(part))
+        if field is None:
+            return []
+        annotation = field.annotation
+        section = annotation if isinstance(annotation, type) else section
+    return sorted(getattr(section, "model_fields", {}))
+
+
+__all__ = [
+    "BudgetConfig", "METRIC_MODES", "OutputConfig", "SearchConfig", "TrialConfig",
+    "TuningConfig", "load_tuning_config", "parse_duration", "tuning_config_from_dict",
+]

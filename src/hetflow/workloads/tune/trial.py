@@ -1,0 +1,170 @@
+"""One tuning trial: train the base config with the sampled values, one epoch at a time.
+
+The trial is a single process (no process group) built from the training package's own
+pieces: :func:`~hetflow.workloads.train.models.build_model`,
+:func:`~hetflow.workloads.train.data.load_dataset` and its stateless
+:class:`~hetflow.workloads.train.data.StepOrder`, the optimizer of
+:func:`~hetflow.workloads.train.loop.build_optimizer`, and the atomic checkpoints of
+:mod:`~hetflow.workloads.train.checkpoint`. An epoch is ``StepOrder.steps_per_epoch`` steps
+at the trial's batch size.
+
+After every epoch the trial evaluates the whole validation split and reports to Tune
+``epoch``, ``val_loss``, ``val_accuracy`` (mlp) or ``val_token_accuracy`` (gpt),
+``train_loss`` (the epoch's mean), ``started_at`` / ``reported_at`` (wall times),
+``resumed_from`` (the epoch its weights were restored from, 0 for a fresh start), ``device``
+(``node:index``, or ``cpu``), ``device_units`` (its share of the hetflow device resource, MiB)
+and ``visible_devices`` - with a checkpoint of the model and optimizer. Tune's scheduler may
+stop it after any report.
+
+A trial restored by Tune (resumed run) continues from its checkpoint: the step order depends
+only on (samples, batch size, seed, step), so it sees the batches an uninterrupted trial would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hetflow.workloads.train.checkpoint import (
+    ModelState,
+    OptimizerState,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
+from hetflow.workloads.train.config import TrainConfig, config_from_dict
+from hetflow.workloads.train.data import Dataset, StepOrder, load_dataset
+from hetflow.workloads.train.loop import build_optimizer, select_device
+from hetflow.workloads.train.models import build_model, loss_fn
+from hetflow.workloads.tune.space import SearchSpace
+
+EVAL_BATCH = 512
+
+
+@dataclass(frozen=True)
+class TrialSetup:
+    """What every trial of a run shares (handed to Tune with ``tune.with_parameters``)."""
+
+    base: dict[str, Any]  # the base TrainConfig, as JSON-ready data
+    space: SearchSpace
+    epochs: int  # most epochs a trial trains
+    threads: int  # torch intra-op threads
+
+    def trial_config(self, sampled: dict[str, Any]) -> TrainConfig:
+        """The base config with a trial's sampled values, validated like a file."""
+        base = config_from_dict(self.base, source="base")
+        return base.with_overrides(**self.space.overrides(sampled))
+
+
+def run_trial(sampled: dict[str, Any], setup: TrialSetup) -> None:
+    """Tune's trainable: train ``setup.epochs`` epochs (or resume), reporting after each."""
+    from ray import tune
+
+    from hetflow.workloads.tune.placement import bind_planned_device
+
+    for name in ("ray.train", "ray.tune"):  # one "checkpoint created" line per epoch is noise
+        logging.getLogger(name).setLevel(logging.WARNING)
+    started_at = time.time()
+    bound = bind_planned_device()  # before torch initialises any GPU
+    torch.set_num_threads(setup.threads)
+    config = setup.trial_config(sampled)
+    device = select_device(config.resources.device)
+    model = build_model(config).to(device)
+    optimizer = build_optimizer(config, model)
+    state = {"model": ModelState(model), "optim": OptimizerState(model, optimizer)}
+    dataset = load_dataset(config.dataset, val_fraction=config.data.val_fraction,
+                           seed=config.data.seed, seq_len=getattr(config.model, "seq_len", 64))
+    order = StepOrder(len(dataset.train), config.train.batch_size, config.data.seed)
+    start_epoch = _restore(tune.get_checkpoint(), state)
+    scaler = torch.amp.GradScaler(device.type) if config.train.precision == "fp16" else None
+    for epoch in range(start_epoch, setup.epochs):
+        train_loss = _train_epoch(model, optimizer, scaler, dataset, order, epoch, device,
+                                  config.train.precision)
+        metrics = {"epoch": epoch + 1, "train_loss": train_loss,
+                   **evaluate(model, dataset, device, config.model.kind),
+                   "resumed_from": start_epoch, "device": bound.where,
+                   "device_units": bound.units, "host": socket.gethostname(),
+                   "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+                   "started_at": started_at, "reported_at": time.time()}
+        with tempfile.TemporaryDirectory(prefix="hetflow-trial-") as tmp:
+            steps = (epoch + 1) * order.steps_per_epoch
+            save_checkpoint(tmp, steps, state, {"epoch": epoch + 1, "metrics": metrics})
+            tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(tmp))
+
+
+def _restore(checkpoint: Any, state: dict[str, Any]) -> int:
+    """Load a Tune checkpoint written by this module; return the epochs it holds (0: none)."""
+    if checkpoint is None:
+        return 0
+    with checkpoint.as_directory() as directory:
+        info = latest_checkpoint(directory)
+        if info is None:
+            return 0
+        load_checkpoint(info, state)
+        return int(info.meta["epoch"])
+
+
+def _autocast(device: torch.device, precision: str) -> Any:
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return torch.autocast(device.type, dtype=dtype)
+
+
+def _train_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 scaler: torch.amp.GradScaler | None, dataset: Dataset, order: StepOrder,
+                 epoch: int, device: torch.device, precision: str) -> float:
+    """One pass over the training split; returns the mean training loss."""
+    model.train()
+    first = epoch * order.steps_per_epoch
+    losses = []
+    for step in range(first, first + order.steps_per_epoch):
+        inputs, targets = dataset.train.take(order.global_batch(step))
+        with _autocast(device, precision):
+            loss = loss_fn(model(inputs.to(device)), targets.to(device))
+        (scaler.scale(loss) if scaler else loss).backward()
+        if scaler is not None:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.detach())
+    return float(torch.stack(losses).float().mean())  # one sync per epoch
+
+
+def evaluate(model: torch.nn.Module, dataset: Dataset, device: torch.device,
+             kind: str) -> dict[str, float]:
+    """Validation loss and accuracy (per sample for the mlp, per token for the gpt)."""
+    model.eval()
+    total_loss, correct, count = 0.0, 0, 0
+    val = dataset.val
+    with torch.no_grad():
+        for start in range(0, len(val), EVAL_BATCH):
+            inputs = val.inputs[start:start + EVAL_BATCH].to(device)
+            targets = val.targets[start:start + EVAL_BATCH].to(device)
+            output = model(inputs)
+            total_loss += float(loss_fn(output, targets)) * targets.numel()
+            correct += int((output.argmax(-1) == targets).sum())
+            count += targets.numel()
+    accuracy = "val_accuracy" if kind == "mlp" else "val_token_accuracy"
+    return {"val_loss": total_loss / count, accuracy: correct / count}
+
+
+def checkpoint_root(path: str | Path) -> Path:
+    """The hetflow checkpoint directory inside a trial's Tune checkpoint directory."""
+    info = latest_checkpoint(path)
+    assert info is not None, f"no complete hetflow checkpoint under {path}"
+    return info.path
+
+
+__all__ = ["TrialSetup", "checkpoint_root", "evaluate", "run_trial"]
