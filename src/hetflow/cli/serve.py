@@ -1,0 +1,241 @@
+"""``hetflow serve CONFIG.yaml`` and ``hetflow bench serve``: serve trained models over HTTP on
+Ray Serve, and load-test them.
+
+    hetflow serve examples/serve_digits.yaml            # until Ctrl-C
+    hetflow serve examples/serve_digits.yaml --port 8100 --address auto
+    hetflow bench serve --url http://127.0.0.1:8000/v1/models/digits/predict --rate 50
+    hetflow bench serve --url http://127.0.0.1:8000/v1/models/digits/predict --sweep
+
+``serve`` trains a model first when its checkpoint is missing and ``train_if_missing`` is set,
+plans the replicas (memory-aware, on the devices hetflow manages), deploys, prints the URL and
+the placement, and keeps serving until interrupted. ``bench serve`` is an open-loop load
+generator (Poisson arrivals) bounded in requests and time, loopback only; it prints P50/P95/P99
+latency, achieved QPS and errors, and with ``--sweep`` the highest rate whose P99 stays at or
+under ``--p99-ms``. Exit codes: 0 done, 2 bad config or arguments, 3 replicas cannot be
+placed, 1 the application failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+from hetflow.core.errors import InputError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``serve`` and ``bench`` (with its ``serve`` subcommand) to the CLI."""
+    p = sub.add_parser(
+        "serve", help="serve trained models over HTTP on Ray Serve (batching, autoscaling, "
+                      "placement, reduced precision)",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("config", metavar="CONFIG.yaml", help="serving config (see docs/serving.md)")
+    p.add_argument("--host", help="HTTP address to bind (default: http.host, 127.0.0.1)")
+    p.add_argument("--port", type=int, help="HTTP port (default: http.port, 8000)")
+    p.add_argument("--address", help="Ray cluster to join (default: ray_address, else a running "
+                                     "local cluster, else a new local one)")
+    p.add_argument("--duration", type=float, metavar="S",
+                   help="stop after S seconds (default: serve until interrupted)")
+    p.add_argument("--json", action="store_true", help="print the deployment as JSON")
+    p.set_defaults(func=run_serve)
+
+    bench = sub.add_parser("bench", help="benchmarks of running services",
+                           description="Benchmarks of running services.")
+    register_bench(bench.add_subparsers(dest="bench_command", metavar="WHAT",
+                                        parser_class=type(bench)))
+    bench.set_defaults(func=lambda args: _missing_bench(bench))
+
+
+def register_bench(sub: argparse._SubParsersAction) -> None:
+    """Add ``serve`` to a ``bench`` command's subcommands (a shared ``bench`` module may
+    call this)."""
+    b = sub.add_parser(
+        "serve", help="open-loop load test of a served model (loopback only)",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    b.add_argument("--url", default="http://127.0.0.1:8000/v1/models/digits/predict",
+                   help="predict URL (loopback only; default: %(default)s)")
+    b.add_argument("--rate", type=float, default=50.0, help="offered requests/s (default 50)")
+    b.add_argument("--requests", type=int, default=2000, help="at most this many requests "
+                                                               "per run (default 2000)")
+    b.add_argument("--duration", type=float, default=20.0,
+                   help="at most this many seconds of sending per run (default 20)")
+    b.add_argument("--timeout", type=float, default=10.0,
+                   help="seconds to wait for answers after the last send (default 10)")
+    b.add_argument("--rows", type=int, default=1, help="input rows per request (default 1)")
+    b.add_argument("--body", help="a JSON request body file to send instead of generated rows")
+    b.add_argument("--sweep", action="store_true",
+                   help="find the highest rate whose P99 stays at or under --p99-ms")
+    b.add_argument("--p99-ms", type=float, default=80.0, help="P99 target of --sweep (ms)")
+    b.add_argument("--start-rate", type=float, default=20.0, help="first rate of --sweep")
+    b.add_argument("--max-rate", type=float, default=2000.0, help="last rate of --sweep")
+    b.add_argument("--seed", type=int, default=0, help="seed of the arrival times")
+    b.add_argument("--json", action="store_true", help="print the result as JSON")
+    b.set_defaults(func=run_bench)
+
+
+def _missing_bench(parser: argparse.ArgumentParser) -> int:
+    parser.print_help()
+    return 2
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from hetflow.workloads.serve.config import load_serve_config
+
+    config = load_serve_config(args.config)
+    http = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
+    overrides: dict[str, Any] = {"http": http} if http else {}
+    if args.address:
+        overrides["ray_address"] = args.address
+    if overrides:
+        config = config.with_overrides(**overrides)
+
+    from hetflow.workloads.serve.app import deploy
+
+    served = deploy(config)
+    try:
+        if args.json:
+            json.dump(describe(served), sys.stdout, indent=2)
+            sys.stdout.write("\n")
+        else:
+            print(f"serving {config.name} at {served.url}")
+            for name, mp in served.plans.items():
+                fallback = f", fallback {mp.entry.fallback}" if mp.entry.fallback else ""
+                print(f"  {name}: {mp.entry.precision}, input {mp.input.description}{fallback}")
+                for group in mp.groups:
+                    print(f"    {group.describe()}")
+            print(f"  POST {served.url}/v1/models/<name>/predict  {{\"inputs\": [[...], ...]}}")
+            print(f"  GET  {served.url}/health  {served.url}/metrics")
+        sys.stdout.flush()
+        _wait(args.duration)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        served.shutdown()
+        if served.started_ray:
+            import ray
+
+            ray.shutdown()
+    return 0
+
+
+def _wait(duration: float | None) -> None:
+    deadline = None if duration is None else time.monotonic() + duration
+    while deadline is None or time.monotonic() < deadline:
+        time.sleep(0.5 if deadline is None else max(0.0, min(0.5, deadline - time.monotonic())))
+
+
+def describe(served: Any) -> dict[str, Any]:
+    """The JSON form of a deployment."""
+    return {
+        "name": served.config.name, "url": served.url,
+        "models": {name: {"precision": mp.entry.precision, "input": mp.input.to_dict(),
+                          "checkpoint": mp.spec.checkpoint, "memory_bytes": mp.memory_bytes,
+                          "fallback": mp.entry.fallback,
+                          "groups": [{"deployment": g.deployment, "replicas": g.num_replicas,
+                                      "autoscaling": g.autoscaling, "compute": g.compute,
+                                      "device": str(g.device) if g.device else None,
+                                      "env": g.env} for g in mp.groups]}
+                   for name, mp in served.plans.items()},
+    }
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from hetflow.workloads.serve.loadgen import check_loopback, run_load, sweep
+
+    check_loopback(args.url)
+    for name in ("rate", "requests", "duration", "timeout", "rows"):
+        if getattr(args, name) <= 0:
+            raise InputError(f"--{name} must be > 0, got {getattr(args, name)}")
+    bodies = _bodies(args)
+    if not args.sweep:
+        result = run_load(args.url, bodies, args.rate, max_requests=args.requests,
+                          max_duration_s=args.duration, timeout_s=args.timeout, seed=args.seed)
+        if args.json:
+            print(json.dumps(result.to_dict(), indent=2))
+        else:
+            print(result.line())
+        return 0 if result.ok else 1
+
+    def show(step: Any) -> None:
+        if not args.json:
+            mark = "ok " if step.passes(args.p99_ms) else "too slow" if not step.error_count \
+                else "errors"
+            print(f"{step.line()}  [{mark}]", flush=True)
+
+    result = sweep(args.url, bodies, p99_target_ms=args.p99_ms, start_rate=args.start_rate,
+                   max_rate=args.max_rate, duration_s=args.duration,
+                   max_requests=args.requests, timeout_s=args.timeout, seed=args.seed,
+                   on_step=show)
+    if args.json:
+        print(json.dumps({"p99_target_ms": args.p99_ms, "best_rate": result.best_rate,
+                          "steps": [s.to_dict() for s in result.steps]}, indent=2))
+    elif result.best is None:
+        print(f"no rate tried kept P99 <= {args.p99_ms:g} ms without errors; "
+              f"lower --start-rate")
+    else:
+        print(f"highest rate with P99 <= {args.p99_ms:g} ms: {result.best_rate:.1f} req/s "
+              f"(achieved {result.best.achieved_qps:.1f}/s, P99 {result.best.p99_ms:.1f} ms)")
+    return 0
+
+
+def _bodies(args: argparse.Namespace) -> list[bytes]:
+    from pathlib import Path
+
+    from hetflow.workloads.serve.loadgen import bodies_for
+
+    if args.body:
+        try:
+            data = Path(args.body).read_bytes()
+        except OSError as exc:
+            raise InputError(f"cannot read --body {args.body}: {exc.strerror}") from None
+        try:
+            json.loads(data)
+        except ValueError as exc:
+            raise InputError(f"--body {args.body} is not JSON: {exc}") from None
+        return [data]
+    return bodies_for(_model_input(args.url), rows=args.rows, seed=args.seed)
+
+
+def _model_input(url: str) -> dict[str, Any]:
+    """The model's input description, from ``GET /v1/models/<name>`` of the same server."""
+    import requests
+
+    base, _, rest = url.partition("/v1/")
+    name = rest.removeprefix("models/").removesuffix("/predict") if rest.startswith("models/") \
+        else None
+    try:
+        if name:
+            info = requests.get(f"{base}/v1/models/{name}", timeout=10).json()
+        else:
+            models = requests.get(f"{base}/v1/models", timeout=10).json()["models"]
+            info = next(iter(models.values()))
+        return info["input"]
+    except (requests.RequestException, ValueError, KeyError, StopIteration) as exc:
+        raise InputError(f"cannot read the model's input description from {base}/v1/models "
+                         f"({exc}); is `hetflow serve` running there? or pass --body") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run on its own: ``python -m hetflow.cli.serve CONFIG.yaml`` (= ``hetflow serve``) or
+    ``python -m hetflow.cli.serve bench serve ...``."""
+    from hetflow.cli.main import _Parser
+    from hetflow.core.errors import HetflowError
+
+    parser = _Parser(prog="hetflow")
+    register(parser.add_subparsers(dest="command", parser_class=_Parser))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in ("serve", "bench", "-h", "--help"):
+        argv.insert(0, "serve")
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except HetflowError as e:
+        print(f"hetflow: error: {e}", file=sys.stderr)
+        return e.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

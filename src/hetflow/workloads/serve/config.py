@@ -1,0 +1,419 @@
+"""A serving application's configuration: one YAML file -> one frozen, validated ``ServeConfig``.
+
+Every section is a frozen pydantic model that refuses unknown keys; a bad file raises
+:class:`~hetflow.core.errors.InputError` naming the key path (``models.0.batching.max_batch``)
+and what to write instead. Each field's docstring is its documentation (``docs/serving.md``).
+
+Example (``examples/serve_digits.yaml``)::
+
+    name: digits
+    http: {host: 127.0.0.1, port: 8000}
+    models:
+      - name: digits
+        train_config: train_digits.yaml     # relative to this file
+        train_if_missing: true
+        replicas: 2
+        batching: {max_batch_size: 32, batch_wait_timeout_s: 0.002}
+
+Cross-field rules (:func:`combination_errors`): model names are unique; every ``fallback`` and
+``default_model`` names a model of the file and fallbacks form no cycle; a model gives exactly
+one of ``train_config`` / ``train``; ``replicas`` and ``autoscaling`` exclude each other;
+bf16/fp16 run on GPUs only and int8 on CPUs only.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from hetflow.core.errors import InputError
+from hetflow.core.units import parse_bytes
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+# Chosen by measurement on a 2-core CPU host (docs/serving.md, "Batching defaults").
+DEFAULT_MAX_BATCH_SIZE = 32
+DEFAULT_BATCH_WAIT_TIMEOUT_S = 0.002
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+
+class HTTPConfig(_Section):
+    """Where Ray Serve's HTTP proxy listens."""
+
+    host: str = "127.0.0.1"
+    """Address to bind. The default is loopback only; anything else exposes the models to the
+    network, with no authentication."""
+    port: int = Field(8000, ge=1, le=65535)
+    """TCP port of the HTTP proxy."""
+
+
+class LimitsConfig(_Section):
+    """What one request may carry. Anything beyond is refused with a 4xx and a message."""
+
+    max_body_bytes: int | str = "1MiB"
+    """Largest request body (e.g. ``64KiB``, ``1MiB``); a bigger one gets 413."""
+    max_rows: int = Field(32, gt=0)
+    """Most input rows in one request; more gets 413."""
+    request_timeout_s: float = Field(30.0, gt=0)
+    """How long the gateway waits for a model's answer before replying 504."""
+
+    @property
+    def body_bytes(self) -> int:
+        return parse_bytes(self.max_body_bytes)
+
+
+class GatewayConfig(_Section):
+    """The ingress deployment: parses and checks requests, routes them by model name, falls
+    back when a model's replicas are down, and serves /health and /metrics."""
+
+    replicas: int = Field(1, gt=0)
+    """Gateway replicas (each keeps its own request counters in /metrics)."""
+    cpus: float = Field(0.0, ge=0)
+    """CPUs Ray reserves for each gateway replica (it mostly waits on I/O)."""
+    status_poll_s: float = Field(0.5, gt=0)
+    """How often the gateway reads Serve's replica states (to route around a model whose
+    replicas are all down)."""
+    retries: int = Field(1, ge=0)
+    """Extra attempts on the same model when the replica a request was sent to died under it
+    (inference is idempotent); then the fallback model is tried."""
+
+
+class AutoscalingConfig(_Section):
+    """Ray Serve autoscaling of one model's replicas (by ongoing requests per replica)."""
+
+    min_replicas: int = Field(1, ge=1)
+    """Fewest replicas kept running (at least one, so the gateway can tell 'down' from idle)."""
+    max_replicas: int = Field(4, ge=1)
+    """Most replicas; on hetflow nodes this many are planned (by memory) up front."""
+    initial_replicas: int | None = Field(None, ge=1)
+    """Replicas at start (default: ``min_replicas``)."""
+    target_ongoing_requests: float = Field(16.0, gt=0)
+    """Ongoing requests per replica the autoscaler aims at. With batching, about one or two
+    batches' worth of requests."""
+    upscale_delay_s: float = Field(3.0, ge=0)
+    """How long the load must stay above target before replicas are added."""
+    downscale_delay_s: float = Field(30.0, ge=0)
+    """How long the load must stay below target before replicas are removed."""
+
+    @model_validator(mode="after")
+    def _bounds(self) -> "AutoscalingConfig":
+        initial = self.initial_replicas or self.min_replicas
+        if not self.min_replicas <= initial <= self.max_replicas:
+            raise ValueError(f"need min_replicas <= initial_replicas <= max_replicas, got "
+                             f"{self.min_replicas}, {initial}, {self.max_replicas}")
+        return self
+
+    def to_serve(self) -> dict[str, Any]:
+        """The ``autoscaling_config`` dict Ray Serve takes."""
+        return {
+            "min_replicas": self.min_replicas,
+            "initial_replicas": self.initial_replicas or self.min_replicas,
+            "max_replicas": self.max_replicas,
+            "target_ongoing_requests": self.target_ongoing_requests,
+            "upscale_delay_s": self.upscale_delay_s,
+            "downscale_delay_s": self.downscale_delay_s,
+        }
+
+
+class BatchingConfig(_Section):
+    """Dynamic batching (``@serve.batch``) inside each model replica."""
+
+    enabled: bool = True
+    """Gather concurrent requests into one forward pass. Off: each request runs alone."""
+    max_batch_size: int = Field(DEFAULT_MAX_BATCH_SIZE, gt=0)
+    """Most input rows in one forward pass (rows, not requests: a request may carry several).
+    A request with more rows than this runs alone."""
+    batch_wait_timeout_s: float = Field(DEFAULT_BATCH_WAIT_TIMEOUT_S, ge=0)
+    """How long the first request of a batch waits for others. It bounds the latency batching
+    adds at low load; under load batches fill before it expires."""
+
+
+class ModelServeConfig(_Section):
+    """One served model: where its weights come from, how it runs, how many replicas."""
+
+    name: str = Field(min_length=1, pattern=NAME_PATTERN)
+    """Name clients ask for (``POST /v1/models/<name>/predict``)."""
+    train_config: str | None = None
+    """Training YAML that produced the checkpoint (relative to this file). Its model section
+    builds the network and its checkpoint directory holds the weights."""
+    train: dict[str, Any] | None = None
+    """The training config inline, instead of ``train_config`` (same keys as a training YAML)."""
+    checkpoint_dir: str | None = None
+    """Take weights from the newest complete checkpoint here instead of the training config's
+    directory (relative paths from the current directory, as in training)."""
+    weights: Literal["checkpoint", "random"] = "checkpoint"
+    """``checkpoint``: the newest complete checkpoint. ``random``: the untrained initial weights
+    (``train.seed``), for load tests of model sizes that were never trained."""
+    train_if_missing: bool = False
+    """When no checkpoint exists yet, run the training config first (``run_training``)."""
+    precision: Literal["fp32", "bf16", "fp16", "int8"] = "fp32"
+    """``fp32``; ``bf16`` or ``fp16`` weights and activations on GPUs; ``int8``: dynamic
+    quantisation of the linear layers (int8 weights, activations quantised per batch) on CPUs."""
+    device: Literal["auto", "cpu", "gpu"] = "auto"
+    """``cpu``: CPU replicas. ``gpu``: each replica on a GPU (hetflow-managed devices placed by
+    the planner, else Ray's own GPUs). ``auto``: GPUs when the cluster has them, else CPU."""
+    vendor: Literal["nvidia", "amd"] | None = None
+    """Only GPUs of this vendor (hetflow-managed nodes)."""
+    accelerator: str | None = None
+    """Only GPUs of this catalog model, e.g. ``L40S`` (hetflow-managed nodes)."""
+    memory: int | str | None = None
+    """Device memory one replica needs, e.g. ``2GiB`` (default: 512 MiB plus twice the weights
+    at the serving precision). The planner puts several replicas on one device while their
+    memory fits."""
+    share_devices: bool = True
+    """Let replicas (of this and other jobs) share a device by memory; ``false``: one whole
+    device per replica."""
+    strategy: Literal["pack", "spread"] = "pack"
+    """``pack``: fill partly used devices and nodes first; ``spread``: emptiest nodes first."""
+    gpu_fraction: float = Field(1.0, gt=0, le=1)
+    """On Ray's own GPUs (nodes hetflow does not manage): ``num_gpus`` per replica."""
+    replicas: int | None = Field(None, gt=0)
+    """A fixed number of replicas (default 1 when ``autoscaling`` is not given)."""
+    autoscaling: AutoscalingConfig | None = None
+    """Scale replicas with the load instead of a fixed number."""
+    batching: BatchingConfig = Field(default_factory=BatchingConfig)
+    """Dynamic batching."""
+    max_ongoing_requests: int | None = Field(None, gt=0)
+    """Requests Serve sends to one replica before queueing at the caller (default: twice
+    ``batching.max_batch_size``, at least 16, so a batch can fill while another runs)."""
+    cpus_per_replica: float = Field(1.0, ge=0)
+    """CPUs Ray reserves for each replica."""
+    threads_per_replica: int = Field(1, gt=0)
+    """torch intra-op threads in each replica."""
+    health_check_period_s: float = Field(2.0, gt=0)
+    """How often Serve checks each replica (a dead one is replaced after it fails)."""
+    fallback: str | None = None
+    """Model that answers this model's requests while none of its replicas is running."""
+
+    @model_validator(mode="after")
+    def _check_model(self) -> "ModelServeConfig":
+        errors = model_errors(self)
+        if errors:
+            raise ValueError("; ".join(errors))
+        return self
+
+    @property
+    def fixed_replicas(self) -> int | None:
+        """The fixed replica count, or None when autoscaling."""
+        if self.autoscaling is not None:
+            return None
+        return self.replicas or 1
+
+    @property
+    def planned_replicas(self) -> int:
+        """Replica slots planned on devices: the fixed count, or autoscaling's maximum."""
+        return self.autoscaling.max_replicas if self.autoscaling else (self.replicas or 1)
+
+    @property
+    def ongoing_limit(self) -> int:
+        if self.max_ongoing_requests is not None:
+            return self.max_ongoing_requests
+        return max(16, 2 * self.batching.max_batch_size)
+
+    @property
+    def memory_bytes(self) -> int | None:
+        return None if self.memory is None else parse_bytes(self.memory)
+
+
+class ServeConfig(_Section):
+    """One serving application: models behind one HTTP endpoint."""
+
+    name: str = Field("hetflow", min_length=1, pattern=NAME_PATTERN)
+    """Ray Serve application name (also prefixes the deployments' names)."""
+    http: HTTPConfig = Field(default_factory=HTTPConfig)
+    """The HTTP endpoint."""
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    """Request size and time limits."""
+    gateway: GatewayConfig = Field(default_factory=GatewayConfig)
+    """The routing front."""
+    models: list[ModelServeConfig] = Field(min_length=1)
+    """The served models (at least one)."""
+    default_model: str | None = None
+    """Model of ``POST /v1/predict`` requests that name none (default: the first)."""
+    ray_address: str | None = None
+    """Ray cluster to join (``auto``, ``host:port``); default: a running local one, else a new
+    one."""
+
+    @model_validator(mode="after")
+    def _check_combinations(self) -> "ServeConfig":
+        errors = combination_errors(self)
+        if errors:
+            raise ValueError("; ".join(errors))
+        return self
+
+    def model(self, name: str) -> ModelServeConfig:
+        for m in self.models:
+            if m.name == name:
+                return m
+        raise KeyError(name)
+
+    @property
+    def default(self) -> str:
+        return self.default_model or self.models[0].name
+
+    def with_overrides(self, **sections: Any) -> "ServeConfig":
+        """A copy with top-level sections (or section fields) replaced, validated like a file."""
+        data = self.model_dump(mode="json")
+        for section, values in sections.items():
+            if isinstance(data.get(section), dict) and isinstance(values, dict):
+                data[section] = {**data[section], **values}
+            else:
+                data[section] = values
+        return serve_config_from_dict(data, source="overrides")
+
+
+def model_errors(m: ModelServeConfig) -> list[str]:
+    """Rules inside one model entry; each message says how to fix the file."""
+    errors = []
+    if (m.train_config is None) == (m.train is None):
+        errors.append("give exactly one of train_config (a training YAML) or train (inline)")
+    if m.replicas is not None and m.autoscaling is not None:
+        errors.append("give replicas (a fixed count) or autoscaling, not both")
+    if m.precision in ("bf16", "fp16") and m.device == "cpu":
+        errors.append(f"precision {m.precision} serves on GPUs; on CPU use fp32 or int8")
+    if m.precision == "int8" and m.device == "gpu":
+        errors.append("int8 dynamic quantisation runs on CPUs; on GPUs use bf16 or fp16")
+    if m.memory is not None:
+        errors.extend(_size_errors("memory", m.memory))
+    if m.fallback == m.name:
+        errors.append(f"model {m.name} cannot be its own fallback")
+    return errors
+
+
+def combination_errors(config: ServeConfig) -> list[str]:
+    """Rules that tie several models or sections together."""
+    errors: list[str] = []
+    names = [m.name for m in config.models]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        errors.append(f"model names must be unique; repeated: {', '.join(dupes)}")
+    known = set(names)
+    if config.default_model is not None and config.default_model not in known:
+        errors.append(f"default_model {config.default_model!r} is not a model of this file "
+                      f"({', '.join(names)})")
+    for m in config.models:
+        if m.fallback is not None and m.fallback not in known:
+            errors.append(f"model {m.name}: fallback {m.fallback!r} is not a model of this file "
+                          f"({', '.join(names)})")
+    errors.extend(_fallback_cycles(config))
+    errors.extend(_size_errors("limits.max_body_bytes", config.limits.max_body_bytes))
+    return errors
+
+
+def _size_errors(key: str, value: int | str) -> list[str]:
+    try:
+        parse_bytes(value)
+    except InputError as exc:
+        return [f"{key}: {exc}"]
+    return []
+
+
+def _fallback_cycles(config: ServeConfig) -> list[str]:
+    fallback = {m.name: m.fallback for m in config.models}
+    for start in fallback:
+        seen, name = [start], fallback[start]
+        while name is not None and name in fallback:
+            if name in seen:
+                return [f"fallbacks form a cycle: {' -> '.join(seen + [name])}"]
+            seen.append(name)
+            name = fallback[name]
+    return []
+
+
+def fallback_chain(config: ServeConfig, name: str) -> list[str]:
+    """``name`` followed by its fallback, that one's fallback, ... (no repeats)."""
+    chain = [name]
+    while (nxt := config.model(chain[-1]).fallback) is not None and nxt not in chain:
+        chain.append(nxt)
+    return chain
+
+
+def serve_config_from_dict(data: Any, source: str = "config",
+                           base_dir: str | Path | None = None) -> ServeConfig:
+    """Validate a parsed document; errors become one InputError naming each key path.
+
+    ``train_config`` paths are taken relative to ``base_dir`` (the YAML file's directory).
+    """
+    if not isinstance(data, dict):
+        raise InputError(f"{source}: expected a mapping with a models list, got "
+                         f"{type(data).__name__}")
+    if base_dir is not None and isinstance(data.get("models"), list):
+        data = {**data, "models": [_absolute_train_path(m, Path(base_dir))
+                                   for m in data["models"]]}
+    try:
+        return ServeConfig.model_validate(data)
+    except ValidationError as exc:
+        raise InputError(f"{source}: " + "; ".join(_describe(e) for e in exc.errors())) from None
+
+
+def _absolute_train_path(entry: Any, base: Path) -> Any:
+    if isinstance(entry, dict) and isinstance(entry.get("train_config"), str):
+        path = Path(entry["train_config"])
+        if not path.is_absolute():
+            entry = {**entry, "train_config": str((base / path).resolve())}
+    return entry
+
+
+def load_serve_config(path: str | Path) -> ServeConfig:
+    """Read a serving YAML file. Raises InputError for a missing or invalid file."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise InputError(f"cannot read serving config {path}: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+        raise InputError(f"{where}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
+    return serve_config_from_dict(data, source=str(path), base_dir=path.parent)
+
+
+def _describe(error: dict[str, Any]) -> str:
+    loc = [str(p) for p in error["loc"]]
+    path = ".".join(loc) or "(top level)"
+    if error["type"] == "extra_forbidden":
+        known = _known_keys(error["loc"][:-1])
+        hint = difflib.get_close_matches(loc[-1], known, n=1)
+        did_you_mean = f"did you mean {hint[0]!r}? " if hint else ""
+        return f"{path}: unknown key ({did_you_mean}known keys here: {', '.join(known)})"
+    message = error["msg"].removeprefix("Value error, ")
+    return f"{path}: {message}" if loc else message
+
+
+def _known_keys(loc: tuple[Any, ...]) -> list[str]:
+    """Field names of the section at ``loc`` (list indices skipped)."""
+    section: Any = ServeConfig
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = section.model_fields.get(str(part)) if hasattr(section, "model_fields") else None
+        if field is None:
+            return []
+        section = _section_type(field.annotation) or section
+    return sorted(section.model_fields) if hasattr(section, "model_fields") else []
+
+
+def _section_type(annotation: Any) -> type | None:
+    """The section class inside ``X``, ``X | None`` or ``list[X]``."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()):
+        found = _section_type(arg)
+        if found is not None:
+            return found
+    return None
+
+
+__all__ = [
+    "AutoscalingConfig", "BatchingConfig", "GatewayConfig", "HTTPConfig", "LimitsConfig",
+    "ModelServeConfig", "ServeConfig", "DEFAULT_BATCH_WAIT_TIMEOUT_S", "DEFAULT_MAX_BATCH_SIZE",
+    "fallback_chain", "load_serve_config", "serve_config_from_dict",
+]

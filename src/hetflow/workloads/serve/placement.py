@@ -1,0 +1,192 @@
+"""Where a model's replicas run: hetflow's planner -> one Serve deployment per device.
+
+Ray Serve gives every replica of one deployment the same options, while on hetflow nodes a
+replica must hold its own device's resource (``hetflow_dev_<i>``, in MiB of device memory) on
+its own node and see exactly that device. So a model becomes **one deployment per planned
+device** (a :class:`ReplicaGroup`):
+
+* Each replica slot (``replicas``, or autoscaling's ``max_replicas``) is planned as its own
+  one-device job, shareable by memory (``share_devices``) or exclusive, against the live
+  snapshot with the slots already planned applied - so several small replicas share a device
+  while their memory fits, and the plan never over-commits a device.
+* Slots on the same device form a group: ``placement_group_bundles=[{hetflow_dev_<i>: MiB,
+  CPU: c}]`` with ``placement_group_bundle_label_selector=[{hetflow.io/node: <node>}]`` (Serve
+  makes one such group per replica, so Ray's resource accounting holds each replica's memory),
+  and a ``runtime_env`` whose visibility variables name exactly that device (set before the
+  worker process starts, and never rewritten by Ray: see :mod:`hetflow.runtime.resources`).
+* The gateway spreads a model's requests over its groups.
+
+Without hetflow devices a model is one group: CPU replicas, or (``device: gpu`` on Ray's own
+GPU nodes) replicas with ``num_gpus=gpu_fraction``, where Ray sets the visibility itself.
+
+Autoscaling on hetflow devices: a group scales between ``max(1, its share of min_replicas)``
+and the slots planned on its device, so each device used keeps one replica running.
+
+Pure: no ray import; the live snapshot and Ray's GPU count are passed in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hetflow.core.errors import InputError, Unschedulable
+from hetflow.core.placement import DeviceRef
+from hetflow.core.request import PlacementRequest, Strategy, parse_vendor
+from hetflow.core.topology import ClusterSnapshot, Vendor
+from hetflow.runtime.resources import (
+    NODE_LABEL,
+    _label_value,
+    device_resource,
+    units_for,
+    visibility_env,
+)
+from hetflow.scheduling.planner import plan
+from hetflow.workloads.serve.config import ModelServeConfig
+
+
+@dataclass(frozen=True)
+class ReplicaGroup:
+    """Replicas of one model that share the same Serve options (one deployment)."""
+
+    model: str
+    deployment: str  # Serve deployment name, unique within the application
+    num_replicas: int | None  # fixed count; None when autoscaling
+    autoscaling: dict[str, Any] | None  # Serve's autoscaling_config
+    ray_actor_options: dict[str, Any]
+    placement_group_bundles: list[dict[str, float]] | None = None
+    bundle_label_selector: list[dict[str, str]] | None = None
+    device: DeviceRef | None = None  # the hetflow device every replica of the group uses
+    compute: str = "cpu"  # "cpu" or "gpu": what the replicas compute on
+    env: dict[str, str] = field(default_factory=dict)  # visibility variables, when placed
+
+    def describe(self) -> str:
+        count = (f"{self.num_replicas} replica{'s' if self.num_replicas != 1 else ''}"
+                 if self.num_replicas is not None else
+                 f"{self.autoscaling['min_replicas']}-{self.autoscaling['max_replicas']} replicas")
+        where = f"device {self.device}" if self.device else self.compute.upper()
+        resources = self.ray_actor_options.get("resources") or {}
+        mem = "".join(f", {v} MiB of {k}" for k, v in resources.items())
+        return f"{self.deployment}: {count} on {where}{mem}"
+
+    def serve_options(self) -> dict[str, Any]:
+        """Keyword arguments for ``Deployment.options``."""
+        options: dict[str, Any] = {"name": self.deployment,
+                                   "ray_actor_options": self.ray_actor_options}
+        if self.autoscaling is not None:
+            options["autoscaling_config"] = self.autoscaling
+        else:
+            options["num_replicas"] = self.num_replicas
+        if self.placement_group_bundles is not None:
+            options["placement_group_bundles"] = self.placement_group_bundles
+            options["placement_group_bundle_label_selector"] = self.bundle_label_selector
+        return options
+
+
+def has_devices(snapshot: ClusterSnapshot | None, entry: ModelServeConfig) -> bool:
+    """Whether the snapshot holds hetflow accelerators this model may use."""
+    if snapshot is None:
+        return False
+    vendor = parse_vendor(entry.vendor)
+    return any(d.vendor is not Vendor.CPU and (vendor is None or d.vendor is vendor)
+               for node in snapshot.nodes for d in node.accelerators)
+
+
+def plan_replica_groups(app: str, entry: ModelServeConfig, snapshot: ClusterSnapshot | None,
+                        ray_gpus: float, memory_bytes: int) -> list[ReplicaGroup]:
+    """The deployments that run ``entry``'s replicas (see the module docstring).
+
+    ``snapshot``: the live hetflow snapshot (None or empty: no hetflow nodes); ``ray_gpus``:
+    Ray's own GPU count in the cluster; ``memory_bytes``: device memory per replica.
+    Raises Unschedulable when ``device: gpu`` finds no GPU or the planner finds no room.
+    """
+    wants_gpu = entry.device == "gpu" or (entry.device == "auto" and entry.precision != "int8")
+    base = f"{app}.{entry.name}"
+    if entry.device != "cpu" and entry.precision != "int8" and has_devices(snapshot, entry):
+        assert snapshot is not None
+        return _planned_groups(base, entry, snapshot, memory_bytes)
+    if wants_gpu and ray_gpus > 0:
+        options = {"num_cpus": entry.cpus_per_replica, "num_gpus": entry.gpu_fraction}
+        return [_single_group(base, entry, options, "gpu")]
+    if entry.device == "gpu":
+        raise Unschedulable(f"model {entry.name}: device: gpu, but the cluster has no hetflow "
+                            "GPU node (hetflow node start) and no Ray GPUs; use device: auto "
+                            "or cpu")
+    # A CPU replica on a hetflow node must not see the node's devices.
+    options = {"num_cpus": entry.cpus_per_replica,
+               "runtime_env": {"env_vars": visibility_env(Vendor.CPU, [])}}
+    return [_single_group(base, entry, options, "cpu")]
+
+
+def _single_group(base: str, entry: ModelServeConfig, options: dict[str, Any],
+                  compute: str) -> ReplicaGroup:
+    autoscaling = entry.autoscaling.to_serve() if entry.autoscaling else None
+    return ReplicaGroup(entry.name, base, entry.fixed_replicas, autoscaling, options,
+                        compute=compute)
+
+
+def _planned_groups(base: str, entry: ModelServeConfig, snapshot: ClusterSnapshot,
+                    memory_bytes: int) -> list[ReplicaGroup]:
+    slots = plan_slots(base, entry, snapshot, memory_bytes)
+    order: list[DeviceRef] = []
+    for ref in slots:
+        if ref not in order:
+            order.append(ref)
+    minimum = entry.autoscaling.min_replicas if entry.autoscaling else 0
+    groups = []
+    for ref in order:
+        count = slots.count(ref)
+        device = snapshot.node(ref.node).device(ref.device)
+        units = units_for(device, memory_bytes, exclusive=not entry.share_devices)
+        resource = device_resource(ref.device)
+        env = visibility_env(device.vendor, [ref.device])
+        options = {"num_cpus": entry.cpus_per_replica, "num_gpus": 0,
+                   "resources": {resource: units}, "runtime_env": {"env_vars": env}}
+        bundle: dict[str, float] = {resource: units}
+        if entry.cpus_per_replica:
+            bundle["CPU"] = entry.cpus_per_replica
+        autoscaling = None
+        if entry.autoscaling is not None:
+            share = sum(1 for r in slots[:minimum] if r == ref)
+            low = max(1, share)
+            autoscaling = {**entry.autoscaling.to_serve(), "min_replicas": low,
+                           "initial_replicas": low, "max_replicas": count}
+        name = f"{base}-{_label_value(ref.node)}-d{ref.device}"
+        groups.append(ReplicaGroup(
+            entry.name, name, None if autoscaling else count, autoscaling, options,
+            placement_group_bundles=[bundle],
+            bundle_label_selector=[{NODE_LABEL: _label_value(ref.node)}],
+            device=ref, compute="gpu", env=env))
+    return groups
+
+
+def plan_slots(base: str, entry: ModelServeConfig, snapshot: ClusterSnapshot,
+               memory_bytes: int) -> list[DeviceRef]:
+    """One device per replica slot, planned one slot at a time on the updated snapshot."""
+    slots = []
+    for i in range(entry.planned_replicas):
+        request = PlacementRequest(
+            f"{base}-{i}", count=1, memory_bytes=memory_bytes,
+            memory_note="serving replica", vendor=parse_vendor(entry.vendor),
+            model=entry.accelerator, exclusive=not entry.share_devices,
+            strategy=Strategy(entry.strategy))
+        try:
+            placement = plan(snapshot, request)
+        except Unschedulable as exc:
+            raise Unschedulable(f"model {entry.name}: replica {i + 1} of "
+                                f"{entry.planned_replicas} does not fit ({exc}); lower replicas "
+                                "or memory, or allow share_devices") from None
+        snapshot = placement.apply_to(snapshot)
+        slots.append(placement.devices[0])
+    return slots
+
+
+def check_memory(entry: ModelServeConfig, estimate: int) -> int:
+    """The memory to plan per replica: the configured one, else the estimate."""
+    given = entry.memory_bytes
+    if given is not None and given <= 0:
+        raise InputError(f"model {entry.name}: memory must be positive")
+    return given if given is not None else estimate
+
+
+__all__ = ["ReplicaGroup", "check_memory", "has_devices", "plan_replica_groups", "plan_slots"]

@@ -1,0 +1,85 @@
+"""Replica groups from the planner: memory sharing, exclusive devices, CPU and Ray-GPU cases.
+
+Pure: a synthetic 2x L40S (48 GB each) node; no Ray. test_serve_ray.py deploys such groups on
+a local cluster with a fake accelerator node and checks what each replica sees.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from hetflow.accelerators.synthetic import synthetic_node
+from hetflow.core.errors import Unschedulable
+from hetflow.core.topology import ClusterSnapshot
+from hetflow.core.units import parse_bytes
+from hetflow.workloads.serve.config import serve_config_from_dict
+from hetflow.workloads.serve.placement import plan_replica_groups
+
+GIB20 = parse_bytes("20GiB")
+
+
+def entry(**fields):
+    doc = {"name": "m", "train": {"model": {"kind": "mlp", "hidden": [16]}}, **fields}
+    return serve_config_from_dict({"models": [doc]}).models[0]
+
+
+@pytest.fixture(scope="module")
+def snapshot() -> ClusterSnapshot:
+    return ClusterSnapshot(nodes=(synthetic_node("2x L40S", "gpu-node"),))
+
+
+def test_small_replicas_share_a_device_by_memory(snapshot) -> None:
+    groups = plan_replica_groups("app", entry(replicas=3, memory="20GiB"), snapshot, 0, GIB20)
+    assert [(g.device.node, g.device.device, g.num_replicas) for g in groups] == [
+        ("gpu-node", 0, 2), ("gpu-node", 1, 1)]  # two 20 GiB replicas fit in 48 GB, not three
+    first = groups[0].serve_options()
+    assert first["name"] == "app.m-gpu-node-d0"
+    assert first["placement_group_bundles"] == [{"hetflow_dev_0": 20480, "CPU": 1.0}]
+    assert first["placement_group_bundle_label_selector"] == [{"hetflow.io/node": "gpu-node"}]
+    actor = first["ray_actor_options"]
+    assert actor["resources"] == {"hetflow_dev_0": 20480} and actor["num_gpus"] == 0
+    assert actor["runtime_env"]["env_vars"]["CUDA_VISIBLE_DEVICES"] == "0"
+    assert groups[1].ray_actor_options["runtime_env"]["env_vars"]["CUDA_VISIBLE_DEVICES"] == "1"
+    assert groups[1].serve_options()["placement_group_bundles"][0] == {
+        "hetflow_dev_1": 20480, "CPU": 1.0}
+
+
+def test_exclusive_replicas_take_whole_devices(snapshot) -> None:
+    groups = plan_replica_groups("app", entry(replicas=2, memory="20GiB", share_devices=False),
+                                 snapshot, 0, GIB20)
+    capacity = snapshot.node("gpu-node").device(0).memory_bytes // (1024 * 1024)
+    assert [g.num_replicas for g in groups] == [1, 1]
+    assert groups[0].ray_actor_options["resources"] == {"hetflow_dev_0": capacity}
+    with pytest.raises(Unschedulable, match="replica 3 of 3 does not fit"):
+        plan_replica_groups("app", entry(replicas=3, memory="20GiB", share_devices=False),
+                            snapshot, 0, GIB20)
+
+
+def test_autoscaling_groups_keep_one_replica_per_device(snapshot) -> None:
+    groups = plan_replica_groups("app", entry(memory="20GiB", autoscaling={
+        "min_replicas": 1, "max_replicas": 3}), snapshot, 0, GIB20)
+    bounds = [(g.autoscaling["min_replicas"], g.autoscaling["max_replicas"]) for g in groups]
+    assert bounds == [(1, 2), (1, 1)]
+    assert all(g.num_replicas is None and "num_replicas" not in g.serve_options()
+               for g in groups)
+
+
+def test_cpu_int8_and_plain_ray_gpus(snapshot) -> None:
+    cpu = plan_replica_groups("app", entry(device="cpu", replicas=2), snapshot, 0, GIB20)
+    assert len(cpu) == 1 and cpu[0].num_replicas == 2 and cpu[0].device is None
+    assert cpu[0].ray_actor_options["runtime_env"]["env_vars"]["CUDA_VISIBLE_DEVICES"] == ""
+    assert "placement_group_bundles" not in cpu[0].serve_options()
+    int8 = plan_replica_groups("app", entry(precision="int8"), snapshot, 0, GIB20)
+    assert int8[0].compute == "cpu"  # int8 is a CPU path even where GPUs exist
+    empty = ClusterSnapshot(nodes=())
+    ray_gpu = plan_replica_groups("app", entry(device="gpu", gpu_fraction=0.5), empty, 2, GIB20)
+    assert ray_gpu[0].ray_actor_options["num_gpus"] == 0.5 and ray_gpu[0].compute == "gpu"
+    auto = plan_replica_groups("app", entry(), empty, 0, GIB20)
+    assert auto[0].compute == "cpu"
+    with pytest.raises(Unschedulable, match="no hetflow GPU node"):
+        plan_replica_groups("app", entry(device="gpu"), empty, 0, GIB20)
+
+
+def test_vendor_constraint_without_matching_devices_falls_back_to_cpu(snapshot) -> None:
+    groups = plan_replica_groups("app", entry(vendor="amd"), snapshot, 0, GIB20)
+    assert groups[0].compute == "cpu"

@@ -1,0 +1,327 @@
+"""Serving on a real local Ray cluster: routing, batching, bad input, placement, kills, fallback.
+
+One cluster for the module: a CPU head and a hetflow-managed node that declares two L40S GPUs
+(48 GB each) it does not have (``ray.cluster_utils.Cluster``). One application serves:
+
+* ``digits``: the conftest's trained MLP, fp32, 2 CPU replicas, batching on, falls back to
+* ``digits-int8``: a small MLP trained on the cluster by ``train_if_missing`` (run_training),
+  int8 dynamic quantisation, 1 CPU replica;
+* ``placed``: random weights, 3 replicas of 20 GiB each placed by the planner on the fake GPU
+  node - two share device 0, one is on device 1 - each seeing exactly its device.
+
+Loads are bounded in count and time; the kill tests run last (each waits for recovery).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import os
+import signal
+import socket
+import threading
+import time
+
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
+import numpy as np
+import pytest
+import ray
+import requests
+from ray.cluster_utils import Cluster
+
+from hetflow.accelerators.synthetic import synthetic_node
+from hetflow.runtime.binding import publish_node
+from hetflow.runtime.resources import node_labels, node_resources
+from hetflow.workloads.serve.app import deploy
+from hetflow.workloads.serve.config import serve_config_from_dict
+from hetflow.workloads.serve.inference import ReplicaSpec, build_runner
+from hetflow.workloads.serve.loadgen import digits_bodies, run_load
+from hetflow.workloads.train.checkpoint import latest_checkpoint
+from hetflow.workloads.train.data import load_dataset
+
+pytestmark = pytest.mark.ray
+
+BODY_LIMIT = 64 * 1024
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def served(digits_model, tmp_path_factory):
+    gpu_node = synthetic_node("2x L40S", "gpu-node")
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 6, "node_ip_address": "127.0.0.1", "include_dashboard": False})
+    cluster.add_node(num_cpus=2, num_gpus=0, resources=node_resources(gpu_node),
+                     labels=node_labels(gpu_node))
+    ray.init(address=cluster.address, log_to_driver=False)
+    publish_node(gpu_node)
+    small_ckpt = tmp_path_factory.mktemp("int8-ckpt")
+    config = serve_config_from_dict({
+        "name": "svc",
+        "http": {"host": "127.0.0.1", "port": _free_port()},
+        "limits": {"max_body_bytes": BODY_LIMIT, "max_rows": 16, "request_timeout_s": 30},
+        "gateway": {"status_poll_s": 0.5},
+        "models": [
+            {"name": "digits", "train": digits_model.train_dict,
+             "checkpoint_dir": str(digits_model.checkpoint_dir), "device": "cpu",
+             "replicas": 2, "cpus_per_replica": 0.5, "fallback": "digits-int8",
+             "batching": {"max_batch_size": 32, "batch_wait_timeout_s": 0.005}},
+            {"name": "digits-int8", "precision": "int8", "replicas": 1, "cpus_per_replica": 0.5,
+             "train_if_missing": True,
+             "train": {"name": "int8-src", "model": {"kind": "mlp", "hidden": [32]},
+                       "train": {"steps": 60, "batch_size": 64, "log_every": 20},
+                       "checkpoint": {"dir": str(small_ckpt)},
+                       "resources": {"device": "cpu", "cpus_per_rank": 1}}},
+            {"name": "placed", "weights": "random", "device": "auto", "memory": "20GiB",
+             "replicas": 3, "cpus_per_replica": 0.25, "batching": {"enabled": False},
+             "train": {"model": {"kind": "mlp", "hidden": [16]}}},
+        ],
+    })
+    app = deploy(config, timeout_s=240)
+    app.small_ckpt = small_ckpt
+    yield app
+    app.shutdown()
+    from ray import serve
+
+    serve.shutdown()
+    ray.shutdown()
+    cluster.shutdown()
+
+
+def post(served, path: str, body, **kw) -> requests.Response:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    headers = {"content-type": "application/json", **kw.pop("headers", {})}
+    return requests.post(served.url + path, data=data, headers=headers, timeout=30, **kw)
+
+
+@pytest.fixture(scope="module")
+def held_out(digits_model):
+    val = load_dataset("digits", val_fraction=0.2, seed=0).val
+    return val.inputs.numpy(), val.targets.numpy()
+
+
+# --- routing --------------------------------------------------------------------------------
+
+
+def test_predictions_match_the_model_in_process(served, digits_model, held_out) -> None:
+    rows = held_out[0][:5]
+    r = post(served, "/v1/models/digits/predict", {"inputs": rows.tolist(), "probabilities": True})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    local = build_runner(ReplicaSpec("digits", digits_model.train_dict,
+                                     str(digits_model.checkpoint_dir), "fp32", "cpu"))
+    assert body["predictions"] == local.predict(rows)["predictions"]
+    assert body["served_by"] == "digits" and body["fallback"] is False
+    assert np.allclose(np.sum(body["probabilities"], axis=1), 1.0, atol=1e-4)
+    # trained classifier: most of 64 held-out digits right
+    r = post(served, "/v1/models/digits/predict", {"inputs": held_out[0][:16].tolist()})
+    assert np.mean(np.array(r.json()["predictions"]) == held_out[1][:16]) > 0.8
+
+
+def test_models_by_name_behind_one_endpoint(served, held_out) -> None:
+    row = held_out[0][:1].tolist()
+    assert post(served, "/v1/predict", {"inputs": row}).json()["served_by"] == "digits"
+    int8 = post(served, "/v1/predict", {"inputs": row, "model": "digits-int8"}).json()
+    assert int8["served_by"] == "digits-int8" and int8["model"] == "digits-int8"
+    assert post(served, "/v1/models/placed/predict", {"inputs": row}).json()["served_by"] == "placed"
+    listing = requests.get(served.url + "/v1/models", timeout=10).json()["models"]
+    assert sorted(listing) == ["digits", "digits-int8", "placed"]
+    assert listing["digits"]["fallback"] == ["digits-int8"]
+    assert listing["digits-int8"]["precision"] == "int8"
+    assert listing["digits"]["input"]["width"] == 64
+
+
+def test_train_if_missing_trained_the_int8_source(served) -> None:
+    info = latest_checkpoint(served.small_ckpt)
+    assert info is not None and info.step == 60
+
+
+# --- batching -------------------------------------------------------------------------------
+
+
+def test_batches_form_under_concurrency(served) -> None:
+    bodies = digits_bodies(rows=1, count=64)
+    with cf.ThreadPoolExecutor(32) as pool:
+        results = list(pool.map(lambda b: post(served, "/v1/models/digits/predict", b), bodies))
+    assert all(r.status_code == 200 for r in results)
+    sizes = [r.json()["batch"]["requests"] for r in results]
+    assert max(sizes) > 1, sizes
+    metrics = requests.get(served.url + "/metrics?format=json", timeout=10).json()
+    hist = metrics["batch_requests"]["digits"]
+    assert hist["count"] - hist["buckets"]["1"] > 0  # requests that shared a forward pass
+
+
+def test_unbatched_model_runs_requests_alone(served) -> None:
+    bodies = digits_bodies(rows=1, count=16)
+    with cf.ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(lambda b: post(served, "/v1/models/placed/predict", b), bodies))
+    assert {r.json()["batch"]["requests"] for r in results} == {1}
+
+
+# --- bad input ------------------------------------------------------------------------------
+
+ROW = [0.5] * 64
+BAD_HTTP = [
+    ("POST", "/v1/models/digits/predict", b"{oops", {}, 400, "malformed JSON"),
+    ("POST", "/v1/models/digits/predict", {"inputs": [ROW[:10]]}, {}, 422, "has 10 values"),
+    ("POST", "/v1/models/digits/predict", {"inputs": [["x"] * 64]}, {}, 422, "JSON string"),
+    ("POST", "/v1/models/digits/predict", {"inputs": [ROW] * 17}, {}, 413, "17 rows"),
+    ("POST", "/v1/models/digits/predict", b"[" + b"0," * 40_000 + b"0]", {}, 413, "limit of 65536"),
+    ("POST", "/v1/models/nope/predict", {"inputs": [ROW]}, {}, 404, "unknown model 'nope'"),
+    ("POST", "/v1/predict", {"inputs": [ROW], "model": "nope"}, {}, 404, "unknown model"),
+    ("POST", "/v1/models/digits/predict", {"inputs": [ROW]}, {"content-type": "text/plain"},
+     415, "not JSON"),
+    ("GET", "/v1/models/digits/predict", None, {}, 405, "takes POST"),
+    ("POST", "/nowhere", {}, {}, 404, "no endpoint /nowhere"),
+]
+
+
+def test_bad_input_gets_4xx_and_never_sticks(served) -> None:
+    for method, path, body, headers, status, words in BAD_HTTP:
+        data = None if body is None else body if isinstance(body, bytes) else json.dumps(body).encode()
+        r = requests.request(method, served.url + path, data=data, timeout=30,
+                             headers={"content-type": "application/json", **headers})
+        assert r.status_code == status, (path, r.status_code, r.text)
+        assert words in r.json()["error"], r.text
+    started = time.monotonic()
+    good = post(served, "/v1/models/digits/predict", {"inputs": [ROW]})
+    assert good.status_code == 200 and time.monotonic() - started < 5
+    text = requests.get(served.url + "/metrics", timeout=10).text
+    assert 'code="5' not in text
+    # refused before any model saw them: too many rows, and a body over the limit
+    assert 'hetflow_serve_requests_total{model="-",code="413"} 2' in text
+
+
+# --- placement ------------------------------------------------------------------------------
+
+
+def test_placed_replicas_see_exactly_their_device(served) -> None:
+    infos = served.replica_infos("placed")
+    assert len(infos) == 3
+    by_device: dict[str, int] = {}
+    for info in infos:
+        assert info["node"] == "gpu-node"
+        device = info["deployment"].rsplit("-d", 1)[1]
+        assert info["visible"]["CUDA_VISIBLE_DEVICES"] == device
+        assert info["assigned_resources"][f"hetflow_dev_{device}"] == 20480
+        assert info["device"] == "cpu"  # CPU build of torch: computes on the CPU
+        by_device[device] = by_device.get(device, 0) + 1
+    assert by_device == {"0": 2, "1": 1}  # two 20 GiB replicas share a 48 GB device
+    for info in served.replica_infos("digits", calls=4):  # CPU replicas: no device, wherever
+        assert info["visible"]["CUDA_VISIBLE_DEVICES"] == ""
+        assert not any(k.startswith("hetflow_dev_") for k in info["assigned_resources"])
+
+
+# --- health, metrics, load generator ---------------------------------------------------------
+
+
+def test_health_and_metrics(served) -> None:
+    health = requests.get(served.url + "/health", timeout=10)
+    assert health.status_code == 200
+    body = health.json()
+    assert body["status"] == "ok"
+    assert body["models"]["digits"]["running_replicas"] == 2
+    assert body["models"]["placed"]["running_replicas"] == 3
+    text = requests.get(served.url + "/metrics", timeout=10).text
+    assert "# TYPE hetflow_serve_request_seconds histogram" in text
+    assert 'hetflow_serve_replicas_running{model="placed",deployment="svc.placed-gpu-node-d0"} 2' in text
+
+
+def test_bench_serve_command(served, capsys) -> None:
+    import argparse
+
+    from hetflow.cli.serve import register
+
+    parser = argparse.ArgumentParser(prog="hetflow")
+    register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["bench", "serve", "--url", served.url + "/v1/models/digits/predict",
+                              "--rate", "20", "--requests", "20", "--duration", "3"])
+    assert args.func(args) == 0
+    out = capsys.readouterr().out
+    assert "sent    20  ok    20" in out and "errors 0" in out
+
+
+# --- failures (last: each waits for the replicas to come back) ------------------------------
+
+
+def _replica_pids(served, model: str) -> dict[str, int]:
+    return {i["replica"]: i["pid"] for i in served.replica_infos(model, calls=6)}
+
+
+def _wait_two_serving(served, old: set[str], started: float, limit_s: float = 120) -> float:
+    """Seconds from ``started`` until /health shows 2 digits replicas and answers come from
+    2 distinct replicas, one of them new."""
+    seen: set[str] = set()
+    while time.monotonic() - started < limit_s:
+        health = requests.get(served.url + "/health", timeout=10).json()
+        if health["models"]["digits"]["running_replicas"] == 2:
+            for body in digits_bodies(count=8):
+                r = post(served, "/v1/models/digits/predict", body)
+                if r.status_code == 200 and r.json()["served_by"] == "digits":
+                    seen.add(r.json()["replica"])
+            if len(seen) >= 2 and seen - old:
+                return time.monotonic() - started
+        time.sleep(0.3)
+    raise AssertionError(f"two replicas did not serve again within {limit_s}s (saw {seen})")
+
+
+def test_killed_replica_under_load(served, capsys) -> None:
+    pids = _replica_pids(served, "digits")
+    assert len(pids) == 2
+    retries_before = _retries(served)
+    outcome: dict = {}
+
+    def load() -> None:
+        outcome["result"] = run_load(served.url + "/v1/models/digits/predict",
+                                     digits_bodies(count=32), rate=25, max_requests=300,
+                                     max_duration_s=10, timeout_s=30, seed=7)
+
+    thread = threading.Thread(target=load)
+    thread.start()
+    time.sleep(3)
+    victim = sorted(pids)[0]
+    os.kill(pids[victim], signal.SIGKILL)
+    killed_at = time.monotonic()
+    thread.join(60)
+    result = outcome["result"]
+    recovery_s = _wait_two_serving(served, set(pids), killed_at)
+    retried = _retries(served) - retries_before
+    with capsys.disabled():
+        print(f"\nreplica kill under load: {result.line()}; requests cut off by the kill and "
+              f"repeated on the other replica: {retried}; two replicas serving again after "
+              f"{recovery_s:.1f}s")
+    assert result.sent == result.ok + result.error_count
+    assert result.error_count == 0, result.errors  # cut-off requests were repeated, not failed
+
+
+def _retries(served) -> int:
+    return int(requests.get(served.url + "/metrics?format=json", timeout=10)
+               .json()["retries"].get("digits", 0))
+
+
+def test_fallback_while_all_replicas_are_down(served, capsys) -> None:
+    pids = _replica_pids(served, "digits")
+    assert len(pids) == 2
+    for pid in pids.values():
+        os.kill(pid, signal.SIGKILL)
+    killed_at = time.monotonic()
+    answers, health_states = [], set()
+    while time.monotonic() - killed_at < 4:
+        r = post(served, "/v1/models/digits/predict", {"inputs": [ROW]})
+        answers.append((r.status_code, r.json().get("served_by")))
+        health_states.add(requests.get(served.url + "/health", timeout=10).json()["status"])
+    assert all(code == 200 for code, _ in answers), answers
+    assert ("200", "digits-int8") in {(str(c), s) for c, s in answers}
+    assert "degraded" in health_states
+    recovery_s = _wait_two_serving(served, set(pids), killed_at)
+    with capsys.disabled():
+        print(f"\nboth replicas killed: {len(answers)} requests in the next 4 s, all 200, "
+              f"{sum(s == 'digits-int8' for _, s in answers)} answered by the fallback; "
+              f"two replicas serving again after {recovery_s:.1f}s")
+    fallbacks = requests.get(served.url + "/metrics?format=json", timeout=10).json()["fallbacks"]
+    assert any(f["model"] == "digits" and f["served_by"] == "digits-int8" for f in fallbacks)
