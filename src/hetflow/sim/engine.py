@@ -1,0 +1,481 @@
+"""Discrete-event simulation of a cluster policy on a trace, with a clock the engine owns.
+
+    sim = Simulator(model, trace.jobs, make_policy("hetflow"), throughputs, SimConfig())
+    result = sim.run()          # -> SimResult; hetflow.sim.metrics summarises it
+
+Events are job arrivals, job completions and - for policies that declare ``preemptive`` -
+round boundaries every ``round_s`` seconds, where every lease expires (Gavel's mechanism). At
+each event that can change something the engine shows the policy a
+:class:`~hetflow.scheduling.policies.base.ClusterView` and applies what it returns:
+
+- jobs under an unexpired lease, and running jobs that are not preemptible, are pinned;
+- a running job the policy leaves out is preempted: its progress is kept (checkpoint) and it
+  pays ``restore_s`` of no progress when it runs again; a changed assignment is a migration
+  (same cost); a job's speed is the throughput model's rate for its device type and the
+  collective bandwidth of its devices;
+- every assignment is checked (device type, gang size, share, host resources, capacity): a
+  policy that breaks the rules fails an assert, it is never silently fixed.
+
+The same mechanism serves every policy; nothing here depends on a policy's name. Time comes only
+from the injected :class:`Clock` (``SimClock`` here; the live runtime's clock is wall time).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from types import MappingProxyType
+from dataclasses import dataclass
+from typing import Callable, Mapping, Protocol, Sequence
+
+from hetflow.core.errors import InputError
+from hetflow.scheduling.policies.base import ClusterView, Policy
+from hetflow.scheduling.policies.capacity import WHOLE, Assignment, ClusterModel, FreeCapacity, Request
+from hetflow.scheduling.throughput import ThroughputModel
+from hetflow.sim.traces import Job
+
+
+class Clock(Protocol):
+    @property
+    def now(self) -> float: ...
+
+
+class SimClock:
+    """Simulated time in seconds; only the engine moves it, and only forward."""
+
+    def __init__(self, start: float = 0.0) -> None:
+        self._now = float(start)
+
+    @property
+    def now(self) -> float:
+        return self._now
+
+    def advance_to(self, t: float) -> None:
+        assert t >= self._now, f"time went backwards: {t} < {self._now}"
+        self._now = t
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    round_s: float = 360.0  # lease length for preemptive policies (Gavel: 6 minutes)
+    restore_s: float = 30.0  # default checkpoint-restore cost for jobs that do not give one
+    window: tuple[int, int] | None = None  # measured jobs by arrival index; stop when they finish
+    until_s: float | None = None  # stop the clock here (open-ended jobs)
+
+    def __post_init__(self) -> None:
+        if self.round_s <= 0 or self.restore_s < 0:
+            raise InputError("round_s must be > 0 and restore_s >= 0")
+        if self.window is not None and not 0 <= self.window[0] < self.window[1]:
+            raise InputError(f"window {self.window[0]}:{self.window[1]} must be START:STOP with START < STOP")
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """One stretch of a job on fixed devices. The first ``restore_s`` of it makes no progress."""
+
+    job: int  # index into SimResult.jobs
+    start: float
+    end: float
+    device_type: str
+    slots: tuple[tuple[int, int], ...]
+    milli: int
+    devices: float  # devices held, shares counted as fractions
+    restore_s: float
+    rate: float  # steps/s while productive
+    ideal_rate: float  # the same job's rate on this type at its best placement
+    best_rate: float  # its best rate on any type
+    host: int | None = None  # node whose CPU and memory it holds
+    cpu_milli: int = 0
+    memory_mib: int = 0
+
+    @property
+    def productive_s(self) -> float:
+        return max(0.0, self.end - self.start - self.restore_s)
+
+
+@dataclass
+class JobRecord:
+    job: Job
+    first_start: float | None = None
+    finish: float | None = None
+    preemptions: int = 0
+    migrations: int = 0
+    done_work: float = 0.0
+    best_rate: float = 0.0  # its rate on its best device type (0 if it can run nowhere)
+    rejected: str | None = None  # why it could never run
+
+    @property
+    def jct_s(self) -> float | None:
+        return None if self.finish is None else self.finish - self.job.arrival_s
+
+
+@dataclass
+class SimResult:
+    policy: str
+    model: ClusterModel
+    jobs: list[JobRecord]
+    segments: list[Segment]
+    demand: list[tuple[float, int, int]]  # (time, outstanding GPU milli of active jobs, waiting jobs)
+    measured: range  # indices of the measured jobs
+    end_s: float
+    decisions: int = 0
+
+
+class SimJob:
+    """The engine's record of one active job; policies see it through ``JobInfo`` (read-only)."""
+
+    __slots__ = ("idx", "job", "request", "restore_s", "ideal_rates", "best_rate", "_clock",
+                 "done_base", "assignment", "seg_start", "seg_restore", "seg_rate", "epoch",
+                 "needs_restore", "attained_base", "service_base", "devices")
+
+    def __init__(self, idx: int, job: Job, restore_s: float, ideal_rates: Mapping[str, float], clock: Clock) -> None:
+        self.idx = idx
+        self.job = job
+        self.request = Request(job.num_gpus, job.gpu_milli, job.cpu_milli, job.memory_mib)
+        self.restore_s = restore_s
+        self.ideal_rates = ideal_rates
+        self.best_rate = max(ideal_rates.values(), default=0.0)
+        self._clock = clock
+        self.done_base = 0.0
+        self.assignment: Assignment | None = None
+        self.seg_start = 0.0
+        self.seg_restore = 0.0
+        self.seg_rate = 0.0
+        self.epoch = 0
+        self.needs_restore = False
+        self.attained_base = 0.0
+        self.service_base: dict[str, float] = {}
+        self.devices = self.request.gpu_milli / WHOLE
+
+    # JobInfo
+    job_id = property(lambda self: self.job.job_id)
+    job_type = property(lambda self: self.job.job_type)
+    arrival_s = property(lambda self: self.job.arrival_s)
+    num_gpus = property(lambda self: self.job.num_gpus)
+    weight = property(lambda self: self.job.weight)
+    preemptible = property(lambda self: self.job.preemptible)
+    total_work = property(lambda self: self.job.total_work)
+
+    @property
+    def done_work(self) -> float:
+        if self.assignment is None:
+            return self.done_base
+        productive = max(0.0, self._clock.now - self.seg_start - self.seg_restore)
+        return min(self.job.total_work, self.done_base + self.seg_rate * productive)
+
+    @property
+    def remaining_work(self) -> float:
+        return self.job.total_work - self.done_work
+
+    @property
+    def attained_s(self) -> float:
+        held = self._clock.now - self.seg_start if self.assignment is not None else 0.0
+        return self.attained_base + self.devices * held
+
+    @property
+    def service_by_type(self) -> Mapping[str, float]:
+        if self.assignment is None:
+            return self.service_base
+        out = dict(self.service_base)
+        t = self.assignment.device_type
+        out[t] = out.get(t, 0.0) + self._clock.now - self.seg_start
+        return out
+
+
+ProgressFn = Callable[[int, int], None]
+
+
+class Simulator:
+    """Replays ``jobs`` on ``model`` under ``policy``. One run per instance."""
+
+    def __init__(self, model: ClusterModel, jobs: Sequence[Job], policy: Policy, throughputs: ThroughputModel,
+                 config: SimConfig = SimConfig(), clock: SimClock | None = None,
+                 progress: ProgressFn | None = None) -> None:
+        self.model = model
+        self.jobs = sorted(jobs, key=lambda j: j.arrival_s)
+        ids = [j.job_id for j in self.jobs]
+        if len(set(ids)) != len(ids):
+            raise InputError("job ids in the trace are not unique")
+        self.policy = policy
+        self.throughputs = throughputs
+        self.config = config
+        self.clock = clock or SimClock(self.jobs[0].arrival_s if self.jobs else 0.0)
+        self.progress = progress
+        self.free = FreeCapacity(model)
+        self.records = [JobRecord(j) for j in self.jobs]
+        self.active: dict[int, SimJob] = {}  # arrival order
+        self.waiting: dict[int, SimJob] = {}  # arrival order
+        self.running: dict[str, SimJob] = {}  # by job id
+        self.by_id: dict[str, SimJob] = {}
+        self.segments: list[Segment] = []
+        self.demand: list[tuple[float, int, int]] = []
+        self.outstanding_milli = 0
+        self.mix: dict[tuple[int, int], float] = {}  # request classes seen: (num_gpus, milli) -> count
+        self.host_sums: dict[tuple[int, int], tuple[float, float]] = {}  # their CPU and memory sums
+        self._events: list[tuple[float, int, int, int]] = []  # (time, seq, job idx, epoch)
+        self._seq = 0
+        self._running_finite = 0
+        self._rate_memo: dict[tuple, float] = {}
+        self._ideal_memo: dict[tuple, dict[str, float]] = {}
+        self.decisions = 0
+        w = config.window
+        n = len(self.jobs)
+        self.measured = range(min(w[0], n), min(w[1], n)) if w else range(n)
+        if w and w[0] >= n:
+            raise InputError(f"--window {w[0]}:{w[1]} starts after the last of the trace's {n} jobs")
+        self._open_measured = set(self.measured)
+        self._finished_measured = 0
+
+    # -- speeds ----------------------------------------------------------------------------
+
+    def ideal_rates(self, job: Job) -> dict[str, float]:
+        """Rate on each device type where the job can run, at its best placement there."""
+        req = Request(job.num_gpus, job.gpu_milli, job.cpu_milli, job.memory_mib)
+        key = (job.job_type, job.num_gpus, job.allowed_types, job.memory_bytes, req.uses_host)
+        hit = self._ideal_memo.get(key)
+        if hit is not None:
+            return hit
+        out: dict[str, float] = {}
+        m = self.model
+        for t in m.device_types:
+            if job.allowed_types is not None and t not in job.allowed_types:
+                continue
+            if job.num_gpus > m.capacity_by_type[t] or (req.uses_host and job.num_gpus > m.largest_node_by_type[t]):
+                continue
+            if job.memory_bytes is not None:
+                mems = [m.nodes[i].device_memory_bytes for i in m.nodes_of_type[t]]
+                if all(x is not None and x < job.memory_bytes for x in mems):
+                    continue
+            ideal = m.ideal_gbps(t, job.num_gpus)
+            spans = job.num_gpus > m.largest_node_by_type[t]
+            rate = self.throughputs.rate(job.job_type, job.num_gpus, t, ideal, spans)
+            if rate > 0:
+                out[t] = rate
+        self._ideal_memo[key] = out
+        return out
+
+    def _rate(self, job: SimJob, a: Assignment) -> float:
+        gbps = self.model.group_gbps(a.slots)
+        spans = len({n for n, _ in a.slots}) > 1
+        key = (job.job.job_type, job.num_gpus, a.device_type, gbps, spans)
+        hit = self._rate_memo.get(key)
+        if hit is None:
+            hit = self.throughputs.rate(job.job.job_type, job.num_gpus, a.device_type, gbps, spans)
+            self._rate_memo[key] = hit
+        return hit
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    def run(self) -> SimResult:
+        n = len(self.jobs)
+        next_arrival = 0
+        next_round: float | None = None
+        round_s = self.config.round_s
+        until = self.config.until_s
+        while True:
+            candidates = []
+            if next_arrival < n:
+                candidates.append(self.jobs[next_arrival].arrival_s)
+            if self._events:
+                candidates.append(self._events[0][0])
+            if next_round is not None:
+                candidates.append(next_round)
+            if not candidates:
+                break
+            t = min(candidates)
+            if until is not None and t > until:
+                self.clock.advance_to(max(until, self.clock.now))
+                break
+            self.clock.advance_to(t)
+            changed = False
+            while self._events and self._events[0][0] <= t:
+                _, _, idx, epoch = heapq.heappop(self._events)
+                job = self.active.get(idx)
+                if job is not None and job.epoch == epoch:
+                    self._complete(job)
+                    changed = True
+            while next_arrival < n and self.jobs[next_arrival].arrival_s <= t:
+                self._admit(next_arrival)
+                next_arrival += 1
+                changed = True
+            boundary = next_round is not None and next_round <= t
+            if self._open_measured == set() and self.config.window is not None:
+                break
+            if self.active and (boundary or (changed and self._worth_asking())):
+                self._decide(boundary)
+            if changed:
+                self._log_demand(t)
+            if self.policy.preemptive and self.active:
+                if next_round is None or boundary:
+                    next_round = (math.floor(t / round_s + 1e-9) + 1) * round_s
+            else:
+                next_round = None
+            stalled_check = boundary or not self.policy.preemptive
+            if next_arrival >= n and self._running_finite == 0 and (stalled_check or not self.active):
+                break  # nothing left that can finish: open-ended jobs only, or jobs that never fit
+        return self._result()
+
+    def _worth_asking(self) -> bool:
+        if not self.waiting:
+            return False
+        return self.free.total_free_milli() > 0 or self.model.has_host_limits
+
+    def _log_demand(self, t: float) -> None:
+        entry = (t, self.outstanding_milli, len(self.waiting))
+        if self.demand and self.demand[-1][0] == t:
+            self.demand[-1] = entry
+        else:
+            self.demand.append(entry)
+
+    def _admit(self, idx: int) -> None:
+        job = self.jobs[idx]
+        rates = self.ideal_rates(job)
+        if not rates:
+            self.records[idx].rejected = (
+                f"job {job.job_id} ({job.job_type}, {job.num_gpus} GPUs) cannot run on any device type "
+                f"of this cluster ({', '.join(self.model.device_types)})")
+            self._measured_done(idx)
+            return
+        restore = self.config.restore_s if job.restore_s is None else job.restore_s
+        sj = SimJob(idx, job, restore, rates, self.clock)
+        self.records[idx].best_rate = sj.best_rate
+        self.active[idx] = sj
+        self.waiting[idx] = sj
+        self.by_id[job.job_id] = sj
+        self.outstanding_milli += sj.request.gpu_milli
+        key = (job.num_gpus, job.gpu_milli)
+        self.mix[key] = self.mix.get(key, 0.0) + 1.0
+        c, m = self.host_sums.get(key, (0.0, 0.0))
+        self.host_sums[key] = (c + job.cpu_milli, m + job.memory_mib)
+
+    def _measured_done(self, idx: int) -> None:
+        if idx in self._open_measured:
+            self._open_measured.discard(idx)
+            self._finished_measured += 1
+            if self.progress:
+                self.progress(self._finished_measured, len(self.measured))
+
+    # -- decisions ---------------------------------------------------------------------------
+
+    def _decide(self, boundary: bool) -> None:
+        unpin = boundary and self.policy.preemptive
+        free = self.free.fork()
+        if unpin:
+            pinned = {j.job.job_id: j for j in self.running.values() if not j.job.preemptible}
+            movable = [j for j in self.running.values() if j.job.preemptible]
+            for j in movable:
+                assert j.assignment is not None
+                free.release(j.assignment)
+            decide = sorted(movable + list(self.waiting.values()), key=lambda j: j.idx)
+            pinned_view: Mapping[str, SimJob] = pinned
+        else:
+            movable = []
+            decide = list(self.waiting.values())
+            pinned_view = MappingProxyType(self.running)
+        host = {k: (c / self.mix[k], m / self.mix[k]) for k, (c, m) in self.host_sums.items()}
+        view = ClusterView(self.clock.now, unpin, self.model, decide, pinned_view, free, dict(self.mix),
+                           host, self.config.round_s, self._rate)
+        decision = self.policy.schedule(view)
+        self.decisions += 1
+        self._check(decision, pinned_view, free)
+        moved: set[int] = set()
+        for j in movable:  # stop everything that changes first, then start: no transient overlap
+            new = decision.get(j.job.job_id)
+            if new != j.assignment:
+                self._stop(j)
+                if new is None:
+                    self.records[j.idx].preemptions += 1
+                else:
+                    moved.add(j.idx)
+        for jid, a in decision.items():
+            j = self.by_id[jid]
+            if j.assignment is None:
+                self._start(j, a)
+                if j.idx in moved:
+                    self.records[j.idx].migrations += 1
+
+    def _check(self, decision: Mapping[str, Assignment], pinned: Mapping[str, SimJob], free: FreeCapacity) -> None:
+        """Every assignment obeys the job's request and the capacity left after pinned jobs."""
+        scratch = free.fork()
+        m = self.model
+        for jid, a in decision.items():
+            j = self.by_id.get(jid)
+            assert j is not None and j.idx in self.active, f"policy scheduled unknown or finished job {jid}"
+            assert jid not in pinned, f"policy scheduled pinned job {jid}"
+            req = j.request
+            assert a.device_type in j.ideal_rates, f"job {jid} cannot run on {a.device_type}"
+            assert len(a.slots) == req.num_gpus and a.milli == req.milli, f"job {jid}: wrong gang or share"
+            assert all(m.nodes[n].device_type == a.device_type for n, _ in a.slots), f"job {jid}: mixed types"
+            if req.uses_host:
+                assert a.host is not None and a.cpu_milli == req.cpu_milli and a.memory_mib == req.memory_mib
+                assert all(n == a.host for n, _ in a.slots), f"job {jid}: host resources on another node"
+                if not a.slots:
+                    assert a.device_type == m.nodes[a.host].device_type
+            else:
+                assert a.host is None, f"job {jid}: host resources it did not ask for"
+            scratch.take(a)  # asserts: no device or host over-committed
+
+    def _start(self, j: SimJob, a: Assignment) -> None:
+        now = self.clock.now
+        rate = self._rate(j, a)
+        assert rate > 0, f"job {j.job_id} placed where it cannot run"
+        self.free.take(a)
+        j.assignment = a
+        self.waiting.pop(j.idx, None)
+        self.running[j.job.job_id] = j
+        j.seg_start = now
+        j.seg_restore = j.restore_s if j.needs_restore else 0.0
+        j.seg_rate = rate
+        rec = self.records[j.idx]
+        if rec.first_start is None:
+            rec.first_start = now
+        if math.isfinite(j.job.total_work):
+            finish = now + j.seg_restore + (j.job.total_work - j.done_base) / rate
+            self._seq += 1
+            heapq.heappush(self._events, (finish, self._seq, j.idx, j.epoch))
+            self._running_finite += 1
+
+    def _close(self, j: SimJob, finished: bool) -> None:
+        now = self.clock.now
+        a = j.assignment
+        assert a is not None
+        held = now - j.seg_start
+        productive = max(0.0, held - j.seg_restore)
+        j.done_base = j.job.total_work if finished else min(j.job.total_work, j.done_base + j.seg_rate * productive)
+        j.attained_base += j.devices * held
+        j.service_base[a.device_type] = j.service_base.get(a.device_type, 0.0) + held
+        self.segments.append(Segment(
+            j.idx, j.seg_start, now, a.device_type, a.slots, a.milli, j.devices, j.seg_restore, j.seg_rate,
+            j.ideal_rates[a.device_type], j.best_rate, a.host, a.cpu_milli, a.memory_mib))
+        self.free.release(a)
+        j.assignment = None
+        del self.running[j.job.job_id]
+        self.waiting[j.idx] = j
+        j.epoch += 1
+        if math.isfinite(j.job.total_work):
+            self._running_finite -= 1
+
+    def _stop(self, j: SimJob) -> None:
+        self._close(j, finished=False)
+        j.needs_restore = True
+
+    def _complete(self, j: SimJob) -> None:
+        self._close(j, finished=True)
+        rec = self.records[j.idx]
+        rec.finish = self.clock.now
+        rec.done_work = j.done_base
+        del self.active[j.idx]
+        del self.waiting[j.idx]
+        del self.by_id[j.job.job_id]
+        self.outstanding_milli -= j.request.gpu_milli
+        self._measured_done(j.idx)
+
+    def _result(self) -> SimResult:
+        end = self.clock.now
+        for j in list(self.active.values()):  # close what is still running at the end
+            if j.assignment is not None:
+                self._close(j, finished=False)
+            self.records[j.idx].done_work = j.done_base
+        self._log_demand(end)
+        return SimResult(self.policy.name, self.model, self.records, self.segments, self.demand,
+                         self.measured, end, self.decisions)
