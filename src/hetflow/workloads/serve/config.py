@@ -27,9 +27,9 @@ import difflib
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from hetflow.core.yamlfile import read_yaml
 from hetflow.core.errors import InputError
 from hetflow.core.units import parse_bytes
 
@@ -363,16 +363,7 @@ def _absolute_train_path(entry: Any, base: Path) -> Any:
 def load_serve_config(path: str | Path) -> ServeConfig:
     """Read a serving YAML file. Raises InputError for a missing or invalid file."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise InputError(f"cannot read serving config {path}: {exc.strerror}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
-        raise InputError(f"{where}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
+    data = read_yaml(path, "serving config")
     return serve_config_from_dict(data, source=str(path), base_dir=path.parent)
 
 

@@ -27,9 +27,9 @@ import difflib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from hetflow.core.yamlfile import read_yaml
 from hetflow.core.errors import InputError
 from hetflow.core.request import ParallelLayout
 
@@ -292,16 +292,7 @@ def config_from_dict(data: Any, source: str = "config") -> TrainConfig:
 def load_config(path: str | Path) -> TrainConfig:
     """Read a training YAML file. Raises InputError for a missing or invalid file."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise InputError(f"cannot read training config {path}: {exc.strerror}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
-        raise InputError(f"{where}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
+    data = read_yaml(path, "training config")
     return config_from_dict(data, source=str(path))
 
 

@@ -27,9 +27,9 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from hetflow.core.yamlfile import read_yaml
 from hetflow.core.errors import InputError
 from hetflow.workloads.train.config import TrainConfig, load_config
 from hetflow.workloads.tune.space import SearchSpace, parse_space
@@ -233,16 +233,7 @@ def tuning_config_from_dict(data: Any, source: str = "config",
 def load_tuning_config(path: str | Path) -> TuningConfig:
     """Read a tuning YAML file. Raises InputError for a missing or invalid file."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise InputError(f"cannot read tuning config {path}: {exc.strerror}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
-        raise InputError(f"{where}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
+    data = read_yaml(path, "tuning config")
     return tuning_config_from_dict(data, source=str(path), relative_to=path.parent)
 
 
