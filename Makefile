@@ -31,6 +31,9 @@ demo: $(STAMP)
 	@echo
 	@echo "== a recorded cluster (examples/cluster-mixed.yaml) =="
 	$(VENV)/bin/hetflow inventory --cluster examples/cluster-mixed.yaml
+	@echo
+	@echo "== digits end to end: data -> train -> export -> serve -> load test (examples/digits.yaml) =="
+	$(VENV)/bin/hetflow run examples/digits.yaml
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache

@@ -1,0 +1,537 @@
+"""``run_workflow(spec) -> WorkflowResult``: a workflow's stages, in order, on Ray.
+
+    from hetflow.workflow.spec import load_workflow
+    from hetflow.workflow.runner import run_workflow
+    result = run_workflow(load_workflow("examples/digits.yaml"))
+    print(result.served_accuracy, result.load.p99_ms, result.report_md)
+
+**Cluster.** With no address (argument or ``ray.address``) an embedded local Ray is started
+for the run (``ray.init(address="local")``, bound to 127.0.0.1) and stopped at the end; with
+one, the run joins that cluster. Every stage takes the resources its section names, so the
+same file runs on one CPU and on a GPU cluster.
+
+**Stages and hand-offs.** ``prepare`` runs as a Ray task that returns the split's numpy arrays:
+they land in Ray's object store once and every later consumer (the export stage's evaluation
+task, the driver building the served-accuracy check and the load test's bodies) maps them
+read-only without a copy (``ray.get`` of a numpy array is zero-copy). The training workers
+read the same bundled dataset with the same seed themselves (``run_training`` owns its data
+loading); the prepare stage's content hash keys the train stage, so a changed split retrains.
+Checkpoints travel as directories (they must be on storage every worker reaches anyway).
+
+**Resume.** Each stage's key hashes its settings and its inputs' content
+(:mod:`hetflow.workflow.cache`); a completed stage with the same key is skipped. The train
+stage's checkpoints live under its key, so an interrupted run resumes from the newest one
+(``run_training`` does that). The tune stage continues an interrupted Tune experiment
+(``run_tuning(resume=True)``). Serve and the load test always run: they measure the live
+service.
+
+**Result.** The served model's accuracy (the held-out split sent over HTTP), the load test's
+latencies, and a report in ``<results_dir>/<run-id>/`` (:mod:`hetflow.workflow.report`).
+``WorkflowResult.ok`` is False when a check named in the file failed (``export.min_accuracy``,
+``load_test.max_p99_ms``) or the load test saw errors.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+import time
+import urllib.request
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from hetflow.workflow.cache import StageCache, hash_bytes, hash_tree, stage_key
+from hetflow.workflow.spec import WorkflowSpec
+
+STAGES = ("prepare", "train", "tune", "export", "serve", "load_test")
+
+
+@dataclass
+class StageOutcome:
+    """What one stage did in this run."""
+
+    name: str
+    status: str  # ran | skipped (unchanged) | off (not enabled) | failed
+    key: str = ""  # cache key ("" for stages that are never cached)
+    wall_s: float = 0.0
+    detail: str = ""  # one line for the summary
+
+
+@dataclass
+class WorkflowResult:
+    """A finished run."""
+
+    run_id: str
+    results_dir: Path
+    stages: list[StageOutcome]
+    prepared: dict[str, Any]  # prepare's record: sizes, content hash
+    trained: dict[str, Any]  # train's record: metrics, losses, checkpoint
+    tuned: dict[str, Any] | None  # tune's record (None when off)
+    exported: dict[str, Any]  # export's record: source, precision, accuracy, checkpoint
+    served_accuracy: float  # the held-out split sent over HTTP to the served model
+    load: Any  # LoadResult of the load test
+    url: str  # the served model's predict URL (gone unless serve.keep_serving)
+    failures: list[str] = field(default_factory=list)  # checks that failed
+    wall_s: float = 0.0
+    report_md: Path | None = None
+    report_html: Path | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+    def stage(self, name: str) -> StageOutcome:
+        return next(s for s in self.stages if s.name == name)
+
+
+# --- Ray -------------------------------------------------------------------------------------
+
+
+@contextmanager
+def ray_session(spec: WorkflowSpec, address: str | None) -> Iterator[bool]:
+    """Join ``address`` (or ``spec.ray.address``), or start an embedded local Ray on loopback
+    for the duration. Yields True when it started Ray here (and stops it after)."""
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    import ray
+
+    address = address or spec.ray.address
+    started = False
+    if not ray.is_initialized():
+        if address in (None, "local"):
+            from hetflow.core.units import parse_bytes
+
+            store = spec.ray.object_store_memory
+            ray.init(address="local", num_cpus=spec.ray.num_cpus, include_dashboard=False,
+                     _node_ip_address="127.0.0.1", log_to_driver=False,
+                     object_store_memory=parse_bytes(store) if store else None)
+        else:
+            ray.init(address=address, log_to_driver=False)
+        started = True
+    try:
+        yield started
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def _prepare_arrays(dataset: str, val_fraction: float, seed: int, cached: str | None,
+                    out: str) -> dict[str, Any]:
+    """The prepare stage's task: the split as numpy arrays (from the cache file when given,
+    else from the bundled dataset, then saved). Runs in a Ray worker; the arrays it returns
+    go into the object store."""
+    if cached is not None:
+        with np.load(cached) as f:
+            arrays = {k: np.ascontiguousarray(f[k]) for k in f.files}
+    else:
+        from hetflow.workloads.train.data import load_dataset
+
+        data = load_dataset(dataset, val_fraction=val_fraction, seed=seed)
+        arrays = {"train_inputs": data.train.inputs.numpy(),
+                  "train_targets": data.train.targets.numpy(),
+                  "val_inputs": data.val.inputs.numpy(), "val_targets": data.val.targets.numpy()}
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        tmp = out + ".tmp.npz"
+        np.savez(tmp, **arrays)
+        os.replace(tmp, out)
+    content = hash_bytes(*(k.encode() + np.ascontiguousarray(v).tobytes()
+                           for k, v in sorted(arrays.items())))
+    return {"arrays": arrays, "content_hash": content}
+
+
+def _evaluate(spec: Any, prepared: dict[str, Any]) -> float:
+    """The export stage's task: accuracy of the model at its serving precision on the held-out
+    split (``prepared``, the prepare task's return value, arrives from the object store: its
+    arrays are read-only views of the store's buffers, not copies)."""
+    from hetflow.workloads.serve.inference import accuracy, build_runner
+
+    arrays = prepared["arrays"]
+    runner = build_runner(spec)
+    return accuracy(runner, arrays["val_inputs"], arrays["val_targets"])
+
+
+# --- progress --------------------------------------------------------------------------------
+
+
+class StageBars:
+    """One rich progress bar per stage with elapsed time and ETA (or nothing when quiet)."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.progress: Any = None
+        self.tasks: dict[str, Any] = {}
+        if enabled:
+            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                                       TimeElapsedColumn, TimeRemainingColumn)
+
+            self.progress = Progress(
+                TextColumn("{task.description:<9}"), BarColumn(bar_width=24), MofNCompleteColumn(),
+                TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
+                TextColumn("{task.fields[note]}"), transient=False)
+
+    def __enter__(self) -> "StageBars":
+        if self.progress is not None:
+            self.progress.start()
+            for name in STAGES:
+                self.tasks[name] = self.progress.add_task(name, total=None, start=False, note="")
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+
+    def start(self, stage: str, total: float | None, note: str = "") -> None:
+        if self.progress is not None:
+            self.progress.reset(self.tasks[stage], total=total, completed=0, note=note)
+            self.progress.start_task(self.tasks[stage])
+
+    def update(self, stage: str, completed: float, note: str | None = None) -> None:
+        if self.progress is not None:
+            extra = {} if note is None else {"note": note[:48]}
+            self.progress.update(self.tasks[stage], completed=completed, **extra)
+
+    def finish(self, stage: str, note: str) -> None:
+        if self.progress is not None:
+            task = self.tasks[stage]
+            total = self.progress.tasks[task].total or 1
+            short = note if len(note) <= 48 else note[:47] + "…"
+            self.progress.update(task, total=total, completed=total, note=short)
+            self.progress.stop_task(task)
+
+
+# --- the stages ------------------------------------------------------------------------------
+
+
+class _Run:
+    """The state of one run while its stages go (one method per stage)."""
+
+    def __init__(self, spec: WorkflowSpec, bars: StageBars) -> None:
+        self.spec = spec
+        self.bars = bars
+        self.cache = StageCache(Path(spec.cache_dir).absolute() / spec.name)
+        self.outcomes: list[StageOutcome] = []
+        self.failures: list[str] = []
+
+    def _done(self, name: str, status: str, key: str, t0: float, detail: str) -> None:
+        self.outcomes.append(StageOutcome(name, status, key, time.time() - t0, detail))
+        self.bars.finish(name, f"{status}: {detail}" if detail else status)
+
+    def prepare(self) -> tuple[dict[str, Any], Any]:
+        import ray
+
+        t0 = time.time()
+        p = self.spec.prepare
+        key = stage_key("prepare", p.model_dump(mode="json"), [])
+        record = self.cache.load("prepare", key)
+        out = self.cache.dir("prepare", key) / "data.npz"
+        self.bars.start("prepare", 1)
+        task = ray.remote(num_cpus=0.1)(_prepare_arrays)
+        ref = task.remote(p.dataset, p.val_fraction, p.seed,
+                          str(out) if record is not None and out.exists() else None, str(out))
+        # The arrays stay in the object store (the task's return value); later stages get ``ref``
+        # and map them, as this process does here.
+        prepared = ray.get(ref)
+        arrays = prepared["arrays"]
+        status = "skipped" if record is not None else "ran"
+        if record is None or record.get("content_hash") != prepared["content_hash"]:
+            record = {"content_hash": prepared["content_hash"], "dataset": p.dataset,
+                      "train_samples": len(arrays["train_targets"]),
+                      "val_samples": len(arrays["val_targets"])}
+            self.cache.save("prepare", key, record)
+        self._done("prepare", status, key, t0,
+                   f"{record['train_samples']} train / {record['val_samples']} val")
+        return record, ref
+
+    def train(self, prepared: dict[str, Any]) -> dict[str, Any]:
+        from hetflow.workloads.train.checkpoint import latest_checkpoint
+        from hetflow.workloads.train.job import run_training
+
+        t0 = time.time()
+        settings = {"train": self.spec.train.model_dump(mode="json"),
+                    "prepare": self.spec.prepare.model_dump(mode="json")}
+        key = stage_key("train", settings, [prepared["content_hash"]])
+        record = self.cache.load("train", key)
+        total = self.spec.train.train.steps
+        self.bars.start("train", total)
+        if record is not None:
+            self._done("train", "skipped", key, t0,
+                       f"val_accuracy {record['metrics'].get('val_accuracy', 0):.3f}")
+            return record
+        checkpoints = self.cache.dir("train", key) / "checkpoints"
+        config = self.spec.train_config(str(checkpoints))
+        before = latest_checkpoint(checkpoints)
+
+        def on_progress(rec: dict[str, Any], job: Any) -> None:
+            self.bars.update("train", rec["step"], f"loss {rec['loss']:.3f}")
+
+        result = run_training(config, on_progress=on_progress)
+        record = {
+            "checkpoint": result.checkpoint,
+            "checkpoint_hash": hash_tree(Path(result.checkpoint)),
+            "train_config": config.model_dump(mode="json"),
+            "metrics": result.metrics,
+            "losses": {str(k): v for k, v in result.losses.items()},
+            "resumed_from_step": before.step if before else None,
+            "restarts": result.restarts,
+            "samples_per_s": result.samples_per_s,
+            "wall_s": result.wall_s,
+            "placement": result.placement,
+        }
+        self.cache.save("train", key, record)
+        resumed = f", resumed from step {before.step}" if before else ""
+        self._done("train", "ran", key, t0,
+                   f"val_accuracy {result.metrics.get('val_accuracy', 0):.3f}{resumed}")
+        return record
+
+    def tune(self, prepared: dict[str, Any]) -> dict[str, Any] | None:
+        t0 = time.time()
+        if not self.spec.tune.enabled:
+            self.bars.start("tune", 1)
+            self._done("tune", "off", "", t0, "")
+            return None
+        from hetflow.workflow.tune_progress import TrialsDone
+        from hetflow.workloads.tune.runner import EXPERIMENT_DIR, run_tuning
+
+        settings = {"tune": self.spec.tune.model_dump(mode="json"),
+                    "train": self.spec.train.model_dump(mode="json",
+                                                        exclude={"layout", "checkpoint"}),
+                    "prepare": self.spec.prepare.model_dump(mode="json")}
+        key = stage_key("tune", settings, [prepared["content_hash"]])
+        record = self.cache.load("tune", key)
+        trials = self.spec.tune.budget.trials
+        self.bars.start("tune", trials)
+        if record is not None:
+            self._done("tune", "skipped", key, t0, f"best {_fmt(record['best_value'])}")
+            return record
+        out = self.cache.dir("tune", key) / "out"
+        config = self.spec.tuning_config(str(out))
+        resume = (out / EXPERIMENT_DIR).exists()
+        done = TrialsDone(lambda n: self.bars.update("tune", n))
+        result = run_tuning(config, resume=resume, quiet=True, callbacks=[done])
+        best_train = (_read_yaml(result.best_config_path) if result.best_config_path else None)
+        checkpoint = (_step_dir(result.best_checkpoint_path)
+                      if result.best_checkpoint_path else None)
+        record = {
+            "metric": result.metric,
+            "best_value": result.best.best if result.best else None,
+            "best_checkpoint": str(checkpoint) if checkpoint else None,
+            "checkpoint_hash": hash_tree(checkpoint) if checkpoint else None,
+            "best_train_config": best_train,
+            "plot": str(result.plot_path) if result.plot_path else None,
+            "curves": {t.trial_id: [c.get(result.metric) for c in t.curve] for t in result.trials},
+            "trials": len(result.trials),
+            "stopped_early": len(result.stopped_early),
+            "resumed": resume,
+        }
+        self.cache.save("tune", key, record)
+        self._done("tune", "ran", key, t0,
+                   f"best {result.metric} {_fmt(record['best_value'])}, "
+                   f"{len(result.trials)} trials")
+        return record
+
+    def export(self, prepared: dict[str, Any], trained: dict[str, Any],
+               tuned: dict[str, Any] | None, arrays_ref: Any) -> dict[str, Any]:
+        import ray
+
+        from hetflow.workloads.serve.inference import ReplicaSpec
+
+        t0 = time.time()
+        e = self.spec.export
+        source, checkpoint, train_dict, chash = self._choose(trained, tuned)
+        key = stage_key("export", e.model_dump(mode="json"), [chash, prepared["content_hash"]])
+        record = self.cache.load("export", key)
+        self.bars.start("export", 1)
+        if record is None:
+            target = self.cache.dir("export", key) / "checkpoints"
+            shutil.rmtree(target, ignore_errors=True)
+            shutil.copytree(checkpoint, target / Path(checkpoint).name)
+            replica = ReplicaSpec(self.spec.name, train_dict, str(target), e.precision,
+                                  "cpu" if e.precision == "int8" else self.spec.serve.device)
+            accuracy = ray.get(ray.remote(num_cpus=e.cpus)(_evaluate).remote(replica, arrays_ref))
+            record = {"source": source, "precision": e.precision, "accuracy": accuracy,
+                      "checkpoint_dir": str(target), "train_config": train_dict,
+                      "content_hash": hash_tree(target)}
+            self.cache.save("export", key, record)
+            status = "ran"
+        else:
+            status = "skipped"
+        if e.min_accuracy is not None and record["accuracy"] < e.min_accuracy:
+            self.failures.append(f"export: accuracy {record['accuracy']:.3f} at "
+                                 f"{e.precision} is below export.min_accuracy {e.min_accuracy}")
+        self._done("export", status, key, t0,
+                   f"{record['source']} at {e.precision}: accuracy {record['accuracy']:.3f}")
+        return record
+
+    def _choose(self, trained: dict[str, Any],
+                tuned: dict[str, Any] | None) -> tuple[str, str, dict[str, Any], str]:
+        """(source, checkpoint step dir, its training config, its content hash)."""
+        from_train = ("train", trained["checkpoint"], trained["train_config"],
+                      trained["checkpoint_hash"])
+        usable_tune = tuned is not None and tuned.get("best_checkpoint") and tuned.get(
+            "best_train_config")
+        if not usable_tune:
+            return from_train
+        from_tune = ("tune", tuned["best_checkpoint"], tuned["best_train_config"],
+                     tuned["checkpoint_hash"])
+        if self.spec.export.source == "tune":
+            return from_tune
+        if self.spec.export.source == "train":
+            return from_train
+        # best: compare on the metric both report (validation accuracy of the digits MLP)
+        tune_score = tuned["best_value"] if tuned["metric"] == "val_accuracy" else None
+        train_score = trained["metrics"].get("val_accuracy")
+        if tune_score is not None and train_score is not None and tune_score > train_score:
+            return from_tune
+        return from_train
+
+    def serve_and_load(self, exported: dict[str, Any],
+                       arrays_ref: Any) -> tuple[float, Any, str, Any]:
+        import ray
+
+        from hetflow.workloads.serve.app import deploy
+
+        t0 = time.time()
+        self.bars.start("serve", 1)
+        config = self.spec.serve_config(exported["checkpoint_dir"], exported["train_config"])
+        served = deploy(config)
+        url = f"{served.url}/v1/models/{self.spec.name}/predict"
+        try:
+            arrays = ray.get(arrays_ref)["arrays"]  # read-only views of the store's buffers
+            served_accuracy = served_accuracy_of(url, arrays["val_inputs"], arrays["val_targets"],
+                                                 self.spec.serve.limits.max_rows)
+            self._done("serve", "ran", "", t0, f"{url}  accuracy {served_accuracy:.3f}")
+            load = self._load_test(url, arrays["val_inputs"])
+            if self.spec.serve.keep_serving:
+                _wait_forever(url)
+        finally:
+            if not self.spec.serve.keep_serving:
+                served.shutdown()
+        return served_accuracy, load, url, served
+
+    def _load_test(self, url: str, val_inputs: np.ndarray) -> Any:
+        from hetflow.workloads.serve.loadgen import run_load
+
+        t0 = time.time()
+        lt = self.spec.load_test
+        bodies = request_bodies(val_inputs, lt.rows)
+        self.bars.start("load_test", lt.max_duration_s)
+        box: dict[str, Any] = {}
+
+        def go() -> None:
+            try:
+                box["result"] = run_load(url, bodies, lt.rate, max_requests=lt.max_requests,
+                                         max_duration_s=lt.max_duration_s, timeout_s=lt.timeout_s)
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+                box["error"] = exc
+
+        worker = threading.Thread(target=go, name="load-test", daemon=True)
+        worker.start()
+        while worker.is_alive():
+            worker.join(0.25)
+            self.bars.update("load_test", min(time.time() - t0, lt.max_duration_s))
+        if "error" in box:
+            raise box["error"]
+        load = box["result"]
+        if load.error_count:
+            self.failures.append(f"load_test: {load.error_count} of {load.sent} requests failed "
+                                 f"({load.errors})")
+        if lt.max_p99_ms is not None and (load.p99_ms is None or load.p99_ms > lt.max_p99_ms):
+            self.failures.append(f"load_test: P99 {load.p99_ms} ms is above load_test.max_p99_ms "
+                                 f"{lt.max_p99_ms}")
+        p99 = "-" if load.p99_ms is None else f"{load.p99_ms:.1f} ms"
+        self._done("load_test", "ran", "", t0,
+                   f"{load.ok}/{load.sent} ok, {load.achieved_qps:.0f}/s, p99 {p99}")
+        return load
+
+
+def request_bodies(inputs: np.ndarray, rows: int, count: int = 64) -> list[bytes]:
+    """``count`` JSON predict bodies of ``rows`` held-out images each, in a fixed order."""
+    bodies = []
+    for i in range(count):
+        picks = [inputs[(i * rows + r) % len(inputs)].round(4).tolist() for r in range(rows)]
+        bodies.append(json.dumps({"inputs": picks}).encode())
+    return bodies
+
+
+def served_accuracy_of(url: str, inputs: np.ndarray, targets: np.ndarray, max_rows: int) -> float:
+    """Accuracy of the served model on ``inputs``: each chunk of ``max_rows`` rows is one HTTP
+    request, and the answer's predictions are compared with ``targets``."""
+    correct = 0
+    for start in range(0, len(inputs), max_rows):
+        body = json.dumps({"inputs": inputs[start:start + max_rows].round(6).tolist()}).encode()
+        request = urllib.request.Request(url, data=body,
+                                         headers={"content-type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as answer:  # noqa: S310 - loopback
+            predictions = json.loads(answer.read())["predictions"]
+        correct += int((np.asarray(predictions) == targets[start:start + max_rows]).sum())
+    return correct / len(inputs)
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def _wait_forever(url: str) -> None:
+    print(f"serving at {url}; Ctrl-C stops it", flush=True)
+    while True:
+        time.sleep(3600)
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    import yaml
+
+    return yaml.safe_load(Path(path).read_text())
+
+
+def _step_dir(path: Path) -> Path | None:
+    """The checkpoint step directory at or under ``path``."""
+    from hetflow.workloads.train.checkpoint import COMPLETE, latest_checkpoint
+
+    info = latest_checkpoint(path)
+    if info is not None:
+        return info.path
+    return Path(path) if (Path(path) / COMPLETE).is_file() else None
+
+
+def new_run_id(name: str) -> str:
+    return f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid() % 10000:04d}"
+
+
+def run_workflow(spec: WorkflowSpec, address: str | None = None, *, fresh: bool = False,
+                 progress: bool = True, report: bool = True) -> WorkflowResult:
+    """Run every stage of ``spec`` (skipping unchanged ones) and write the report.
+
+    ``address``: a Ray cluster to join (default ``spec.ray.address``, else an embedded local
+    Ray). ``fresh``: forget this workflow's cached stages first (``<cache_dir>/<name>``), so
+    every stage runs from scratch. ``progress``: rich progress bars on the terminal.
+    Raises InputError / Unschedulable / TrainingFailed / ServeFailed when a stage cannot run;
+    checks that fail (accuracy, P99, load errors) are in ``result.failures`` instead.
+    """
+    t0 = time.time()
+    if fresh:
+        shutil.rmtree(Path(spec.cache_dir).absolute() / spec.name, ignore_errors=True)
+    run_id = new_run_id(spec.name)
+    results_dir = Path(spec.results_dir).absolute() / run_id
+    with ray_session(spec, address), StageBars(progress) as bars:
+        run = _Run(spec, bars)
+        prepared, arrays_ref = run.prepare()
+        trained = run.train(prepared)
+        tuned = run.tune(prepared)
+        exported = run.export(prepared, trained, tuned, arrays_ref)
+        served_accuracy, load, url, _ = run.serve_and_load(exported, arrays_ref)
+    result = WorkflowResult(run_id, results_dir, run.outcomes, prepared, trained, tuned,
+                            exported, served_accuracy, load, url, run.failures,
+                            wall_s=time.time() - t0)
+    if report:
+        from hetflow.workflow.report import write_report
+
+        result.report_md, result.report_html = write_report(result, spec)
+    return result
+
+
+__all__ = ["STAGES", "StageOutcome", "WorkflowResult", "new_run_id", "ray_session",
+           "request_bodies", "run_workflow", "served_accuracy_of"]

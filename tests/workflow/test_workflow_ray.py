@@ -1,0 +1,106 @@
+"""The workflow end to end on one local Ray (started once for the module): a tiny digits run,
+a re-run that skips the unchanged stages, and an interrupted training stage that resumes from
+its checkpoint while a changed export setting re-runs only the export.
+
+Small on purpose: 40 steps of a one-process MLP, a 40-request load test on loopback.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+from pathlib import Path
+
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
+import pytest
+import ray
+
+from hetflow.workflow.runner import run_workflow
+from hetflow.workflow.spec import workflow_from_dict
+from hetflow.workloads.train.checkpoint import list_checkpoints
+
+pytestmark = pytest.mark.ray
+
+STEPS = 40
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def cluster() -> None:
+    ray.init(address="local", num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1",
+             log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def spec_dict(root: Path, port: int, precision: str = "fp32") -> dict:
+    return {
+        "name": "wf-test",
+        "results_dir": str(root / "results"),
+        "cache_dir": str(root / "runs"),
+        "train": {
+            "model": {"kind": "mlp", "hidden": [64]},
+            "train": {"steps": STEPS, "batch_size": 64, "lr": 0.01, "log_every": 5},
+            "checkpoint": {"interval": 20},
+            "resources": {"device": "cpu"},
+        },
+        "export": {"precision": precision, "min_accuracy": 0.6},
+        "serve": {"http": {"port": port}, "device": "cpu", "cpus_per_replica": 0.5},
+        "load_test": {"rate": 20, "max_requests": 40, "max_duration_s": 3, "timeout_s": 5},
+    }
+
+
+def statuses(result) -> dict[str, str]:
+    return {s.name: s.status for s in result.stages}
+
+
+def test_run_skip_and_resume(cluster: None, tmp_path: Path) -> None:
+    port = free_port()
+    first = run_workflow(workflow_from_dict(spec_dict(tmp_path, port)), progress=False)
+
+    assert statuses(first) == {"prepare": "ran", "train": "ran", "tune": "off", "export": "ran",
+                               "serve": "ran", "load_test": "ran"}
+    assert first.ok, first.failures
+    assert first.prepared["train_samples"] + first.prepared["val_samples"] == 1797
+    assert len(first.trained["losses"]) == STEPS
+    # the served fp32 model answers over HTTP like the exported model scored in Ray
+    assert first.served_accuracy == pytest.approx(first.exported["accuracy"], abs=1e-9)
+    assert first.served_accuracy > 0.6
+    assert first.load.sent == 40 and first.load.ok == 40
+    assert first.load.p99_ms is not None and first.load.p99_ms >= first.load.p50_ms
+    for name in ("report.md", "report.html", "result.json", "loss.png", "latency.png"):
+        assert (first.results_dir / name).stat().st_size > 0, name
+    assert "Training loss" in first.report_md.read_text()
+
+    # Same file again: prepare, train and export are skipped, serve and load test run.
+    second = run_workflow(workflow_from_dict(spec_dict(tmp_path, port)), progress=False)
+    assert statuses(second) == {"prepare": "skipped", "train": "skipped", "tune": "off",
+                                "export": "skipped", "serve": "ran", "load_test": "ran"}
+    assert second.exported["checkpoint_dir"] == first.exported["checkpoint_dir"]
+    assert second.served_accuracy == first.served_accuracy
+    assert second.results_dir != first.results_dir
+
+    # Interrupt the training stage after its step-20 checkpoint (drop its record and the final
+    # checkpoint), and change the serving precision: training resumes at step 20, export re-runs.
+    train_dir = tmp_path / "runs" / "wf-test" / "train" / first.stage("train").key
+    (train_dir / "record.json").unlink()
+    checkpoints = list_checkpoints(train_dir / "checkpoints")
+    assert [c.step for c in checkpoints] == [20, 40]
+    shutil.rmtree(checkpoints[-1].path)
+    third = run_workflow(workflow_from_dict(spec_dict(tmp_path, port, precision="int8")),
+                         progress=False)
+    assert statuses(third)["prepare"] == "skipped"
+    assert statuses(third)["train"] == "ran"
+    assert third.stage("train").key == first.stage("train").key
+    assert third.trained["resumed_from_step"] == 20
+    assert statuses(third)["export"] == "ran"
+    assert third.exported["precision"] == "int8"
+    assert third.stage("export").key != first.stage("export").key
+    assert third.ok, third.failures
