@@ -75,9 +75,15 @@ def test_run_skip_and_resume(cluster: None, tmp_path: Path) -> None:
     assert first.served_accuracy > 0.6
     assert first.load.sent == 40 and first.load.ok == 40
     assert first.load.p99_ms is not None and first.load.p99_ms >= first.load.p50_ms
-    for name in ("report.md", "report.html", "result.json", "loss.png", "latency.png"):
+    for name in ("report.md", "report.html", "result.json", "loss.png", "latency.png",
+                 "utilisation.png"):
         assert (first.results_dir / name).stat().st_size > 0, name
     assert "Training loss" in first.report_md.read_text()
+    # the host's CPU was sampled during the run, and the training stage kept it busy
+    cpu = [s for s in first.utilisation if s["device"] == "cpu:0"]
+    assert {s["stage"] for s in cpu} >= {"train", "serve"}
+    assert all(0.0 <= s["utilisation"] <= 1.0 for s in cpu)
+    assert max(s["utilisation"] for s in cpu if s["stage"] == "train") > 0.1
 
     # Same file again: prepare, train and export are skipped, serve and load test run.
     second = run_workflow(workflow_from_dict(spec_dict(tmp_path, port)), progress=False)

@@ -3,8 +3,9 @@
 Contents: each stage (ran / skipped / off, time, one line), the exported model (source,
 precision, validation accuracy), the served model's accuracy over HTTP, the load test
 (offered and achieved rate, P50/P95/P99/max, errors), and the plots ``loss.png`` (training
-loss per step), ``tuning.png`` (each trial's validation curve; only when the tune stage ran)
-and ``latency.png`` (histogram of load-test latencies, P50 and P99 marked). ``result.json``
+loss per step), ``tuning.png`` (each trial's validation curve; only when the tune stage ran),
+``latency.png`` (histogram of load-test latencies, P50 and P99 marked) and ``utilisation.png``
+(the driver host's devices over the run, stages marked). ``result.json``
 holds the same numbers for scripts. Plots use matplotlib's Agg backend (no display needed).
 """
 
@@ -22,7 +23,9 @@ def write_report(result: Any, spec: Any) -> tuple[Path, Path]:
     out.mkdir(parents=True, exist_ok=True)
     plots = {"Training loss": plot_loss(result.trained, out / "loss.png"),
              "Tuning curves": plot_tuning(result.tuned, out / "tuning.png"),
-             "Latency": plot_latency(result.load, out / "latency.png")}
+             "Latency": plot_latency(result.load, out / "latency.png"),
+             "Device utilisation": plot_utilisation(getattr(result, "utilisation", None),
+                                                    out / "utilisation.png")}
     plots = {k: v for k, v in plots.items() if v is not None}
     summary = summary_dict(result)
     (out / "result.json").write_text(json.dumps(summary, indent=1, default=str))
@@ -80,7 +83,7 @@ def markdown(result: Any, spec: Any, plots: dict[str, Path]) -> str:
     lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in _rows(result)]
     for title, path in plots.items():
         lines += ["", f"## {title}", "", f"![{title}]({path.name})"]
-    lines += ["", "Device utilisation is not recorded yet (see docs/workflow.md).", ""]
+    lines += [""]
     return "\n".join(lines)
 
 
@@ -97,7 +100,7 @@ def to_html(result: Any, spec: Any, plots: dict[str, Path]) -> str:
             f"</head><body><h1>Workflow {esc(spec.name)}: run {esc(result.run_id)}</h1>"
             f"<table>{numbers}</table><h2>Stages</h2><table><tr><th>stage</th><th>status</th>"
             f"<th>time</th><th>detail</th></tr>{stages}</table>{figures}"
-            f"<p>Device utilisation is not recorded yet.</p></body></html>\n")
+            f"</body></html>\n")
 
 
 def _pyplot() -> Any:
@@ -166,5 +169,31 @@ def plot_latency(load: Any, path: Path) -> Path | None:
     return path
 
 
-__all__ = ["markdown", "plot_latency", "plot_loss", "plot_tuning", "summary_dict", "to_html",
-           "write_report"]
+def plot_utilisation(samples: list[dict[str, Any]] | None, path: Path) -> Path | None:
+    """Busy fraction of each of the driver host's devices over the run, stages marked."""
+    points = [s for s in samples or [] if s.get("utilisation") is not None]
+    if not points:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for device in sorted({s["device"] for s in points}):
+        mine = [s for s in points if s["device"] == device]
+        ax.plot([s["t_s"] for s in mine], [100 * s["utilisation"] for s in mine], label=device)
+    starts: dict[str, float] = {}
+    for s in points:
+        starts.setdefault(s["stage"], s["t_s"])
+    for stage, t in starts.items():
+        ax.axvline(t, color="grey", linestyle=":", linewidth=1)
+        ax.text(t, 102, f" {stage}", fontsize=7, rotation=90, va="bottom")
+    ax.set_ylim(0, 100)
+    ax.set_xlabel("seconds since the run started")
+    ax.set_ylabel("utilisation (%)")
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+__all__ = ["markdown", "plot_latency", "plot_loss", "plot_tuning", "plot_utilisation",
+           "summary_dict", "to_html", "write_report"]

@@ -79,6 +79,7 @@ class WorkflowResult:
     url: str  # the served model's predict URL (gone unless serve.keep_serving)
     failures: list[str] = field(default_factory=list)  # checks that failed
     wall_s: float = 0.0
+    utilisation: list[dict[str, Any]] = field(default_factory=list)  # host device samples
     report_md: Path | None = None
     report_html: Path | None = None
 
@@ -516,16 +517,23 @@ def run_workflow(spec: WorkflowSpec, address: str | None = None, *, fresh: bool 
         shutil.rmtree(Path(spec.cache_dir).absolute() / spec.name, ignore_errors=True)
     run_id = new_run_id(spec.name)
     results_dir = Path(spec.results_dir).absolute() / run_id
-    with ray_session(spec, address), StageBars(progress) as bars:
+    from hetflow.workflow.utilisation import UtilisationRecorder
+
+    with UtilisationRecorder() as util, ray_session(spec, address), StageBars(progress) as bars:
         run = _Run(spec, bars)
+        util.stage = "prepare"
         prepared, arrays_ref = run.prepare()
+        util.stage = "train"
         trained = run.train(prepared)
+        util.stage = "tune"
         tuned = run.tune(prepared)
+        util.stage = "export"
         exported = run.export(prepared, trained, tuned, arrays_ref)
+        util.stage = "serve"
         served_accuracy, load, url, _ = run.serve_and_load(exported, arrays_ref)
     result = WorkflowResult(run_id, results_dir, run.outcomes, prepared, trained, tuned,
                             exported, served_accuracy, load, url, run.failures,
-                            wall_s=time.time() - t0)
+                            wall_s=time.time() - t0, utilisation=list(util.samples))
     if report:
         from hetflow.workflow.report import write_report
 
