@@ -211,7 +211,13 @@ def test_cpu_utilisation_is_the_busy_share_of_jiffies_since_the_last_sample(tmp_
 def test_cpu_sampler_on_this_machine() -> None:
     total = next(int(l.split()[1]) * 1024 for l in open("/proc/meminfo") if l.startswith("MemTotal:"))
     sampler = CpuSampler()
-    sum(i * i for i in range(200_000))  # some work between the two readings
+    # Work for 0.2 s between the readings: /proc/stat counts in jiffies (1/100 s), and a
+    # shorter gap can leave the counters unchanged, when utilisation is rightly unknown.
+    import time
+
+    deadline = time.monotonic() + 0.2
+    while time.monotonic() < deadline:
+        sum(i * i for i in range(10_000))
     (s,) = sampler.sample()
     assert s.utilisation is not None and 0.0 <= s.utilisation <= 1.0
     assert s.memory_total_bytes == total
