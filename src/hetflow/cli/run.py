@@ -59,22 +59,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point for ``python -m hetflow.cli.run`` (errors handled like ``hetflow``)."""
-    from hetflow.cli.main import _Parser
-    from hetflow.core.errors import HetflowError
+    """``python -m hetflow.cli.run ...`` = ``hetflow run ...`` (same parser, same errors)."""
+    from hetflow.cli.main import main as hetflow_main
 
-    parser = _Parser(prog="hetflow")
-    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
-    register(sub)
-    args = parser.parse_args(["run", *(sys.argv[1:] if argv is None else argv)])
-    try:
-        return args.func(args)
-    except HetflowError as e:
-        print(f"hetflow: error: {e}", file=sys.stderr)
-        return e.exit_code
-    except KeyboardInterrupt:
-        print("hetflow: interrupted (run it again to resume)", file=sys.stderr)
-        return 130
+    argv = list(sys.argv[1:] if argv is None else argv)
+    argv.insert(0, "run")
+    return hetflow_main(argv)
 
 
 if __name__ == "__main__":

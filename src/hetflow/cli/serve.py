@@ -219,22 +219,13 @@ def _model_input(url: str) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run on its own: ``python -m hetflow.cli.serve CONFIG.yaml`` (= ``hetflow serve``) or
-    ``python -m hetflow.cli.serve bench serve ...``."""
-    from hetflow.cli.main import _Parser
-    from hetflow.core.errors import HetflowError
+    """``python -m hetflow.cli.serve ...`` = ``hetflow serve ...`` (same parser, same errors)."""
+    from hetflow.cli.main import main as hetflow_main
 
-    parser = _Parser(prog="hetflow")
-    register(parser.add_subparsers(dest="command", parser_class=_Parser))
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] not in ("serve", "bench", "-h", "--help"):
-        argv.insert(0, "serve")
-    args = parser.parse_args(argv)
-    try:
-        return int(args.func(args) or 0)
-    except HetflowError as e:
-        print(f"hetflow: error: {e}", file=sys.stderr)
-        return e.exit_code
+        argv.insert(0, "serve")  # also `python -m hetflow.cli.serve bench serve ...`
+    return hetflow_main(argv)
 
 
 if __name__ == "__main__":

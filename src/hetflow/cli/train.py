@@ -113,18 +113,12 @@ def summary(result: Any) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run ``hetflow train`` on its own (``python -m hetflow.cli.train CONFIG.yaml``)."""
-    from hetflow.cli.main import _Parser
-    from hetflow.core.errors import HetflowError
+    """``python -m hetflow.cli.train ...`` = ``hetflow train ...`` (same parser, same errors)."""
+    from hetflow.cli.main import main as hetflow_main
 
-    parser = _Parser(prog="hetflow")
-    register(parser.add_subparsers(dest="command", parser_class=_Parser))
-    args = parser.parse_args(["train", *(sys.argv[1:] if argv is None else argv)])
-    try:
-        return int(args.func(args) or 0)
-    except HetflowError as e:
-        print(f"hetflow: error: {e}", file=sys.stderr)
-        return e.exit_code
+    argv = list(sys.argv[1:] if argv is None else argv)
+    argv.insert(0, "train")
+    return hetflow_main(argv)
 
 
 if __name__ == "__main__":
