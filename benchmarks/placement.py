@@ -35,6 +35,7 @@ from collections import deque
 from dataclasses import replace
 from typing import Callable
 
+from hetflow.accelerators.synthetic import DGX1_CUBE_MESH
 from hetflow.core.errors import Unschedulable
 from hetflow.core.request import ParallelLayout, PlacementRequest, Strategy
 from hetflow.core.topology import (
@@ -62,10 +63,7 @@ def _node(name: str, vendor: Vendor, model: str, arch: str, memory_gib: int, lin
     return NodeTopology(name=name, devices=devices, links=tuple(links))
 
 
-_DGX1_NVLINKS = {
-    (0, 1): 1, (0, 2): 1, (0, 3): 2, (0, 4): 2, (1, 2): 2, (1, 3): 1, (1, 5): 2, (2, 3): 2,
-    (2, 6): 1, (3, 7): 1, (4, 5): 1, (4, 6): 1, (4, 7): 2, (5, 6): 2, (5, 7): 1, (6, 7): 2,
-}
+_DGX1_NVLINKS = DGX1_CUBE_MESH  # the one DGX-1 link table (accelerators/synthetic.py)
 
 
 def dgx1_v100(name: str) -> NodeTopology:

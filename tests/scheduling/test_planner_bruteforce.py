@@ -26,6 +26,7 @@ from typing import Callable
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from hetflow.accelerators.synthetic import DGX1_CUBE_MESH
 from hetflow.core.request import ParallelLayout, PlacementRequest
 from hetflow.core.topology import (
     Allocation, ClusterSnapshot, Device, Link, LinkKind, NodeTopology, PcieLevel, Vendor,
@@ -49,10 +50,7 @@ def build(name: str, n: int, link: Bandwidth, vendor: Vendor = Vendor.NVIDIA) ->
 # --- the topologies ---------------------------------------------------------------------
 
 # DGX-1 (V100): NVLink hybrid cube mesh; NV1 = 25 GB/s, NV2 = 50 GB/s, other pairs over SYS.
-DGX1_NVLINKS = {
-    (0, 1): 1, (0, 2): 1, (0, 3): 2, (0, 4): 2, (1, 2): 2, (1, 3): 1, (1, 5): 2, (2, 3): 2,
-    (2, 6): 1, (3, 7): 1, (4, 5): 1, (4, 6): 1, (4, 7): 2, (5, 6): 2, (5, 7): 1, (6, 7): 2,
-}
+DGX1_NVLINKS = DGX1_CUBE_MESH  # the one DGX-1 link table (accelerators/synthetic.py)
 
 
 def dgx1_hybrid_mesh(name: str) -> NodeTopology:
