@@ -11,9 +11,11 @@ copy into shared memory) and the consuming stage's process maps it read-only
 
 * a ``Producer`` actor (stage A's process) fills a float32 array of ``--size`` (so its pages
   are touched before timing) and times ``ray.put`` of it;
-* a ``Consumer`` actor (stage B's process, another process) times ``ray.get`` of the ref and
-  reads one value from each 4 KiB page of the result (so the mapping is really usable, not
-  only returned), and checks it is the producer's data;
+* a ``Consumer`` actor (stage B's process, another process) times ``ray.get`` of the ref,
+  wraps the result as a torch tensor (``torch.from_numpy``, as the training ranks take the
+  prepare stage's arrays; checked to share the mapping, not copy it) and reads one value from
+  each 4 KiB page through the tensor (so the mapping is really usable, not only returned), and
+  checks it is the producer's data;
 * **hand-off** = put time + get-and-touch time;
 * **memcpy** = ``np.copyto(dst, src)`` of an array of the same size in one process, ``dst``
   pre-touched (the cheapest way to give another owner its own copy).
@@ -33,11 +35,13 @@ import argparse
 import os
 import statistics
 import time
+import warnings
 
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 import numpy as np
 import ray
+import torch
 
 from hetflow.core.units import format_bytes, parse_bytes
 
@@ -63,10 +67,14 @@ class Consumer:
     def get(self, boxed: list, value: float) -> float:
         t0 = time.perf_counter()
         array = ray.get(boxed[0])
-        touched = array.view(np.uint8)[::PAGE]  # one read per page: the mapping is live
-        total = int(touched.sum(dtype=np.int64))
+        with warnings.catch_warnings():  # read-only mapping; training only reads it
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            tensor = torch.from_numpy(array)  # as the training ranks take prepared data
+        touched = tensor.view(torch.uint8)[::PAGE]  # one read per page: the mapping is live
+        total = int(touched.sum(dtype=torch.int64))
         elapsed = time.perf_counter() - t0
         assert array[0] == value and array[-1] == value and not array.flags.writeable
+        assert tensor.data_ptr() == array.ctypes.data, "torch copied the array"
         assert total >= 0
         return elapsed
 

@@ -110,3 +110,34 @@ def test_run_skip_and_resume(cluster: None, tmp_path: Path) -> None:
     assert third.exported["precision"] == "int8"
     assert third.stage("export").key != first.stage("export").key
     assert third.ok, third.failures
+
+
+def test_tune_stage_runs_and_export_serves_the_better_model(cluster: None, tmp_path: Path) -> None:
+    """Tune enabled: two short trials around the train stage; export (source: tune) serves the
+    best trial's checkpoint, the report has the tuning plot, and a re-run skips the tune stage."""
+    port = free_port()
+    spec = spec_dict(tmp_path, port)
+    spec["tune"] = {
+        "enabled": True,
+        "space": {"train": {"lr": {"loguniform": [1.0e-3, 3.0e-2]}}},
+        "search": {"algorithm": "random", "scheduler": "fifo", "metric": "val_accuracy"},
+        "budget": {"trials": 2, "epochs": 2, "time": "3m", "concurrent": 2},
+        "trial": {"cpus": 0.5, "threads": 1},
+    }
+    spec["export"]["source"] = "tune"
+    first = run_workflow(workflow_from_dict(spec), progress=False)
+    assert statuses(first)["tune"] == "ran", first.stages
+    assert first.ok, first.failures
+    tuned = first.tuned
+    assert tuned["trials"] == 2 and len(tuned["curves"]) == 2
+    assert all(len(curve) == 2 for curve in tuned["curves"].values())  # 2 epochs each
+    assert tuned["best_value"] == max(max(c) for c in tuned["curves"].values())
+    # the served model is the best trial's: export scored it, HTTP answers agree
+    assert first.exported["source"] == "tune"
+    assert Path(first.exported["checkpoint_dir"]).resolve().is_relative_to(
+        (tmp_path / "runs").resolve())
+    assert first.served_accuracy == pytest.approx(first.exported["accuracy"], abs=1e-9)
+    assert (first.results_dir / "tuning.png").stat().st_size > 0
+    second = run_workflow(workflow_from_dict(spec), progress=False)
+    assert statuses(second)["tune"] == "skipped"
+    assert second.tuned["best_value"] == tuned["best_value"]

@@ -46,3 +46,30 @@ def test_replicas_split_the_global_batch() -> None:
     for dp in (1, 2, 4):
         parts = [order.replica_batch(5, i, dp) for i in range(dp)]
         assert torch.equal(torch.cat(parts), order.global_batch(5))
+
+
+def test_prepared_arrays_become_tensors_without_a_copy() -> None:
+    import warnings
+
+    import numpy as np
+    import pytest
+
+    from hetflow.core.errors import InputError
+    from hetflow.workloads.train.data import dataset_from_arrays, split_arrays
+
+    arrays = split_arrays(load_dataset("digits", val_fraction=0.2, seed=0))
+    for a in arrays.values():
+        a.flags.writeable = False  # as Ray's object store hands them out
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch's read-only warning would fail here
+        data = dataset_from_arrays("digits", arrays)
+    assert data.train.inputs.data_ptr() == arrays["train_inputs"].ctypes.data
+    assert data.val.targets.data_ptr() == arrays["val_targets"].ctypes.data
+    assert len(data.train) == 1438 and len(data.val) == 359
+    del arrays["val_targets"]
+    with pytest.raises(InputError, match="lacks val_targets"):
+        dataset_from_arrays("digits", arrays)
+    short = split_arrays(load_dataset("digits", val_fraction=0.2, seed=0))
+    short["train_targets"] = short["train_targets"][:10]
+    with pytest.raises(InputError, match="differ in length"):
+        dataset_from_arrays("digits", short)

@@ -13,9 +13,10 @@ same file runs on one CPU and on a GPU cluster.
 **Stages and hand-offs.** ``prepare`` runs as a Ray task that returns the split's numpy arrays:
 they land in Ray's object store once and every later consumer (the export stage's evaluation
 task, the driver building the served-accuracy check and the load test's bodies) maps them
-read-only without a copy (``ray.get`` of a numpy array is zero-copy). The training workers
-read the same bundled dataset with the same seed themselves (``run_training`` owns its data
-loading); the prepare stage's content hash keys the train stage, so a changed split retrains.
+read-only without a copy (``ray.get`` of a numpy array is zero-copy). The training ranks get
+the same object reference (``run_training(data=ref)``) and wrap the mapped arrays as torch
+tensors with ``torch.from_numpy`` - no copy and no second load of the dataset. The prepare
+stage's content hash keys the train stage, so a changed split retrains.
 Checkpoints travel as directories (they must be on storage every worker reaches anyway).
 
 **Resume.** Each stage's key hashes its settings and its inputs' content
@@ -122,36 +123,33 @@ def ray_session(spec: WorkflowSpec, address: str | None) -> Iterator[bool]:
 
 
 def _prepare_arrays(dataset: str, val_fraction: float, seed: int, cached: str | None,
-                    out: str) -> dict[str, Any]:
+                    out: str) -> tuple[dict[str, np.ndarray], str]:
     """The prepare stage's task: the split as numpy arrays (from the cache file when given,
-    else from the bundled dataset, then saved). Runs in a Ray worker; the arrays it returns
-    go into the object store."""
+    else from the bundled dataset, then saved) and their content hash. Runs in a Ray worker
+    with two return values: the arrays go into the object store as one object that every
+    later stage maps, the hash is small and keys the later stages."""
     if cached is not None:
         with np.load(cached) as f:
             arrays = {k: np.ascontiguousarray(f[k]) for k in f.files}
     else:
-        from hetflow.workloads.train.data import load_dataset
+        from hetflow.workloads.train.data import load_dataset, split_arrays
 
-        data = load_dataset(dataset, val_fraction=val_fraction, seed=seed)
-        arrays = {"train_inputs": data.train.inputs.numpy(),
-                  "train_targets": data.train.targets.numpy(),
-                  "val_inputs": data.val.inputs.numpy(), "val_targets": data.val.targets.numpy()}
+        arrays = split_arrays(load_dataset(dataset, val_fraction=val_fraction, seed=seed))
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         tmp = out + ".tmp.npz"
         np.savez(tmp, **arrays)
         os.replace(tmp, out)
     content = hash_bytes(*(k.encode() + np.ascontiguousarray(v).tobytes()
                            for k, v in sorted(arrays.items())))
-    return {"arrays": arrays, "content_hash": content}
+    return arrays, content
 
 
-def _evaluate(spec: Any, prepared: dict[str, Any]) -> float:
+def _evaluate(spec: Any, arrays: dict[str, np.ndarray]) -> float:
     """The export stage's task: accuracy of the model at its serving precision on the held-out
-    split (``prepared``, the prepare task's return value, arrives from the object store: its
-    arrays are read-only views of the store's buffers, not copies)."""
+    split (``arrays``, the prepare task's first return value, arrives from the object store as
+    read-only views of the store's buffers, not copies)."""
     from hetflow.workloads.serve.inference import accuracy, build_runner
 
-    arrays = prepared["arrays"]
     runner = build_runner(spec)
     return accuracy(runner, arrays["val_inputs"], arrays["val_targets"])
 
@@ -230,16 +228,16 @@ class _Run:
         record = self.cache.load("prepare", key)
         out = self.cache.dir("prepare", key) / "data.npz"
         self.bars.start("prepare", 1)
-        task = ray.remote(num_cpus=0.1)(_prepare_arrays)
-        ref = task.remote(p.dataset, p.val_fraction, p.seed,
-                          str(out) if record is not None and out.exists() else None, str(out))
-        # The arrays stay in the object store (the task's return value); later stages get ``ref``
-        # and map them, as this process does here.
-        prepared = ray.get(ref)
-        arrays = prepared["arrays"]
+        task = ray.remote(num_cpus=0.1, num_returns=2)(_prepare_arrays)
+        ref, hash_ref = task.remote(p.dataset, p.val_fraction, p.seed,
+                                    str(out) if record is not None and out.exists() else None,
+                                    str(out))
+        # The arrays stay in the object store (the task's first return value); later stages -
+        # the training ranks included - get ``ref`` and map them, as this process does here.
+        arrays, content_hash = ray.get([ref, hash_ref])
         status = "skipped" if record is not None else "ran"
-        if record is None or record.get("content_hash") != prepared["content_hash"]:
-            record = {"content_hash": prepared["content_hash"], "dataset": p.dataset,
+        if record is None or record.get("content_hash") != content_hash:
+            record = {"content_hash": content_hash, "dataset": p.dataset,
                       "train_samples": len(arrays["train_targets"]),
                       "val_samples": len(arrays["val_targets"])}
             self.cache.save("prepare", key, record)
@@ -247,7 +245,7 @@ class _Run:
                    f"{record['train_samples']} train / {record['val_samples']} val")
         return record, ref
 
-    def train(self, prepared: dict[str, Any]) -> dict[str, Any]:
+    def train(self, prepared: dict[str, Any], arrays_ref: Any = None) -> dict[str, Any]:
         from hetflow.workloads.train.checkpoint import latest_checkpoint
         from hetflow.workloads.train.job import run_training
 
@@ -269,7 +267,8 @@ class _Run:
         def on_progress(rec: dict[str, Any], job: Any) -> None:
             self.bars.update("train", rec["step"], f"loss {rec['loss']:.3f}")
 
-        result = run_training(config, on_progress=on_progress)
+        # The ranks map the prepare stage's arrays from the object store (no second load).
+        result = run_training(config, on_progress=on_progress, data=arrays_ref)
         record = {
             "checkpoint": result.checkpoint,
             "checkpoint_hash": hash_tree(Path(result.checkpoint)),
@@ -401,7 +400,7 @@ class _Run:
         served = deploy(config)
         url = f"{served.url}/v1/models/{self.spec.name}/predict"
         try:
-            arrays = ray.get(arrays_ref)["arrays"]  # read-only views of the store's buffers
+            arrays = ray.get(arrays_ref)  # read-only views of the store's buffers
             served_accuracy = served_accuracy_of(url, arrays["val_inputs"], arrays["val_targets"],
                                                  self.spec.serve.limits.max_rows)
             self._done("serve", "ran", "", t0, f"{url}  accuracy {served_accuracy:.3f}")
@@ -524,7 +523,7 @@ def run_workflow(spec: WorkflowSpec, address: str | None = None, *, fresh: bool 
         util.stage = "prepare"
         prepared, arrays_ref = run.prepare()
         util.stage = "train"
-        trained = run.train(prepared)
+        trained = run.train(prepared, arrays_ref)
         util.stage = "tune"
         tuned = run.tune(prepared)
         util.stage = "export"

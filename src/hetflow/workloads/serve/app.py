@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import time
 from dataclasses import dataclass, field
@@ -63,6 +64,8 @@ from hetflow.workloads.serve.protocol import (
 JSON = "application/json"
 # A log line per request costs each replica more CPU than a small model's forward pass.
 QUIET = {"enable_access_log": False}
+
+log = logging.getLogger(__name__)
 
 
 def _rows_of(requests: list[PredictRequest]) -> int:
@@ -559,6 +562,7 @@ def deploy(config: ServeConfig, *, timeout_s: float = 300.0) -> Served:
         loopback = host in ("127.0.0.1", "localhost", "::1")
         serve.start(http_options={"host": host, "port": port},
                     proxy_location="HeadOnly" if loopback else "EveryNode")
+        host, port = _proxy_address(host, port)
         app = build_application(config, plans)
         try:
             serve.run(app, name=config.name, route_prefix="/", blocking=False)
@@ -573,6 +577,24 @@ def deploy(config: ServeConfig, *, timeout_s: float = 300.0) -> Served:
         raise
     url_host = f"[{host}]" if ":" in host else host
     return Served(config, f"http://{url_host}:{port}", plans, started_ray=started)
+
+
+def _proxy_address(host: str, port: int) -> tuple[str, int]:
+    """Where Serve's HTTP proxy really listens. A cluster has one proxy: when Serve was already
+    running (an earlier application, another ``hetflow serve``), ``serve.start`` keeps its host
+    and port and ignores ours, so the application is reachable there - say so, and use it."""
+    from ray.serve.context import _get_global_client
+
+    try:
+        config = _get_global_client().http_config
+        actual = (config.host, int(config.port))
+    except Exception:  # noqa: BLE001 - private API; without it, trust what we asked for
+        return host, port
+    if actual != (host, port):
+        log.warning("Serve was already running on this cluster at %s:%d, so the application "
+                       "is served there, not at %s:%d (one HTTP proxy per cluster; run `serve "
+                       "shutdown` first to move it)", actual[0], actual[1], host, port)
+    return actual
 
 
 class ServeFailed(HetflowError):

@@ -15,9 +15,11 @@ contiguous share of it).
 from __future__ import annotations
 
 import sysconfig
+import warnings
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Mapping
 
 import numpy as np
 import torch
@@ -64,6 +66,37 @@ def load_dataset(name: str, *, val_fraction: float, seed: int, seq_len: int = 64
     num_val = max(1, int(round(len(inputs) * val_fraction)))
     val, train = order[:num_val].sort().values, order[num_val:].sort().values
     return Dataset(name, Split(inputs[train], targets[train]), Split(inputs[val], targets[val]))
+
+
+SPLIT_KEYS = ("train_inputs", "train_targets", "val_inputs", "val_targets")
+
+
+def split_arrays(dataset: Dataset) -> dict[str, np.ndarray]:
+    """The dataset's split as numpy arrays (what a workflow's prepare stage hands on)."""
+    return {"train_inputs": dataset.train.inputs.numpy(),
+            "train_targets": dataset.train.targets.numpy(),
+            "val_inputs": dataset.val.inputs.numpy(), "val_targets": dataset.val.targets.numpy()}
+
+
+def dataset_from_arrays(name: str, arrays: Mapping[str, np.ndarray]) -> Dataset:
+    """A :class:`Dataset` over arrays someone else prepared, without copying them.
+
+    ``arrays`` has the keys of :data:`SPLIT_KEYS`. Arrays from Ray's object store are read-only
+    views of its shared memory; the tensors made here share that memory (``torch.from_numpy``)
+    and training only ever reads them (each batch is gathered into a new tensor), so the
+    read-only warning torch gives for such arrays does not apply and is silenced.
+    """
+    missing = [k for k in SPLIT_KEYS if k not in arrays]
+    if missing:
+        raise InputError(f"prepared data for {name!r} lacks {', '.join(missing)}; "
+                         f"expected the arrays {', '.join(SPLIT_KEYS)}")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        t = {k: torch.from_numpy(arrays[k]) for k in SPLIT_KEYS}
+    if len(t["train_inputs"]) != len(t["train_targets"]) or len(t["val_inputs"]) != len(t["val_targets"]):
+        raise InputError(f"prepared data for {name!r}: inputs and targets differ in length")
+    return Dataset(name, Split(t["train_inputs"], t["train_targets"]),
+                   Split(t["val_inputs"], t["val_targets"]))
 
 
 @lru_cache(maxsize=1)
@@ -129,4 +162,5 @@ class StepOrder:
         return self.global_batch(step)[dp_index * share:(dp_index + 1) * share]
 
 
-__all__ = ["CORPUS_MODULES", "Dataset", "Split", "StepOrder", "corpus_bytes", "load_dataset"]
+__all__ = ["CORPUS_MODULES", "Dataset", "SPLIT_KEYS", "Split", "StepOrder", "corpus_bytes",
+           "dataset_from_arrays", "load_dataset", "split_arrays"]

@@ -123,8 +123,9 @@ class WorkerGroup:
     """One attempt: ``world_size`` actors, one per rank, on the placement of ``place_ranks``."""
 
     def __init__(self, config: TrainConfig, job_id: str, attempt: int,
-                 progress: Any | None = None) -> None:
+                 progress: Any | None = None, data: Any | None = None) -> None:
         self.config = config
+        self.data = data  # ObjectRef of the split's arrays (or None: ranks load the dataset)
         self.job_id = job_id
         self.attempt = attempt
         self.progress = progress
@@ -156,7 +157,8 @@ class WorkerGroup:
         assert self.actors, "start() first"
         rendezvous = f"tcp://{self.where[0]['ip']}:{self.where[0]['port']}"
         world = len(self.actors)
-        refs = [a.train.remote(self.config, rank, world, rendezvous, self.progress, self.attempt)
+        refs = [a.train.remote(self.config, rank, world, rendezvous, self.progress, self.attempt,
+                               self.data)
                 for rank, a in enumerate(self.actors)]
         pending = list(refs)
         while pending:

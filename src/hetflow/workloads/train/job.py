@@ -72,9 +72,11 @@ class TrainingJob:
     rank processes (rank order).
     """
 
-    def __init__(self, config: TrainConfig, on_progress: ProgressCallback | None = None) -> None:
+    def __init__(self, config: TrainConfig, on_progress: ProgressCallback | None = None,
+                 data: Any | None = None) -> None:
         self.config = config
         self.on_progress = on_progress
+        self.data = data  # ObjectRef of prepared split arrays, or None
         self.records: list[dict[str, Any]] = []
         self.worker_pids: list[int] = []
         self.attempt = 0
@@ -109,7 +111,7 @@ class TrainingJob:
         failures: list[str] = []
         failed_at: list[float] = []
         while True:
-            group = WorkerGroup(config, config.name, self.attempt, self._progress)
+            group = WorkerGroup(config, config.name, self.attempt, self._progress, self.data)
             try:
                 config, group = self._start(group, config, failures)
                 self.worker_pids = group.pids
@@ -140,7 +142,7 @@ class TrainingJob:
         for i, candidate in enumerate(candidates):
             try:
                 if i:
-                    group = WorkerGroup(candidate, candidate.name, self.attempt, self._progress)
+                    group = WorkerGroup(candidate, candidate.name, self.attempt, self._progress, self.data)
                 group.start()
                 self._how = group.placed.how if group.placed else ""
                 return candidate, group
@@ -149,6 +151,14 @@ class TrainingJob:
                 if i == len(candidates) - 1:
                     raise
         raise AssertionError("unreachable")
+
+    def _arrays(self) -> Any | None:
+        """The prepared split's arrays in this process (mapped from the object store)."""
+        if self.data is None:
+            return None
+        import ray
+
+        return ray.get(self.data) if isinstance(self.data, ray.ObjectRef) else self.data
 
     def _poll(self) -> None:
         import ray
@@ -183,7 +193,7 @@ class TrainingJob:
             name=config.name,
             steps=rank0.end_step,
             losses=dict(sorted(rank0.losses.items())),
-            metrics=evaluate_checkpoint(config, info),
+            metrics=evaluate_checkpoint(config, info, data=self._arrays()),
             checkpoint=str(info.path),
             restarts=len(failures),
             failures=failures,
@@ -212,20 +222,22 @@ def smaller_layouts(config: TrainConfig) -> list[TrainConfig]:
 
 
 def evaluate_checkpoint(config: TrainConfig, info: CheckpointInfo,
-                        max_samples: int | None = None) -> dict[str, float]:
+                        max_samples: int | None = None,
+                        data: Any | None = None) -> dict[str, float]:
     """Validation metrics of a checkpoint, on one CPU device in this process (over the first
-    ``max_samples`` validation samples when given)."""
+    ``max_samples`` validation samples when given; on ``data``'s split arrays when given)."""
     import torch
 
     from hetflow.workloads.train.checkpoint import load_model_weights
-    from hetflow.workloads.train.data import load_dataset
+    from hetflow.workloads.train.data import dataset_from_arrays, load_dataset
     from hetflow.workloads.train.models import build_model, loss_fn
 
     model = build_model(config)
     load_model_weights(info, model)
     model.eval()
-    dataset = load_dataset(config.dataset, val_fraction=config.data.val_fraction,
-                           seed=config.data.seed, seq_len=getattr(config.model, "seq_len", 64))
+    dataset = (dataset_from_arrays(config.dataset, data) if data is not None else
+               load_dataset(config.dataset, val_fraction=config.data.val_fraction,
+                            seed=config.data.seed, seq_len=getattr(config.model, "seq_len", 64)))
     val = dataset.val
     count_limit = len(val) if max_samples is None else min(len(val), max_samples)
     total_loss, correct, count = 0.0, 0, 0
@@ -245,10 +257,17 @@ def evaluate_checkpoint(config: TrainConfig, info: CheckpointInfo,
     return metrics
 
 
-def run_training(config: TrainConfig, on_progress: ProgressCallback | None = None) -> TrainResult:
-    """Run ``config`` on Ray (joining ``resources.ray_address``, or a local Ray) to the end."""
+def run_training(config: TrainConfig, on_progress: ProgressCallback | None = None,
+                 data: Any | None = None) -> TrainResult:
+    """Run ``config`` on Ray (joining ``resources.ray_address``, or a local Ray) to the end.
+
+    ``data``: an ObjectRef of the split's arrays (keys ``SPLIT_KEYS`` of
+    :mod:`hetflow.workloads.train.data`) already in Ray's object store - e.g. a workflow's
+    prepare stage. Every rank then maps those arrays instead of loading ``config.dataset``
+    itself. They must be the split ``config.data`` describes (the final evaluation uses it too).
+    """
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    return TrainingJob(config, on_progress).run()
+    return TrainingJob(config, on_progress, data).run()
 
 
 __all__ = ["TrainResult", "TrainingFailed", "TrainingJob", "evaluate_checkpoint",

@@ -23,7 +23,7 @@ import socket
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import torch
 import torch.distributed as dist
@@ -40,7 +40,7 @@ from hetflow.workloads.train.checkpoint import (
     save_checkpoint,
 )
 from hetflow.workloads.train.config import TrainConfig
-from hetflow.workloads.train.data import StepOrder, load_dataset
+from hetflow.workloads.train.data import StepOrder, dataset_from_arrays, load_dataset
 from hetflow.workloads.train.models import build_model, loss_fn
 from hetflow.workloads.train.parallelize import ParallelModel, build_mesh, parallelize
 
@@ -65,9 +65,15 @@ class RankResult:
     pid: int = 0
     visible_devices: dict[str, str | None] = field(default_factory=dict)
     checkpoint: str | None = None  # the final checkpoint's directory
+    stopped: bool = False  # stopped early on request (HETFLOW_STOP_FILE) after a checkpoint
 
 
 VISIBILITY_VARS = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
+
+# Preemption hook: when this environment variable names a file and that file appears, every
+# rank checkpoints after the current step and returns with ``stopped`` set (the cluster
+# controller sets it in the ranks' environment; a plain ``hetflow train`` never does).
+STOP_FILE_ENV = "HETFLOW_STOP_FILE"
 
 
 def select_device(preference: str) -> torch.device:
@@ -127,11 +133,14 @@ class _LossBook:
 
 
 def train_rank(config: TrainConfig, rank: int, world_size: int, init_method: str,
-               report: Report | None = None, attempt: int = 0) -> RankResult:
+               report: Report | None = None, attempt: int = 0,
+               data: Mapping[str, Any] | None = None) -> RankResult:
     """Train this rank to ``config.train.steps``, resuming from the latest complete checkpoint.
 
     Every rank of the world calls this with the same config. ``report`` (rank 0 only) receives
-    ``{"step", "loss", "time", "attempt"}`` records at each loss flush.
+    ``{"step", "loss", "time", "attempt"}`` records at each loss flush. ``data``: the split's
+    arrays prepared elsewhere (:func:`~hetflow.workloads.train.data.dataset_from_arrays`, used
+    without a copy); None loads ``config.dataset`` here.
     """
     assert world_size == config.layout.world_size, "world size must be dp * pp * tp"
     torch.set_num_threads(config.resources.threads_per_rank)
@@ -142,13 +151,13 @@ def train_rank(config: TrainConfig, rank: int, world_size: int, init_method: str
     dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size,
                             timeout=timedelta(minutes=10))
     try:
-        return _train(config, rank, device, report, attempt)
+        return _train(config, rank, device, report, attempt, data)
     finally:
         dist.destroy_process_group()
 
 
 def _train(config: TrainConfig, rank: int, device: torch.device, report: Report | None,
-           attempt: int) -> RankResult:
+           attempt: int, data: Mapping[str, Any] | None = None) -> RankResult:
     layout, train = config.layout, config.train
     mesh = build_mesh(config, device.type)
     dp_index = mesh[MeshAxis.DP.value].get_local_rank()
@@ -159,8 +168,9 @@ def _train(config: TrainConfig, rank: int, device: torch.device, report: Report 
     start = _resume(config, rank, state, book)
 
     seq_len = getattr(config.model, "seq_len", 64)
-    dataset = load_dataset(config.dataset, val_fraction=config.data.val_fraction,
-                           seed=config.data.seed, seq_len=seq_len)
+    dataset = (dataset_from_arrays(config.dataset, data) if data is not None else
+               load_dataset(config.dataset, val_fraction=config.data.val_fraction,
+                            seed=config.data.seed, seq_len=seq_len))
     order = StepOrder(len(dataset.train), train.batch_size, config.data.seed)
     scaler = torch.amp.GradScaler(device.type) if train.precision == "fp16" else None
     result = RankResult(rank=rank, start_step=start, end_step=start, device=str(device),
@@ -168,6 +178,7 @@ def _train(config: TrainConfig, rank: int, device: torch.device, report: Report 
                         host=socket.gethostname(), pid=os.getpid(),
                         visible_devices={k: os.environ.get(k) for k in VISIBILITY_VARS})
     interval = config.checkpoint.interval
+    stop_file = os.environ.get(STOP_FILE_ENV) or None
     timed_from = min(start + train.warmup_steps, train.steps - 1)
     t_start = None
     for step in range(start, train.steps):
@@ -178,7 +189,8 @@ def _train(config: TrainConfig, rank: int, device: torch.device, report: Report 
         loss = _step(model, optimizer, scaler, inputs.to(device), targets.to(device), device)
         done = step + 1
         book.add(done, loss)
-        checkpoint_now = done == train.steps or (interval and done % interval == 0)
+        stop_now = stop_file is not None and done < train.steps and _stop_agreed(stop_file, device)
+        checkpoint_now = done == train.steps or (interval and done % interval == 0) or stop_now
         if done == start + 1 or done % train.log_every == 0 or checkpoint_now:
             flushed = book.flush()
             if result.first_step_at is None:
@@ -199,8 +211,20 @@ def _train(config: TrainConfig, rank: int, device: torch.device, report: Report 
                                    keep_last=config.checkpoint.keep_last)
             result.checkpoint = str(path)
         result.end_step = done
+        if stop_now:
+            result.stopped = True
+            break
     result.losses = dict(book.history)
     return result
+
+
+def _stop_agreed(stop_file: str, device: torch.device) -> bool:
+    """Whether any rank sees the stop file. One MAX all-reduce per step, so that every rank
+    stops after the same step (a rank that stopped alone would leave its peers blocked in a
+    collective); a rank on another node need not see the file at all."""
+    flag = torch.tensor([1.0 if os.path.exists(stop_file) else 0.0], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item() > 0)
 
 
 def build_optimizer(config: TrainConfig, module: torch.nn.Module) -> torch.optim.Optimizer:
@@ -253,4 +277,4 @@ def _step(model: ParallelModel, optimizer: torch.optim.Optimizer,
     return loss
 
 
-__all__ = ["RankResult", "free_port", "select_device", "runtime_name", "train_rank"]
+__all__ = ["STOP_FILE_ENV", "RankResult", "free_port", "select_device", "runtime_name", "train_rank"]

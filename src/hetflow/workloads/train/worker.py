@@ -26,13 +26,16 @@ class TrainWorker:
                 "node_id": ray.get_runtime_context().get_node_id()}
 
     def train(self, config: TrainConfig, rank: int, world_size: int, init_method: str,
-              progress: Any | None, attempt: int) -> RankResult:
+              progress: Any | None, attempt: int, data: Any | None = None) -> RankResult:
+        """``data``: the split's arrays, resolved by Ray from the ObjectRef the group passed (a
+        top-level argument, so the arrays arrive as read-only views of the object store)."""
         report = None
         if progress is not None and rank == 0:
             # Fire and forget: the step loop never waits on the driver.
             def report(records: list[dict[str, Any]]) -> None:
                 progress.record.remote(records)
-        return train_rank(config, rank, world_size, init_method, report=report, attempt=attempt)
+        return train_rank(config, rank, world_size, init_method, report=report, attempt=attempt,
+                          data=data)
 
 
 class ProgressLog:
