@@ -58,7 +58,7 @@ def test_visibility_env(vendor, expected) -> None:
 
 def test_node_start_print_is_a_valid_ray_start_line(capsys) -> None:
     code = main(["node", "start", "--print", "--name", "mi300x-a", "--model", "MI300X",
-                 "--address", "10.1.2.3:6379",
+                 "--address", "10.1.2.3:6379", "--node-ip-address", "10.1.2.4",
                  "--from", str(fixture_path("amd-mi300x-oam8_amd-smi-topology.txt"))])
     out = capsys.readouterr().out
     assert code == 0
@@ -66,6 +66,7 @@ def test_node_start_print_is_a_valid_ray_start_line(capsys) -> None:
     argv = shlex.split(line)
     opts = dict(a.split("=", 1) for a in argv[2:])
     assert opts["--address"] == "10.1.2.3:6379"
+    assert opts["--node-ip-address"] == "10.1.2.4"
     assert opts["--num-gpus"] == "0"
     resources = json.loads(opts["--resources"])
     assert resources == {f"hetflow_dev_{i}": 192 * 1024 for i in range(8)}

@@ -21,6 +21,7 @@ import dataclasses
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 from hetflow.core.errors import HetflowError, InputError
 
@@ -36,6 +37,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--model", help="accelerator model for recorded files that do not name it")
     s.add_argument("--name", help="node name (default: this host's name)")
     s.add_argument("--num-cpus", type=int, help="CPUs to give Ray (default: Ray's own count)")
+    s.add_argument("--node-ip-address", metavar="IP",
+                   help="address this node's Ray listens on (ray start --node-ip-address; on "
+                        "hosts with several networks, the one the other nodes reach)")
     s.add_argument("--workload", choices=["data", "train", "tune", "serve"],
                    help="size the object store for this workload (default: Ray's 30%% share)")
     s.add_argument("--object-store-memory", metavar="SIZE",
@@ -81,8 +85,9 @@ def run_start(args: argparse.Namespace) -> int:
         raise InputError("--num-cpus must be >= 0")
     node = _node(args)
     store_bytes, store_reason = _object_store(args, node)
+    extra = [f"--node-ip-address={args.node_ip_address}"] if args.node_ip_address else []
     cmd = ray_start_command(node, args.address, num_cpus=args.num_cpus,
-                            object_store_memory=store_bytes)
+                            object_store_memory=store_bytes, extra=extra)
     islands = fast_islands(node)
     print(f"# node {node.name}: {len(node.accelerators)} accelerators, fast-link islands "
           f"{[len(i) for i in islands] if islands else []}")
@@ -90,17 +95,34 @@ def run_start(args: argparse.Namespace) -> int:
     print(format_command(cmd))
     if args.print_only:
         return 0
-    done = subprocess.run(cmd, check=False)
+    done = subprocess.run([_ray_executable(), *cmd[1:]], check=False)
     if done.returncode != 0:
         raise HetflowError(f"`ray start` failed with exit code {done.returncode} (see its output above)")
     import ray
 
     from hetflow.runtime.binding import publish_node
 
-    ray.init(address=args.address or "auto", log_to_driver=False)
+    # A driver on this host must use the same address as the node, or Ray refuses to connect.
+    where = {"_node_ip_address": args.node_ip_address} if args.node_ip_address else {}
+    ray.init(address=args.address or "auto", log_to_driver=False, **where)
     try:
         publish_node(node)
     finally:
         ray.shutdown()
     print(f"published the topology of {node.name} to the cluster", file=sys.stderr)
     return 0
+
+
+def _ray_executable() -> str:
+    """The ``ray`` command of this installation: beside this Python (a virtualenv that is not
+    activated), else on PATH."""
+    import shutil
+
+    beside = Path(sys.executable).parent / "ray"
+    if beside.is_file():
+        return str(beside)
+    found = shutil.which("ray")
+    if found is None:
+        raise HetflowError("the `ray` command is not installed beside this Python or on PATH; "
+                           "install hetflow's dependencies (pip install -e .) in this environment")
+    return found

@@ -24,13 +24,21 @@ from __future__ import annotations
 
 import heapq
 import math
-from types import MappingProxyType
 from dataclasses import dataclass
 from typing import Callable, Mapping, Protocol, Sequence
 
 from hetflow.core.errors import InputError
-from hetflow.scheduling.policies.base import ClusterView, Policy
+from hetflow.scheduling.policies.base import Policy
 from hetflow.scheduling.policies.capacity import WHOLE, Assignment, ClusterModel, FreeCapacity, Request
+from hetflow.scheduling.policies.rounds import (
+    DemandMix,
+    assignment_rate,
+    build_round,
+    check_decision,
+    diff_decision,
+    ideal_rates,
+    progress_at,
+)
 from hetflow.scheduling.throughput import ThroughputModel
 from hetflow.sim.traces import Job
 
@@ -158,10 +166,8 @@ class SimJob:
 
     @property
     def done_work(self) -> float:
-        if self.assignment is None:
-            return self.done_base
-        productive = max(0.0, self._clock.now - self.seg_start - self.seg_restore)
-        return min(self.job.total_work, self.done_base + self.seg_rate * productive)
+        return progress_at(self._clock.now, self.done_base, self.job.total_work, self.seg_start,
+                           self.seg_restore, self.seg_rate, self.assignment is not None)
 
     @property
     def remaining_work(self) -> float:
@@ -210,8 +216,7 @@ class Simulator:
         self.segments: list[Segment] = []
         self.demand: list[tuple[float, int, int]] = []
         self.outstanding_milli = 0
-        self.mix: dict[tuple[int, int], float] = {}  # request classes seen: (num_gpus, milli) -> count
-        self.host_sums: dict[tuple[int, int], tuple[float, float]] = {}  # their CPU and memory sums
+        self.demand_mix = DemandMix()  # request classes seen, with their host resources
         self._events: list[tuple[float, int, int, int]] = []  # (time, seq, job idx, epoch)
         self._seq = 0
         self._running_finite = 0
@@ -233,26 +238,11 @@ class Simulator:
         req = Request(job.num_gpus, job.gpu_milli, job.cpu_milli, job.memory_mib)
         key = (job.job_type, job.num_gpus, job.allowed_types, job.memory_bytes, req.uses_host)
         hit = self._ideal_memo.get(key)
-        if hit is not None:
-            return hit
-        out: dict[str, float] = {}
-        m = self.model
-        for t in m.device_types:
-            if job.allowed_types is not None and t not in job.allowed_types:
-                continue
-            if job.num_gpus > m.capacity_by_type[t] or (req.uses_host and job.num_gpus > m.largest_node_by_type[t]):
-                continue
-            if job.memory_bytes is not None:
-                mems = [m.nodes[i].device_memory_bytes for i in m.nodes_of_type[t]]
-                if all(x is not None and x < job.memory_bytes for x in mems):
-                    continue
-            ideal = m.ideal_gbps(t, job.num_gpus)
-            spans = job.num_gpus > m.largest_node_by_type[t]
-            rate = self.throughputs.rate(job.job_type, job.num_gpus, t, ideal, spans)
-            if rate > 0:
-                out[t] = rate
-        self._ideal_memo[key] = out
-        return out
+        if hit is None:
+            hit = ideal_rates(self.model, self.throughputs, job.job_type, req, job.allowed_types,
+                              job.memory_bytes)
+            self._ideal_memo[key] = hit
+        return hit
 
     def _rate(self, job: SimJob, a: Assignment) -> float:
         gbps = self.model.group_gbps(a.slots)
@@ -260,7 +250,7 @@ class Simulator:
         key = (job.job.job_type, job.num_gpus, a.device_type, gbps, spans)
         hit = self._rate_memo.get(key)
         if hit is None:
-            hit = self.throughputs.rate(job.job.job_type, job.num_gpus, a.device_type, gbps, spans)
+            hit = assignment_rate(self.model, self.throughputs, job.job.job_type, job.num_gpus, a)
             self._rate_memo[key] = hit
         return hit
 
@@ -343,10 +333,7 @@ class Simulator:
         self.waiting[idx] = sj
         self.by_id[job.job_id] = sj
         self.outstanding_milli += sj.request.gpu_milli
-        key = (job.num_gpus, job.gpu_milli)
-        self.mix[key] = self.mix.get(key, 0.0) + 1.0
-        c, m = self.host_sums.get(key, (0.0, 0.0))
-        self.host_sums[key] = (c + job.cpu_milli, m + job.memory_mib)
+        self.demand_mix.add(sj.request)
 
     def _measured_done(self, idx: int) -> None:
         if idx in self._open_measured:
@@ -358,62 +345,26 @@ class Simulator:
     # -- decisions ---------------------------------------------------------------------------
 
     def _decide(self, boundary: bool) -> None:
-        unpin = boundary and self.policy.preemptive
-        free = self.free.fork()
-        if unpin:
-            pinned = {j.job.job_id: j for j in self.running.values() if not j.job.preemptible}
-            movable = [j for j in self.running.values() if j.job.preemptible]
-            for j in movable:
-                assert j.assignment is not None
-                free.release(j.assignment)
-            decide = sorted(movable + list(self.waiting.values()), key=lambda j: j.idx)
-            pinned_view: Mapping[str, SimJob] = pinned
-        else:
-            movable = []
-            decide = list(self.waiting.values())
-            pinned_view = MappingProxyType(self.running)
-        host = {k: (c / self.mix[k], m / self.mix[k]) for k, (c, m) in self.host_sums.items()}
-        view = ClusterView(self.clock.now, unpin, self.model, decide, pinned_view, free, dict(self.mix),
-                           host, self.config.round_s, self._rate)
-        decision = self.policy.schedule(view)
+        """One decision through the shared round functions (the live controller uses them too)."""
+        inputs = build_round(self.clock.now, boundary and self.policy.preemptive, self.model, self.free,
+                             self.running, self.waiting.values(), lambda j: j.idx, self.demand_mix,
+                             self.config.round_s, self._rate)
+        decision = self.policy.schedule(inputs.view)
         self.decisions += 1
-        self._check(decision, pinned_view, free)
+        check_decision(decision, inputs)
+        changes = diff_decision(decision, inputs.movable)
         moved: set[int] = set()
-        for j in movable:  # stop everything that changes first, then start: no transient overlap
-            new = decision.get(j.job.job_id)
-            if new != j.assignment:
-                self._stop(j)
-                if new is None:
-                    self.records[j.idx].preemptions += 1
-                else:
-                    moved.add(j.idx)
-        for jid, a in decision.items():
-            j = self.by_id[jid]
-            if j.assignment is None:
-                self._start(j, a)
-                if j.idx in moved:
-                    self.records[j.idx].migrations += 1
-
-    def _check(self, decision: Mapping[str, Assignment], pinned: Mapping[str, SimJob], free: FreeCapacity) -> None:
-        """Every assignment obeys the job's request and the capacity left after pinned jobs."""
-        scratch = free.fork()
-        m = self.model
-        for jid, a in decision.items():
-            j = self.by_id.get(jid)
-            assert j is not None and j.idx in self.active, f"policy scheduled unknown or finished job {jid}"
-            assert jid not in pinned, f"policy scheduled pinned job {jid}"
-            req = j.request
-            assert a.device_type in j.ideal_rates, f"job {jid} cannot run on {a.device_type}"
-            assert len(a.slots) == req.num_gpus and a.milli == req.milli, f"job {jid}: wrong gang or share"
-            assert all(m.nodes[n].device_type == a.device_type for n, _ in a.slots), f"job {jid}: mixed types"
-            if req.uses_host:
-                assert a.host is not None and a.cpu_milli == req.cpu_milli and a.memory_mib == req.memory_mib
-                assert all(n == a.host for n, _ in a.slots), f"job {jid}: host resources on another node"
-                if not a.slots:
-                    assert a.device_type == m.nodes[a.host].device_type
+        for j, new in changes.stops:  # stop everything that changes first, then start: no overlap
+            self._stop(j)
+            if new is None:
+                self.records[j.idx].preemptions += 1
             else:
-                assert a.host is None, f"job {jid}: host resources it did not ask for"
-            scratch.take(a)  # asserts: no device or host over-committed
+                moved.add(j.idx)
+        for jid, a in changes.starts:
+            j = self.by_id[jid]
+            self._start(j, a)
+            if j.idx in moved:
+                self.records[j.idx].migrations += 1
 
     def _start(self, j: SimJob, a: Assignment) -> None:
         now = self.clock.now

@@ -1,0 +1,152 @@
+"""``hetflow submit | status | cancel | logs``: jobs on a cluster run by the hetflow controller.
+
+    hetflow submit examples/jobs/digits-train.yaml            # prints the job id at once
+    hetflow submit job.yaml --address 10.0.0.1:6379 --policy hetflow
+    hetflow status                    # the queue, running jobs and their devices, why others wait
+    hetflow status digits-3 --json    # one job's record, for scripts
+    hetflow cancel digits-3
+    hetflow logs digits-3
+
+Without ``--address`` the local running cluster is used (``ray start --head`` or ``hetflow node
+start`` started it). The first submit starts the controller (a detached Ray actor; see
+docs/controller.md); ``--policy``/``--round-s`` apply when it starts, or change it when given
+later. Exit codes: 0 success, 2 bad input (bad job file, no cluster, unknown job), 3 a job
+that can never fit this cluster (the message says why).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--address", help="Ray cluster (host:port or ray://host:10001); "
+                                          "default: the local running cluster")
+
+    p = sub.add_parser("submit", parents=[common], help="queue a job on the cluster; prints its id",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("job", metavar="JOB.yaml", help="job file (docs/controller.md)")
+    p.add_argument("--policy", help="cluster policy (fifo, srtf, las, max_min_fairness, hetflow, "
+                                    "bestfit); default hetflow when the controller starts")
+    p.add_argument("--round-s", type=float, help="round length of preemptive policies, seconds")
+    p.add_argument("--json", action="store_true", help="print the job's record as JSON")
+    p.set_defaults(func=run_submit)
+
+    p = sub.add_parser("status", parents=[common], help="queue, running jobs and their devices, "
+                       "why each waiting job waits", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("job", nargs="?", metavar="JOB", help="one job (default: all)")
+    p.add_argument("--json", action="store_true", help="print the records as JSON")
+    p.set_defaults(func=run_status)
+
+    p = sub.add_parser("cancel", parents=[common], help="cancel a job (a running one is stopped)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("job", metavar="JOB")
+    p.set_defaults(func=run_cancel)
+
+    p = sub.add_parser("logs", parents=[common], help="a job's output (every attempt)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("job", metavar="JOB")
+    p.add_argument("--tail", type=int, default=64 * 1024, metavar="BYTES",
+                   help="at most this many bytes, from the end (default 65536)")
+    p.set_defaults(func=run_logs)
+
+
+def _settings(args: argparse.Namespace) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if args.policy:
+        from hetflow.scheduling.policies.registry import make_policy
+
+        make_policy(args.policy)  # InputError with the known names
+        out["policy"] = args.policy
+    if args.round_s is not None:
+        out["round_s"] = args.round_s
+    return out
+
+
+def run_submit(args: argparse.Namespace) -> int:
+    from hetflow.control import client
+    from hetflow.control.jobspec import load_job
+
+    spec = load_job(args.job)  # a bad file fails before any connection
+    settings = _settings(args)
+    with client.connect(args.address):
+        if settings:
+            client.configure(settings)
+        record = client.submit(spec, settings or None)
+    if args.json:
+        print(json.dumps(record, indent=2))
+    else:
+        print(record["job_id"])
+        print(f"  {record['status']}: {record['reason']}", file=sys.stderr)
+    return 0
+
+
+def run_status(args: argparse.Namespace) -> int:
+    from hetflow.control import client
+
+    with client.connect(args.address):
+        records = client.status(args.job)
+    if args.json:
+        print(json.dumps(records if args.job is None else records[0], indent=2))
+    elif args.job is not None:
+        print(format_job(records[0]))
+    else:
+        print(format_table(records))
+    return 0
+
+
+def run_cancel(args: argparse.Namespace) -> int:
+    from hetflow.control import client
+
+    with client.connect(args.address):
+        record = client.cancel(args.job)
+    print(f"{record['job_id']}: {record['status']} - {record['reason']}")
+    return 0
+
+
+def run_logs(args: argparse.Namespace) -> int:
+    from hetflow.control import client
+
+    with client.connect(args.address):
+        text = client.logs(args.job, args.tail)
+    sys.stdout.write(text if text.endswith("\n") or not text else text + "\n")
+    return 0
+
+
+def format_table(records: list[dict[str, Any]]) -> str:
+    """One line per job: id, status, devices, progress, reason (newest jobs last)."""
+    if not records:
+        return "no jobs yet; `hetflow submit JOB.yaml` queues one"
+    rows = [("JOB", "STATUS", "DEVICES", "STEP", "REASON")]
+    for r in records:
+        step = "" if r.get("progress_step") is None else str(r["progress_step"])
+        rows.append((r["job_id"], r["status"], r.get("devices") or "-", step, r["reason"]))
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row[:4], widths)) + "  " + row[4] for row in rows)
+
+
+def format_job(r: dict[str, Any]) -> str:
+    """One job in detail: its state, devices, attempts and history."""
+    lines = [f"{r['job_id']}  {r['status']}  ({r['spec'].get('kind')} job, submitted "
+             f"{time.strftime('%H:%M:%S', time.localtime(r['submitted_at']))})",
+             f"  now: {r['reason']}"]
+    if r.get("devices"):
+        lines.append(f"  devices: {r['devices']}")
+    if r.get("progress_step") is not None:
+        lines.append(f"  step: {r['progress_step']}")
+    for run in r.get("runs", []):
+        devices = " ".join(f"{n}:{d}" for n, d in run["devices"])
+        steps = (f", steps {run.get('start_step')} -> {run.get('end_step')}"
+                 if run.get("end_step") is not None else "")
+        lines.append(f"  attempt {run['token']}: {run['device_type']} {devices}: "
+                     f"{run.get('outcome') or 'running'}{steps}")
+    lines.append("  history:")
+    for when, event in r.get("history", [])[-10:]:
+        lines.append(f"    {time.strftime('%H:%M:%S', time.localtime(when))}  {event}")
+    return "\n".join(lines)

@@ -1,0 +1,288 @@
+"""A job file for the cluster controller: one YAML -> one frozen, validated ``JobSpec``.
+
+    from hetflow.control.jobspec import load_job
+    spec = load_job("examples/jobs/digits-train.yaml")
+
+Three kinds of job, each with a device request the policy schedules::
+
+    name: digits                 # job name (the controller adds a number: digits-3)
+    kind: train                  # train | tune | python
+    train: ../train_digits.yaml  # train: a training config file, or the config inline
+    devices: {count: 2, type: L40S, memory: 20GiB}
+    preemptible: true            # may the policy checkpoint it and move it
+    weight: 1.0                  # share in weighted policies
+    work: {steps: 300}           # the policy's estimate of its size (steps or seconds)
+
+``python`` runs ``entrypoint: "pkg.module:function"`` (called with no arguments, ``args`` in
+``sys.argv``) or ``script: path.py`` with ``args``; ``tune`` runs ``hetflow tune`` on a tuning
+config. Paths are taken relative to the job file and resolved at submit time: a training config
+is read then and sent to the cluster inline, so the cluster never reads the submitter's files
+(scripts and tune configs must be reachable from the cluster's nodes, e.g. a shared directory).
+
+Strict: unknown keys are refused with the key path and "did you mean"; wrong types and missing
+fields name their key path; the errors are one :class:`~hetflow.core.errors.InputError`.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from hetflow.core.errors import InputError
+from hetflow.core.units import parse_bytes
+from hetflow.core.yamlfile import read_yaml
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+
+class DeviceRequest(_Section):
+    """The accelerators a job needs: a gang of ``count`` devices of one type, all at once."""
+
+    count: int | None = Field(None, gt=0)
+    """Devices (one rank each). Default: a training job's world size (dp x pp x tp), else 1."""
+    type: str | None = None
+    """Only this device type, as the catalog names it (``MI300X``, ``H100-SXM``); any alias works."""
+    vendor: Literal["nvidia", "amd"] | None = None
+    """Only devices of this vendor."""
+    memory: str | None = None
+    """Device memory each rank needs, e.g. ``40GiB``: types whose devices are all smaller are out."""
+
+    @model_validator(mode="after")
+    def _memory_parses(self) -> "DeviceRequest":
+        if self.memory:
+            try:
+                parse_bytes(self.memory)
+            except InputError as exc:
+                raise ValueError(str(exc)) from None
+        return self
+
+    @property
+    def memory_bytes(self) -> int | None:
+        return parse_bytes(self.memory) if self.memory else None
+
+
+class WorkEstimate(_Section):
+    """How big the job is, for size-aware policies (srtf, hetflow). Give one of the two."""
+
+    steps: float | None = Field(None, gt=0)
+    """Steps (a training job: default ``train.steps``); the throughput table gives steps/s."""
+    seconds: float | None = Field(None, gt=0)
+    """Run time in seconds on any allowed device (the job runs at one unit per second)."""
+
+    @model_validator(mode="after")
+    def _one(self) -> "WorkEstimate":
+        if self.steps is not None and self.seconds is not None:
+            raise ValueError("give work.steps or work.seconds, not both")
+        return self
+
+
+class PythonJob(_Section):
+    """Any Python program: a function in an importable module, or a script, with arguments."""
+
+    entrypoint: str | None = Field(None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+    """``package.module:function``, importable on the cluster's Python; called with no arguments."""
+    script: str | None = None
+    """A Python file to run (relative to the job file); must be readable on the job's node."""
+    args: tuple[str, ...] = ()
+    """Command-line arguments (``sys.argv[1:]``)."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """Extra environment variables for the job's process."""
+    workdir: str | None = None
+    """Working directory of the job's process (default: the job file's directory)."""
+
+    @model_validator(mode="after")
+    def _one(self) -> "PythonJob":
+        if (self.entrypoint is None) == (self.script is None):
+            raise ValueError("give exactly one of python.entrypoint (module:function) or python.script")
+        return self
+
+
+class JobSpec(_Section):
+    """One job for the cluster controller (``hetflow submit JOB.yaml``)."""
+
+    name: str = Field(..., min_length=1, max_length=40, pattern=NAME_PATTERN)
+    """Job name; the job id is the name and a number (``digits-3``)."""
+    kind: Literal["train", "tune", "python"]
+    """``train`` (a hetflow training job), ``tune`` (``hetflow tune``) or ``python``."""
+    train: dict[str, Any] | str | None = None
+    """kind train: a training config file (relative to the job file) or the config inline."""
+    tune: str | None = None
+    """kind tune: a tuning config file (must be readable on the job's node)."""
+    python: PythonJob | None = None
+    """kind python: what to run."""
+    devices: DeviceRequest = Field(default_factory=DeviceRequest)
+    """The devices it needs."""
+    cpus: float | None = Field(None, ge=0)
+    """CPUs reserved per device (rank). Default: a training job's resources.cpus_per_rank, else 0."""
+    preemptible: bool = True
+    """The policy may stop it (it checkpoints first) and resume it later, elsewhere. Tune jobs
+    are never preempted."""
+    weight: float = Field(1.0, gt=0)
+    """Share in weighted policies (max_min_fairness, hetflow)."""
+    job_type: str | None = None
+    """Row of the throughput table (``hetflow simulate``'s job types); unknown types run at
+    rate 1.0 on every allowed device type. Default: ``fixed-duration`` with work.seconds."""
+    work: WorkEstimate = Field(default_factory=WorkEstimate)
+    """Size estimate for the policy. Without one, the job is open-ended (infinite)."""
+    max_attempts: int = Field(3, gt=0)
+    """Attempts after which a job that keeps failing (not preemptions) is marked FAILED."""
+
+    @model_validator(mode="after")
+    def _kind_fields(self) -> "JobSpec":
+        given = {k for k in ("train", "tune", "python") if getattr(self, k) is not None}
+        if self.kind not in given:
+            raise ValueError(f"kind {self.kind} needs the {self.kind} key")
+        extra = given - {self.kind}
+        if extra:
+            raise ValueError(f"kind {self.kind} takes no {', '.join(sorted(extra))} key")
+        return self
+
+    # -- what the policy and the runner read ------------------------------------------------
+
+    def train_config(self) -> Any:
+        """The validated :class:`~hetflow.workloads.train.config.TrainConfig` (kind train,
+        after :func:`resolve`: the config is inline)."""
+        from hetflow.workloads.train.config import config_from_dict
+
+        assert isinstance(self.train, dict), "resolve() the spec first"
+        return config_from_dict(self.train, source=f"job {self.name}: train")
+
+    @property
+    def num_devices(self) -> int:
+        if self.devices.count is not None:
+            return self.devices.count
+        if self.kind == "train" and isinstance(self.train, dict):
+            return self.train_config().layout.world_size
+        return 1
+
+    @property
+    def cpus_per_device(self) -> float:
+        if self.cpus is not None:
+            return self.cpus
+        if self.kind == "train" and isinstance(self.train, dict):
+            return self.train_config().resources.cpus_per_rank
+        return 0.0
+
+    @property
+    def total_work(self) -> float:
+        if self.work.seconds is not None:
+            return self.work.seconds
+        if self.work.steps is not None:
+            return self.work.steps
+        if self.kind == "train" and isinstance(self.train, dict):
+            return float(self.train_config().train.steps)
+        return float("inf")
+
+    @property
+    def effective_job_type(self) -> str:
+        from hetflow.scheduling.throughput import FIXED_DURATION
+
+        if self.job_type:
+            return self.job_type
+        return FIXED_DURATION if self.work.seconds is not None else f"{self.kind}:{self.name}"
+
+    @property
+    def is_preemptible(self) -> bool:
+        return self.preemptible and self.kind != "tune"
+
+
+def resolve(spec: JobSpec, base: Path) -> JobSpec:
+    """The spec with every path made absolute from ``base`` (the job file's directory) and a
+    training config read and checked now, inline - what the controller stores."""
+    changes: dict[str, Any] = {}
+    if spec.kind == "train":
+        if isinstance(spec.train, str):
+            path = _absolute(spec.train, base)
+            data = read_yaml(path, "training config")
+            if not isinstance(data, dict):
+                raise InputError(f"{path}: a training config is a mapping of sections")
+        else:
+            data = dict(spec.train or {})
+        from hetflow.workloads.train.config import config_from_dict
+
+        config = config_from_dict(data, source=f"job {spec.name}: train")
+        ckpt = config.checkpoint.dir
+        if ckpt is None or not Path(ckpt).is_absolute():
+            # the runner's working directory is not the submitter's: pin the directory now
+            default = ckpt or f"runs/{config.name}/checkpoints"
+            data = {**data, "checkpoint": {**data.get("checkpoint", {}), "dir": str(_absolute(default, base))}}
+        world = config.layout.world_size
+        if spec.devices.count is not None and spec.devices.count != world:
+            raise InputError(f"job {spec.name}: devices.count {spec.devices.count} must equal the "
+                             f"training layout's world size dp*pp*tp = {world} (or leave it out)")
+        changes["train"] = data
+    if spec.kind == "tune":
+        changes["tune"] = str(_absolute(spec.tune or "", base))
+    if spec.kind == "python" and spec.python is not None:
+        py = spec.python
+        changes["python"] = py.model_copy(update={
+            "script": str(_absolute(py.script, base)) if py.script else None,
+            "workdir": str(_absolute(py.workdir, base)) if py.workdir else str(base.absolute()),
+        })
+    return spec.model_copy(update=changes)
+
+
+def _absolute(path: str, base: Path) -> Path:
+    p = Path(path).expanduser()
+    return p if p.is_absolute() else (base / p).absolute()
+
+
+def job_from_dict(data: Any, source: str = "job") -> JobSpec:
+    """Validate a parsed job document; every error names its key path."""
+    if not isinstance(data, dict):
+        raise InputError(f"{source}: expected a mapping with name, kind and the kind's key "
+                         f"(train, tune or python); got {type(data).__name__}")
+    try:
+        return JobSpec.model_validate(data)
+    except ValidationError as exc:
+        raise InputError(f"{source}: " + "; ".join(_describe(e) for e in exc.errors())) from None
+
+
+def load_job(path: str | Path) -> JobSpec:
+    """Read, validate and resolve a job file (InputError for a missing or invalid one)."""
+    path = Path(path)
+    spec = job_from_dict(read_yaml(path, "job file"), source=str(path))
+    return resolve(spec, path.parent.absolute())
+
+
+def _describe(error: dict[str, Any]) -> str:
+    loc = tuple(str(p) for p in error["loc"] if not isinstance(p, int))
+    # pydantic names the union member it tried (train.dict[str,any]); the file has no such level
+    loc = tuple(p for p in loc if not p.startswith(("dict[", "str", "function-")))
+    path = ".".join(loc) or "(top level)"
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        known = _known_keys(loc[:-1])
+        hint = difflib.get_close_matches(loc[-1], known, n=1)
+        did_you_mean = f"did you mean {hint[0]!r}? " if hint else ""
+        return f"{path}: unknown key ({did_you_mean}known keys here: {', '.join(known)})"
+    if kind == "missing":
+        return f"{path}: missing; this field is required"
+    message = error["msg"].removeprefix("Value error, ")
+    if kind == "string_pattern_mismatch" and loc[-1:] == ("entrypoint",):
+        message = "write package.module:function, e.g. mypkg.train:main"
+    return f"{path}: {message}"
+
+
+def _known_keys(loc: tuple[str, ...]) -> list[str]:
+    section: Any = JobSpec
+    for part in loc:
+        fields = getattr(section, "model_fields", {})
+        if part not in fields:
+            return []
+        annotation = fields[part].annotation
+        candidates = [annotation, *getattr(annotation, "__args__", ())]
+        section = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+        if section is None:
+            return []
+    return sorted(getattr(section, "model_fields", {}))
+
+
+__all__ = ["DeviceRequest", "JobSpec", "PythonJob", "WorkEstimate", "job_from_dict", "load_job", "resolve"]

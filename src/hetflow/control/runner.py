@@ -1,0 +1,308 @@
+"""One attempt of one job: reserve its devices, run it, report, give the devices back.
+
+The controller starts one :class:`JobRunner` per attempt as a named, detached Ray actor
+(``hetflow-job-<id>`` in namespace ``hetflow``) on the job's first node. Ray refuses a second
+actor of the same name, so two attempts of one job can never run at once; the controller kills
+the previous runner before it launches the next.
+
+The runner, not the controller, creates the job's placement group: the group then lives
+exactly as long as the runner (Ray removes a group when its creator dies), and a controller
+restart leaves running jobs alone. Its steps, each reported to the key-value store as an
+:class:`~hetflow.control.state.AttemptReport` carrying the attempt's token:
+
+1. ``placing``: :func:`~hetflow.runtime.binding.reserve` the policy's devices (the planner's
+   binding: bundle per device, visibility variables per rank);
+2. ``running``: run the job - ``train``: one rank actor per device on its bundle (the training
+   actor group), with ``HETFLOW_STOP_FILE`` in their environment; ``python``/``tune``: one
+   process on this node, seeing this node's devices of the job, stdout and stderr to the log;
+3. ``done`` with an outcome: succeeded, failed (``fatal`` when the job's own code raised),
+   preempted (stopped on request after a checkpoint), cancelled, or unplaced (the devices were
+   not committed in time; nothing ran).
+
+Stopping (preemption or cancel): the stop file is created; training ranks checkpoint at the
+current step and return; a process gets SIGTERM (it should checkpoint and exit) and SIGKILL
+after ``stop_grace_s``.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from hetflow.control.jobspec import JobSpec
+from hetflow.control.state import AttemptReport, JobStore, RayKV
+from hetflow.core.placement import Placement
+from hetflow.core.topology import ClusterSnapshot
+
+RUNNER_PREFIX = "hetflow-job-"
+LOG_TAIL_BYTES = 64 * 1024
+
+# Calls ``module:function`` with sys.argv set as for a script (the job's own arguments).
+_ENTRY = ("import importlib, sys\n"
+          "target = sys.argv[1]\n"
+          "sys.argv = [target] + sys.argv[2:]\n"
+          "mod, fn = target.split(':')\n"
+          "result = getattr(importlib.import_module(mod), fn)()\n"
+          "sys.exit(result if isinstance(result, int) else 0)\n")
+
+
+def runner_name(job_id: str) -> str:
+    return RUNNER_PREFIX + job_id
+
+
+def _die_with_parent() -> None:
+    """In the child: own process group (so a stop reaches its children) and, on Linux, die
+    when the runner dies (a killed runner must not leave its job running unseen)."""
+    os.setsid()
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+class JobRunner:
+    """One attempt (see the module docstring). Methods return at once; the work runs in a thread."""
+
+    def __init__(self, job_id: str, token: int, spec: dict[str, Any], placement: Placement,
+                 snapshot: ClusterSnapshot, settings: dict[str, Any], launched_at: float,
+                 restarted: bool) -> None:
+        self.job_id = job_id
+        self.token = token
+        self.spec = JobSpec.model_validate(spec)
+        self.placement = placement
+        self.snapshot = snapshot
+        self.settings = settings
+        self.launched_at = launched_at
+        self.restarted = restarted
+        self.store = JobStore(RayKV())
+        run_dir = Path(settings["log_dir"]) / job_id
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path = run_dir / "job.log"
+        self.stop_file = run_dir / f"stop-{token}"
+        self.stop_file.unlink(missing_ok=True)
+        self._stop = threading.Event()
+        self._cancel = threading.Event()
+        self._proc: subprocess.Popen | None = None
+        self._group: Any = None
+        self._log_lock = threading.Lock()
+        self._report = AttemptReport(job_id, token, "placing", at=time.time())
+        self.store.report(self._report)
+        threading.Thread(target=self._main, name=f"job-{job_id}", daemon=True).start()
+
+    # -- called by the controller ----------------------------------------------------------------
+
+    def ping(self) -> tuple[str, int]:
+        return self.job_id, self.token
+
+    def stop(self, cancel: bool = False) -> None:
+        """Checkpoint and stop (``cancel``: and do not come back). Idempotent."""
+        if cancel:
+            self._cancel.set()
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        self.stop_file.touch()
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+        threading.Timer(float(self.settings["stop_grace_s"]), self._kill).start()
+
+    def log_tail(self, nbytes: int = LOG_TAIL_BYTES) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(max(0, f.seek(0, os.SEEK_END) - nbytes))
+                return f.read().decode(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def record(self, records: list[dict[str, Any]]) -> None:
+        """Loss records from training rank 0 (this actor is the group's progress sink)."""
+        self._log("".join(f"step {r['step']} loss {r['loss']:.6f}\n" for r in records))
+        if records:
+            self._set(step=int(records[-1]["step"]))
+
+    # -- the attempt -----------------------------------------------------------------------------
+
+    def _main(self) -> None:
+        from hetflow.core.errors import Unschedulable
+        from hetflow.runtime.binding import reserve
+
+        where = ", ".join(str(d) for d in self.placement.devices)
+        self._log(f"=== {self.job_id} attempt {self.token}: {where} "
+                  f"({time.strftime('%Y-%m-%d %H:%M:%S')}) ===\n")
+        try:
+            bound = reserve(self.placement, self.snapshot, cpus_per_rank=self.spec.cpus_per_device,
+                            timeout_s=float(self.settings["placement_timeout_s"]))
+        except Unschedulable as exc:
+            self._finish("unplaced", str(exc))
+            return
+        except Exception as exc:  # noqa: BLE001 - any failure to reserve is reported, not raised
+            self._finish("unplaced", f"{type(exc).__name__}: {exc}")
+            return
+        try:
+            self._set(phase="running")
+            if self.spec.kind == "train":
+                outcome, message, fatal = self._run_training(bound)
+            else:
+                outcome, message, fatal = self._run_process()
+        except Exception as exc:  # noqa: BLE001
+            outcome, message, fatal = "failed", f"runner error: {type(exc).__name__}: {exc}", False
+        finally:
+            bound.release()
+        if outcome != "succeeded" and self._cancel.is_set():
+            outcome = "cancelled"
+        elif outcome != "succeeded" and self._stop.is_set():
+            outcome = "preempted"
+        self._finish(outcome, message, fatal)
+
+    def _run_process(self) -> tuple[str, str, bool]:
+        from hetflow.runtime.resources import visibility_env
+
+        spec = self.spec
+        node = self.placement.devices[0].node
+        devices = list(self.placement.devices_on(node))
+        vendor = self.snapshot.node(node).device(devices[0]).vendor
+        env = {**os.environ, **visibility_env(vendor, devices), **self._job_env()}
+        if spec.kind == "python":
+            assert spec.python is not None
+            py = spec.python
+            env.update(py.env)
+            if py.script:
+                cmd = [sys.executable, "-u", py.script, *py.args]
+                shown = cmd
+            else:
+                cmd = [sys.executable, "-u", "-c", _ENTRY, str(py.entrypoint), *py.args]
+                shown = ["python", "-c", "<call>", str(py.entrypoint), *py.args]
+            cwd = py.workdir
+        else:
+            cmd = [sys.executable, "-u", "-m", "hetflow.cli.main", "tune", str(spec.tune),
+                   "--address", "auto", "--quiet"] + (["--resume"] if self.restarted else [])
+            shown = cmd
+            cwd = str(Path(str(spec.tune)).parent)
+        self._log(f"$ {shlex.join(shown)}\n")
+        with open(self.log_path, "ab", buffering=0) as log:
+            self._proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd,
+                                          preexec_fn=_die_with_parent)
+            if self._stop.is_set():  # a stop that arrived while the process was starting
+                os.killpg(self._proc.pid, signal.SIGTERM)
+            code = self._proc.wait()
+        if code == 0 and not self._stop.is_set():
+            return "succeeded", "exit code 0", False
+        return "failed", f"exit code {code}", False
+
+    def _job_env(self) -> dict[str, str]:
+        return {
+            "HETFLOW_JOB_ID": self.job_id,
+            "HETFLOW_ATTEMPT": str(self.token),
+            "HETFLOW_DEVICES": ",".join(str(d) for d in self.placement.devices),
+            "HETFLOW_LAUNCHED_AT": repr(self.launched_at),
+            "HETFLOW_RESTARTED": "1" if self.restarted else "0",
+            "HETFLOW_STOP_FILE": str(self.stop_file),
+        }
+
+    def _run_training(self, bound: Any) -> tuple[str, str, bool]:
+        import ray
+
+        from hetflow.workloads.train.group import TrainingCodeError, WorkerFailure
+        from hetflow.workloads.train.loop import STOP_FILE_ENV
+
+        config = self.spec.train_config()
+        options = []
+        for rank in range(self.placement.world_size):
+            opts = bound.actor_options(rank)
+            opts["runtime_env"]["env_vars"][STOP_FILE_ENV] = str(self.stop_file)
+            options.append(opts)
+        me = ray.get_runtime_context().current_actor
+        group = _ReservedGroup(config, self.job_id, self.token, me, options, self.placement.explain())
+        self._group = group
+        try:
+            group.start()
+            ranks = group.run()
+        except TrainingCodeError as exc:
+            return "failed", str(exc), True
+        except WorkerFailure as exc:
+            return "failed", str(exc), False
+        finally:
+            group.shutdown()
+            self._group = None
+        rank0 = ranks[0]
+        self._set(start_step=rank0.start_step, end_step=rank0.end_step, step=rank0.end_step)
+        self._log(f"attempt {self.token}: steps {rank0.start_step} -> {rank0.end_step}, "
+                  f"checkpoint {rank0.checkpoint}\n")
+        if rank0.stopped:
+            return "preempted", f"checkpointed at step {rank0.end_step} in {rank0.checkpoint}", False
+        return "succeeded", f"{rank0.end_step} steps; final checkpoint {rank0.checkpoint}", False
+
+    def _kill(self) -> None:
+        """The stop grace ran out: end the job the hard way."""
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        group = self._group
+        if group is not None:
+            group.shutdown()
+
+    # -- reporting --------------------------------------------------------------------------------
+
+    def _log(self, text: str) -> None:
+        with self._log_lock, open(self.log_path, "a") as f:
+            f.write(text)
+
+    def _set(self, **fields: Any) -> None:
+        for k, v in fields.items():
+            setattr(self._report, k, v)
+        self._report.at = time.time()
+        self.store.report(self._report)
+
+    def _finish(self, outcome: str, message: str, fatal: bool = False) -> None:
+        self._log(f"=== attempt {self.token}: {outcome}: {message} ===\n")
+        earlier = self.store.log_tail(self.job_id) or ""
+        tail = (earlier + self.log_tail())[-LOG_TAIL_BYTES:]
+        self.store.save_log_tail(self.job_id, tail)
+        self.stop_file.unlink(missing_ok=True)
+        self._set(phase="done", outcome=outcome, message=message, fatal=fatal)
+
+
+def _reserved_group_class() -> type:
+    from ray.exceptions import GetTimeoutError, RayActorError
+
+    import ray
+    from hetflow.workloads.train.group import Placed, WorkerFailure, WorkerGroup
+    from hetflow.workloads.train.worker import TrainWorker
+
+    class ReservedGroup(WorkerGroup):
+        """The training actor group on devices the controller already reserved: the ranks get
+        the given ``.options()``; the runner, not the group, releases the reservation."""
+
+        def __init__(self, config: Any, job_id: str, attempt: int, progress: Any,
+                     options: list[dict[str, Any]], how: str) -> None:
+            super().__init__(config, job_id, attempt, progress=progress)
+            self._given = Placed(options, lambda: None, how)
+
+        def start(self) -> None:
+            self.placed = self._given
+            remote = ray.remote(max_restarts=0, max_concurrency=1)(TrainWorker)
+            self.actors = [remote.options(**opts).remote() for opts in self._given.options]
+            try:
+                self.where = ray.get([a.where.remote() for a in self.actors],
+                                     timeout=self.config.resources.placement_timeout_s)
+            except (RayActorError, GetTimeoutError) as exc:
+                raise WorkerFailure(f"a worker of job {self.job_id} did not start: {exc}") from None
+
+    return ReservedGroup
+
+
+def _ReservedGroup(*args: Any) -> Any:  # noqa: N802 - a class built on first use (imports torch)
+    return _reserved_group_class()(*args)
+
+
+__all__ = ["JobRunner", "RUNNER_PREFIX", "runner_name"]

@@ -1,0 +1,432 @@
+"""The controller's decision, without Ray: job records + a live snapshot -> what to stop and start.
+
+    scheduler = LiveScheduler(ControllerSettings(policy="hetflow"))
+    scheduler.admit(spec, snapshot)                   # Unschedulable if it can never run here
+    plan = scheduler.decide(records, snapshot, now, boundary=False)
+    # plan.stops: checkpoint and stop these; plan.launches: reserve and start these;
+    # plan.reasons: job id -> why it waits (or what happens to it)
+
+It is the simulator's mechanism with wall time: the same policy objects (``make_policy``) see a
+view built by the same function (:func:`hetflow.scheduling.policies.rounds.build_round`), checked
+by the same asserts, and their answer is diffed the same way. What differs is only what the
+world does in between: here a stop takes a checkpoint's time, so a start whose devices are still
+held by a stopping job waits for the next decision instead of overlapping it.
+
+Work units: a job's ``work`` estimate (steps or seconds) over the throughput model's rate. Job
+types the model does not know run at 1.0 unit/s on every allowed type (:class:`UnitRate`), so
+``work.seconds`` is literally seconds.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+from hetflow.control.jobspec import JobSpec
+from hetflow.control.state import HeldDevices, JobRecord, Slot, Status
+from hetflow.core.errors import Unschedulable
+from hetflow.core.placement import DeviceRef, Placement
+from hetflow.core.request import ParallelLayout
+from hetflow.core.topology import ClusterSnapshot
+from hetflow.core.units import format_bytes
+from hetflow.scheduling.policies.base import Policy
+from hetflow.scheduling.policies.capacity import WHOLE, Assignment, ClusterModel, FreeCapacity, Request
+from hetflow.scheduling.policies.registry import make_policy
+from hetflow.scheduling.policies.rounds import (
+    DemandMix,
+    assignment_rate,
+    build_round,
+    check_decision,
+    diff_decision,
+    ideal_rates,
+    progress_at,
+)
+from hetflow.scheduling.throughput import (
+    CompositeThroughputs,
+    ThroughputModel,
+    canonical_device_type,
+    default_model,
+)
+
+
+@dataclass(frozen=True)
+class ControllerSettings:
+    """How the controller schedules. Stored with the state; a restarted controller keeps it."""
+
+    policy: str = "hetflow"
+    """Policy name from the registry (``hetflow simulate --policies`` lists the same ones)."""
+    round_s: float = 360.0
+    """Lease length for preemptive policies: every round they may preempt and move jobs."""
+    restore_s: float = 30.0
+    """Estimated checkpoint-restore cost of a job that ran before (what the policy weighs)."""
+    tick_s: float = 0.5
+    """How often the controller looks at its runners (finishes are noticed within a tick)."""
+    inter_node_gbps: float = 25.0
+    """Network bandwidth between nodes, for gangs that span nodes."""
+    placement_timeout_s: float = 60.0
+    """How long a runner waits for Ray to commit its devices before giving them back."""
+    stop_grace_s: float = 60.0
+    """How long a stopping job gets to checkpoint before it is killed."""
+    log_dir: str = "/tmp/hetflow/jobs"
+    """Where runners write each job's log, on the job's first node (tails are kept in the GCS)."""
+
+
+@dataclass(frozen=True)
+class UnitRate:
+    """Any job type at 1.0 unit of work per second on every device type (the live fallback)."""
+
+    def knows(self, job_type: str) -> bool:
+        return True
+
+    def job_types(self) -> tuple[str, ...]:
+        return ()
+
+    def rate(self, job_type: str, num_gpus: int, device_type: str,
+             group_gbps: float = math.inf, spans_nodes: bool = False) -> float:
+        return 1.0
+
+
+def live_throughputs() -> ThroughputModel:
+    """The simulator's default model, then 1.0 for job types nobody measured."""
+    return CompositeThroughputs((*default_model().models, UnitRate()))
+
+
+# -- the cluster as the policy sees it -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LiveCluster:
+    """The policy's model of a snapshot, and the name <-> index maps for its devices."""
+
+    snapshot: ClusterSnapshot
+    model: ClusterModel
+    slot_of: Mapping[tuple[str, int], tuple[int, int]]  # (node, device) -> (pool, position)
+    vendors: Mapping[str, frozenset[str]]  # device type -> vendors of its devices
+
+    @classmethod
+    def of(cls, snapshot: ClusterSnapshot) -> "LiveCluster":
+        from dataclasses import replace
+
+        model = ClusterModel.from_snapshot(replace(snapshot, allocations=()))
+        slot_of = {(pool.machine, dev): (i, pos)
+                   for i, pool in enumerate(model.nodes) for pos, dev in enumerate(pool.devices)}
+        vendors: dict[str, set[str]] = {}
+        for i, pool in enumerate(model.nodes):
+            node = snapshot.node(pool.machine)
+            vendors.setdefault(pool.device_type, set()).update(
+                node.device(d).vendor.value for d in pool.devices)
+        return cls(snapshot, model, slot_of, {t: frozenset(v) for t, v in vendors.items()})
+
+    def assignment(self, held: HeldDevices) -> Assignment | None:
+        """The policy's assignment for devices held by name (None if a node has gone)."""
+        try:
+            slots = tuple(sorted(self.slot_of[(s.node, s.device)] for s in held.slots))
+        except KeyError:
+            return None
+        return Assignment(held.device_type, slots, held.milli, group_gbps=self.model.group_gbps(slots))
+
+    def held(self, a: Assignment) -> HeldDevices:
+        return HeldDevices(a.device_type, [Slot(self.model.nodes[n].machine, self.model.nodes[n].devices[p])
+                                           for n, p in a.slots], a.milli)
+
+    def placement(self, job_id: str, held: HeldDevices, memory_bytes: int | None) -> Placement:
+        """A core Placement of one rank per device, in slot order (what ``reserve`` binds)."""
+        n = len(held.slots)
+        return Placement(
+            job_id=job_id,
+            layout=ParallelLayout(dp=n),
+            devices=tuple(DeviceRef(s.node, s.device) for s in held.slots),
+            tp_group_gbps=(None,) * n,
+            tp_group_weakest=("",) * n,
+            pp_hop_gbps=(),
+            score=(0.0, 0.0, 0.0),
+            memory_bytes=memory_bytes,
+            exclusive=held.milli == WHOLE,
+            notes=(f"chosen by the cluster policy: {held.text()}",),
+        )
+
+    def free_text(self, free: FreeCapacity, types: Sequence[str]) -> str:
+        """``2 free on a, 1 on b`` per type: whole free devices by node."""
+        parts = []
+        for t in types:
+            per_node = [(self.model.nodes[i].machine, int(free.whole[i])) for i in self.model.nodes_of_type[t]]
+            shown = [f"{k} on {name}" for name, k in per_node if k > 0]
+            parts.append(f"{t}: " + (", ".join(shown) + " free" if shown else "none free"))
+        return "; ".join(parts)
+
+
+# -- jobs as the policy sees them -------------------------------------------------------------------
+
+
+class LiveJob:
+    """One record through the policy's ``JobInfo`` protocol (read-only), at time ``now``."""
+
+    def __init__(self, record: JobRecord, spec: JobSpec, request: Request, rates: Mapping[str, float],
+                 assignment: Assignment | None, seg_rate: float, now: float, restore_s: float) -> None:
+        self.record = record
+        self.spec = spec
+        self.request = request
+        self.ideal_rates = rates
+        self.best_rate = max(rates.values(), default=0.0)
+        self.assignment = assignment
+        self.seg_rate = seg_rate
+        self.now = now
+        self.restore_s = restore_s
+
+    job_id = property(lambda self: self.record.job_id)
+    job_type = property(lambda self: self.spec.effective_job_type)
+    arrival_s = property(lambda self: self.record.submitted_at)
+    num_gpus = property(lambda self: self.request.num_gpus)
+    weight = property(lambda self: self.spec.weight)
+    preemptible = property(lambda self: self.spec.is_preemptible)
+    total_work = property(lambda self: self.spec.total_work)
+    needs_restore = property(lambda self: self.record.needs_restore)
+
+    @property
+    def seg_restore(self) -> float:
+        return self.restore_s if self.record.needs_restore else 0.0
+
+    @property
+    def done_work(self) -> float:
+        return progress_at(self.now, self.record.done_base, self.total_work, self.record.seg_start,
+                           self.seg_restore, self.seg_rate, self.assignment is not None)
+
+    @property
+    def remaining_work(self) -> float:
+        return self.total_work - self.done_work
+
+    @property
+    def attained_s(self) -> float:
+        held = self.now - self.record.seg_start if self.assignment is not None else 0.0
+        return self.record.attained_s + self.request.gpu_milli / WHOLE * held
+
+    @property
+    def service_by_type(self) -> Mapping[str, float]:
+        out = dict(self.record.service_s)
+        if self.assignment is not None:
+            t = self.assignment.device_type
+            out[t] = out.get(t, 0.0) + self.now - self.record.seg_start
+        return out
+
+
+def job_request(spec: JobSpec) -> Request:
+    """The policy's request: a gang of whole devices; CPUs are reserved by the runner, not
+    scheduled by the policy (as in the simulator's GPU traces)."""
+    return Request(spec.num_devices)
+
+
+# -- decisions ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Launch:
+    job_id: str
+    held: HeldDevices
+    placement: Placement
+    reason: str
+
+
+@dataclass(frozen=True)
+class Stop:
+    job_id: str
+    moving_to: HeldDevices | None  # None: preempted; else it will be started there next
+    reason: str
+
+
+@dataclass
+class Plan:
+    """What one decision asks of the world, and a reason for every job it looked at."""
+
+    decided: bool = False  # the policy was asked (else only reasons were refreshed)
+    stops: list[Stop] = field(default_factory=list)
+    launches: list[Launch] = field(default_factory=list)
+    reasons: dict[str, str] = field(default_factory=dict)
+
+
+class LiveScheduler:
+    """Admission and decisions for the live controller (pure: no Ray, time passed in)."""
+
+    def __init__(self, settings: ControllerSettings, policy: Policy | None = None,
+                 throughputs: ThroughputModel | None = None) -> None:
+        self.settings = settings
+        self.policy = policy or make_policy(settings.policy)
+        self.throughputs = throughputs or live_throughputs()
+
+    # -- admission -------------------------------------------------------------------------------
+
+    def allowed_types(self, spec: JobSpec, cluster: LiveCluster) -> frozenset[str] | None:
+        d = spec.devices
+        if d.type is None and d.vendor is None:
+            return None
+        types = set(cluster.model.device_types)
+        if d.type is not None:
+            types &= {canonical_device_type(d.type)}
+        if d.vendor is not None:
+            types = {t for t in types if d.vendor in cluster.vendors.get(t, ())}
+        return frozenset(types)
+
+    def rates(self, spec: JobSpec, cluster: LiveCluster) -> dict[str, float]:
+        return ideal_rates(cluster.model, self.throughputs, spec.effective_job_type, job_request(spec),
+                           self.allowed_types(spec, cluster), spec.devices.memory_bytes)
+
+    def admit(self, spec: JobSpec, snapshot: ClusterSnapshot) -> dict[str, float]:
+        """The job's rate per device type; Unschedulable (with why, per type) when it could not
+        run anywhere in this cluster even if it were empty."""
+        if not snapshot.nodes:
+            raise Unschedulable("the cluster has no hetflow nodes with accelerators: start nodes with "
+                                "`hetflow node start` (they publish their devices), then submit again")
+        cluster = LiveCluster.of(snapshot)
+        rates = self.rates(spec, cluster)
+        if rates:
+            return rates
+        raise Unschedulable(self._never_fits(spec, cluster))
+
+    def _never_fits(self, spec: JobSpec, cluster: LiveCluster) -> str:
+        m, n = cluster.model, spec.num_devices
+        allowed = self.allowed_types(spec, cluster)
+        mem = spec.devices.memory_bytes
+        why = []
+        if allowed is not None and not allowed:
+            wanted = " ".join(x for x in (spec.devices.vendor, spec.devices.type) if x)
+            why.append(f"no {wanted} devices in this cluster (it has {', '.join(m.device_types)})")
+        for t in m.device_types:
+            if allowed is not None and t not in allowed:
+                continue
+            if n > m.capacity_by_type[t]:
+                why.append(f"{t}: {m.capacity_by_type[t]} in the whole cluster, it needs {n}")
+                continue
+            mems = [m.nodes[i].device_memory_bytes for i in m.nodes_of_type[t]]
+            if mem is not None and all(x is not None and x < mem for x in mems):
+                why.append(f"{t}: {format_bytes(max(x for x in mems if x))} per device, it needs {format_bytes(mem)}")
+                continue
+            why.append(f"{t}: the throughput model says job type {spec.effective_job_type} does not run there")
+        return (f"job {spec.name} ({n}x {spec.devices.type or spec.devices.vendor or 'any device'}"
+                f"{f', {format_bytes(mem)} each' if mem else ''}) can never run on this cluster, "
+                f"even empty: {'; '.join(why)}. Ask for fewer devices or another type, or add nodes "
+                "that have them")
+
+    # -- one decision ----------------------------------------------------------------------------
+
+    def decide(self, records: Sequence[JobRecord], snapshot: ClusterSnapshot, now: float,
+               boundary: bool, force: bool = False) -> Plan:
+        """One decision over every unfinished record (see the module docstring).
+
+        ``boundary``: a round boundary (preemptive policies may move running jobs). The policy
+        is asked at a boundary, or when ``force`` and someone waits and devices are free (as the
+        simulator asks after arrivals and completions); otherwise only reasons are refreshed.
+        """
+        cluster = LiveCluster.of(snapshot)
+        free = FreeCapacity(cluster.model)
+        demand = DemandMix()
+        running: dict[str, LiveJob] = {}
+        waiting: list[LiveJob] = []
+        stopping: list[tuple[JobRecord, Assignment]] = []
+        plan = Plan()
+        ours = set()
+        for record in sorted(records, key=lambda r: r.seq):
+            spec = JobSpec.model_validate(record.spec)
+            request = job_request(spec)
+            rates = self.rates(spec, cluster)
+            if rates:
+                demand.add(request)  # every job ever admitted, as the simulator counts arrivals
+            if record.status.finished:
+                continue
+            ours.add(record.job_id)
+            held = cluster.assignment(record.held) if record.held is not None else None
+            if record.status.holds_devices:
+                if held is None:
+                    plan.reasons[record.job_id] = "its devices are no longer in the cluster; waiting for its runner to end"
+                    continue
+                free.take(held)
+                if record.status is Status.PREEMPTING:
+                    stopping.append((record, held))
+                    continue
+                rate = assignment_rate(cluster.model, self.throughputs, spec.effective_job_type,
+                                       request.num_gpus, held)
+                running[record.job_id] = LiveJob(record, spec, request, rates, held, rate, now,
+                                                 self.settings.restore_s)
+            elif rates:
+                waiting.append(LiveJob(record, spec, request, rates, None, 0.0, now, self.settings.restore_s))
+            else:
+                plan.reasons[record.job_id] = "waiting: " + self._never_fits(spec, cluster)
+        self._take_foreign(snapshot, cluster, free, ours)
+        unpin = boundary and self.policy.preemptive
+        worth = bool(waiting) and free.total_free_milli() > 0
+        if not (unpin and (running or waiting)) and not (force and worth):
+            self._waiting_reasons(plan, waiting, cluster, free, free, set(), stopping)
+            return plan
+        inputs = build_round(now, unpin, cluster.model, free, running, waiting,
+                             lambda j: (j.arrival_s, j.record.seq), demand, self.settings.round_s,
+                             lambda j, a: assignment_rate(cluster.model, self.throughputs, j.job_type,
+                                                          j.num_gpus, a))
+        decision = self.policy.schedule(inputs.view)
+        check_decision(decision, inputs)
+        changes = diff_decision(decision, inputs.movable)
+        plan.decided = True
+        after = inputs.view.free.fork()  # what is free once the decision is applied
+        for jid, a in decision.items():
+            after.take(a)
+        blocked = {slot for _, a in stopping for slot in a.slots}
+        started = {jid for jid, _ in changes.starts}
+        for job, new in changes.stops:
+            blocked.update(job.assignment.slots)  # type: ignore[union-attr]
+            takers = sorted(jid for jid, a in changes.starts
+                            if jid != job.job_id and set(a.slots) & set(job.assignment.slots))  # type: ignore[union-attr]
+            for_whom = f" for {', '.join(takers)}" if takers else ""
+            if new is None:
+                why = f"preempted by policy {self.policy.name} at a round boundary{for_whom}"
+            else:
+                why = f"moved by policy {self.policy.name} to {cluster.held(new).text()}{for_whom}"
+            plan.stops.append(Stop(job.job_id, None if new is None else cluster.held(new), why))
+        launched = set()
+        for jid, a in changes.starts:
+            if set(a.slots) & blocked:
+                holders = sorted(r.job_id for r, held in stopping if set(held.slots) & set(a.slots))
+                holders += sorted(j.job_id for j, _ in changes.stops
+                                  if set(j.assignment.slots) & set(a.slots) and j.job_id != jid)  # type: ignore[union-attr]
+                plan.reasons[jid] = (f"waiting: policy {self.policy.name} chose {cluster.held(a).text()}, "
+                                     f"still held by {', '.join(dict.fromkeys(holders))} until it checkpoints")
+                continue
+            job = inputs.view.jobs[[j.job_id for j in inputs.view.jobs].index(jid)]
+            held = cluster.held(a)
+            placement = cluster.placement(jid, held, job.spec.devices.memory_bytes)  # type: ignore[attr-defined]
+            why = f"started by policy {self.policy.name} on {held.text()}"
+            plan.launches.append(Launch(jid, held, placement, why))
+            launched.add(jid)
+        still_waiting = [j for j in waiting if j.job_id not in launched and j.job_id not in plan.reasons]
+        self._waiting_reasons(plan, still_waiting, cluster, inputs.view.free, after, started, stopping)
+        return plan
+
+    def _take_foreign(self, snapshot: ClusterSnapshot, cluster: LiveCluster, free: FreeCapacity,
+                      ours: set[str]) -> None:
+        """Devices held by placements the controller did not make (``hetflow train`` run by
+        hand, say) are not free for its jobs."""
+        for alloc in snapshot.allocations:
+            if alloc.job_id in ours:
+                continue
+            slot = cluster.slot_of.get((alloc.node, alloc.device))
+            if slot is not None and free.milli[slot] == WHOLE:
+                free.take(Assignment(cluster.model.nodes[slot[0]].device_type, (slot,)))
+
+    def _waiting_reasons(self, plan: Plan, waiting: Sequence[LiveJob], cluster: LiveCluster,
+                         before: FreeCapacity, after: FreeCapacity, started: set[str],
+                         stopping: Sequence[tuple[JobRecord, Assignment]]) -> None:
+        for job in waiting:
+            if job.job_id in plan.reasons:
+                continue
+            types = sorted(job.ideal_rates, key=cluster.model.type_index.__getitem__)
+            mem = job.spec.devices.memory_bytes
+            need = f"needs {job.num_gpus}x {' or '.join(types)}" + (f" with {format_bytes(mem)} each" if mem else "")
+            fits_before = any(before.could_fit(job.request, t) for t in types)
+            if fits_before and started:
+                tail = f"; policy {self.policy.name} gave the free devices to {', '.join(sorted(started))} first"
+            elif stopping:
+                tail = f"; {', '.join(r.job_id for r, _ in stopping)} is checkpointing to free devices"
+            else:
+                tail = ""
+            plan.reasons[job.job_id] = f"waiting: {need}; {cluster.free_text(after, types)}{tail}"
+
+
+__all__ = ["ControllerSettings", "Launch", "LiveCluster", "LiveJob", "LiveScheduler", "Plan", "Stop",
+           "UnitRate", "job_request", "live_throughputs"]

@@ -1,0 +1,300 @@
+"""Durable state of the cluster controller: job records, attempt reports, its own settings.
+
+Everything lives in a key-value store, one key per fact, each put atomic:
+
+- ``control/job/<id>``      a :class:`JobRecord` (JSON, ``hetflow.job/v1``) - written by the
+  controller only;
+- ``control/attempt/<id>``  the current attempt's :class:`AttemptReport` - written by that
+  attempt's runner only (the token says which attempt wrote it);
+- ``control/log/<id>``      the tail of a finished attempt's log;
+- ``control/seq``           the last job number handed out; ``control/config`` the settings.
+
+No index key: listing the ``control/job/`` prefix is the index, so there is no second write
+that could be lost between a record and its index entry.
+
+Stores: :class:`RayKV` (Ray's GCS key-value store, namespace ``hetflow``; survives the
+controller and every worker, lives as long as the Ray cluster's GCS) and :class:`DirectoryKV`
+(a file per key on the head node, written to a temporary file, fsynced and renamed; for tests
+without Ray, and as the documented alternative for a GCS without fault tolerance).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import urllib.parse
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any, Protocol
+
+from hetflow.core.errors import InputError
+
+SCHEMA = "hetflow.job/v1"
+KV_NAMESPACE = "hetflow"
+JOB_PREFIX = "control/job/"
+ATTEMPT_PREFIX = "control/attempt/"
+LOG_PREFIX = "control/log/"
+SEQ_KEY = "control/seq"
+CONFIG_KEY = "control/config"
+HISTORY_LIMIT = 50  # events kept per job
+
+
+class Status(str, Enum):
+    QUEUED = "QUEUED"  # waiting for the policy to place it (new, preempted or retried)
+    PLACING = "PLACING"  # a runner was started; it is reserving the devices
+    RUNNING = "RUNNING"
+    PREEMPTING = "PREEMPTING"  # asked to checkpoint and stop; still holds its devices
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+    @property
+    def holds_devices(self) -> bool:
+        return self in (Status.PLACING, Status.RUNNING, Status.PREEMPTING)
+
+    @property
+    def finished(self) -> bool:
+        return self in (Status.SUCCEEDED, Status.FAILED, Status.CANCELLED)
+
+
+@dataclass
+class Slot:
+    """One device of an assignment, by name (node indices change when nodes come and go)."""
+
+    node: str
+    device: int
+
+
+@dataclass
+class HeldDevices:
+    """Where an attempt runs: the policy's assignment in names, and how it was chosen."""
+
+    device_type: str
+    slots: list[Slot]
+    milli: int = 1000
+
+    def text(self) -> str:
+        per_node: dict[str, list[str]] = {}
+        for s in self.slots:
+            per_node.setdefault(s.node, []).append(str(s.device))
+        where = " + ".join(f"{n} [{' '.join(d)}]" for n, d in per_node.items())
+        return f"{len(self.slots)}x {self.device_type} on {where}"
+
+
+@dataclass
+class JobRecord:
+    """Everything the controller knows about one job; written atomically as one key.
+
+    ``token`` is the fencing token: it grows by one for each attempt the controller launches,
+    and only reports carrying the current token are believed. ``done_base`` is the work (in the
+    spec's units) finished by attempts that ended; ``seg_start`` the wall time the current
+    attempt was launched.
+    """
+
+    job_id: str
+    seq: int  # submission order (ties in arrival time are broken by it)
+    spec: dict[str, Any]  # the resolved JobSpec, as JSON
+    submitted_at: float
+    status: Status = Status.QUEUED
+    token: int = 0
+    failures: int = 0  # attempts that failed (not preemptions)
+    preemptions: int = 0
+    held: HeldDevices | None = None
+    seg_start: float = 0.0
+    done_base: float = 0.0
+    needs_restore: bool = False
+    service_s: dict[str, float] = field(default_factory=dict)  # seconds run per device type
+    attained_s: float = 0.0  # device-seconds run so far
+    first_started_at: float | None = None
+    finished_at: float | None = None
+    reason: str = "submitted"  # what is happening to it now, and why
+    history: list[list[Any]] = field(default_factory=list)  # [wall time, event]
+    cancel_requested: bool = False
+    progress_step: int | None = None  # newest step a training attempt reported
+    message: str = ""  # the outcome's detail (error text, checkpoint)
+    submission: str = ""  # the client's id for this submit: a retried call finds the same job
+    runs: list[dict[str, Any]] = field(default_factory=list)  # per attempt: token, devices, times, outcome
+
+    def note(self, when: float, event: str) -> None:
+        self.history.append([when, event])
+        del self.history[:-HISTORY_LIMIT]
+
+    @property
+    def name(self) -> str:
+        return str(self.spec.get("name", self.job_id))
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["status"] = self.status.value
+        return {"schema": SCHEMA, **data}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "JobRecord":
+        if data.get("schema") != SCHEMA:
+            raise InputError(f"job record has schema {data.get('schema')!r}; this hetflow reads {SCHEMA}")
+        data = {k: v for k, v in data.items() if k != "schema"}
+        held = data.pop("held", None)
+        record = cls(**{**data, "status": Status(data["status"])})
+        if held is not None:
+            record.held = HeldDevices(held["device_type"], [Slot(**s) for s in held["slots"]],
+                                      held.get("milli", 1000))
+        return record
+
+
+@dataclass
+class AttemptReport:
+    """What one attempt's runner says about itself (``phase``: placing, running, done).
+
+    ``outcome`` once done: succeeded, failed, preempted, cancelled or unplaced (the reservation
+    did not commit; nothing ran). ``fatal``: retrying would repeat the failure (an error in the
+    job's own code). ``start_step``/``end_step`` for training attempts.
+    """
+
+    job_id: str
+    token: int
+    phase: str
+    outcome: str | None = None
+    message: str = ""
+    fatal: bool = False
+    start_step: int | None = None
+    end_step: int | None = None
+    step: int | None = None  # progress while running
+    at: float = 0.0
+
+
+class KeyValue(Protocol):
+    def get(self, key: str) -> bytes | None: ...
+    def put(self, key: str, value: bytes) -> None: ...
+    def delete(self, key: str) -> None: ...
+    def keys(self, prefix: str) -> list[str]: ...
+
+
+class RayKV:
+    """Ray's GCS key-value store (the process must be connected to the cluster)."""
+
+    def __init__(self, namespace: str = KV_NAMESPACE) -> None:
+        self.namespace = namespace
+
+    def get(self, key: str) -> bytes | None:
+        from ray.experimental import internal_kv
+
+        return internal_kv._internal_kv_get(key, namespace=self.namespace)
+
+    def put(self, key: str, value: bytes) -> None:
+        from ray.experimental import internal_kv
+
+        internal_kv._internal_kv_put(key, value, overwrite=True, namespace=self.namespace)
+
+    def delete(self, key: str) -> None:
+        from ray.experimental import internal_kv
+
+        internal_kv._internal_kv_del(key, namespace=self.namespace)
+
+    def keys(self, prefix: str) -> list[str]:
+        from ray.experimental import internal_kv
+
+        found = internal_kv._internal_kv_list(prefix, namespace=self.namespace) or []
+        return sorted(k.decode() if isinstance(k, bytes) else k for k in found)
+
+
+class DirectoryKV:
+    """One file per key under ``root``; a put is write-temp + fsync + rename (atomic on POSIX)."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def _path(self, key: str) -> Path:
+        return self.root / urllib.parse.quote(key, safe="")
+
+    def get(self, key: str) -> bytes | None:
+        try:
+            return self._path(key).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def put(self, key: str, value: bytes) -> None:
+        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".tmp-")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(value)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self._path(key))
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        dir_fd = os.open(self.root, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)  # the rename itself survives a crash
+        finally:
+            os.close(dir_fd)
+
+    def delete(self, key: str) -> None:
+        self._path(key).unlink(missing_ok=True)
+
+    def keys(self, prefix: str) -> list[str]:
+        names = (urllib.parse.unquote(p.name) for p in self.root.iterdir() if not p.name.startswith(".tmp-"))
+        return sorted(k for k in names if k.startswith(prefix))
+
+
+class JobStore:
+    """Typed access to the controller's keys (see the module docstring)."""
+
+    def __init__(self, kv: KeyValue) -> None:
+        self.kv = kv
+
+    # -- job records (controller) -------------------------------------------------------------
+
+    def save(self, record: JobRecord) -> None:
+        self.kv.put(JOB_PREFIX + record.job_id, json.dumps(record.to_dict()).encode())
+
+    def load(self, job_id: str) -> JobRecord | None:
+        raw = self.kv.get(JOB_PREFIX + job_id)
+        return None if raw is None else JobRecord.from_dict(json.loads(raw))
+
+    def all(self) -> list[JobRecord]:
+        """Every job, in submission order."""
+        records = []
+        for key in self.kv.keys(JOB_PREFIX):
+            raw = self.kv.get(key)
+            if raw is not None:
+                records.append(JobRecord.from_dict(json.loads(raw)))
+        return sorted(records, key=lambda r: r.seq)
+
+    def next_seq(self) -> int:
+        raw = self.kv.get(SEQ_KEY)
+        seq = (int(raw) if raw else 0) + 1
+        self.kv.put(SEQ_KEY, str(seq).encode())
+        return seq
+
+    # -- attempt reports (runners) ------------------------------------------------------------
+
+    def report(self, report: AttemptReport) -> None:
+        self.kv.put(ATTEMPT_PREFIX + report.job_id, json.dumps(asdict(report)).encode())
+
+    def attempt(self, job_id: str) -> AttemptReport | None:
+        raw = self.kv.get(ATTEMPT_PREFIX + job_id)
+        return None if raw is None else AttemptReport(**json.loads(raw))
+
+    def save_log_tail(self, job_id: str, text: str) -> None:
+        self.kv.put(LOG_PREFIX + job_id, text.encode())
+
+    def log_tail(self, job_id: str) -> str | None:
+        raw = self.kv.get(LOG_PREFIX + job_id)
+        return None if raw is None else raw.decode(errors="replace")
+
+    # -- settings -----------------------------------------------------------------------------
+
+    def config(self) -> dict[str, Any] | None:
+        raw = self.kv.get(CONFIG_KEY)
+        return None if raw is None else json.loads(raw)
+
+    def save_config(self, config: dict[str, Any]) -> None:
+        self.kv.put(CONFIG_KEY, json.dumps(config).encode())
+
+
+__all__ = ["AttemptReport", "DirectoryKV", "HeldDevices", "JobRecord", "JobStore", "KeyValue",
+           "RayKV", "Slot", "Status"]

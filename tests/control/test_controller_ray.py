@@ -1,0 +1,234 @@
+"""The cluster controller on a real local multi-node Ray cluster with fake accelerators.
+
+Nodes ``a`` (2x MI210) and ``b`` (2x L40S) declare devices they do not have; jobs are short
+CPU programs (``sleep_job.py``) and one real digits training job. Covered: the simulator and
+the live controller agree on a small trace (start order and devices); submit, status, cancel
+and logs; a job that can never fit is refused at submit; a training job preempted by the
+policy checkpoints and resumes right after its checkpointed step; the controller killed and
+restarted loses and duplicates nothing. Every wait has a deadline.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import ray
+from ray.cluster_utils import Cluster
+
+from hetflow.accelerators.synthetic import synthetic_node
+from hetflow.cli.jobs import register
+from hetflow.control import client
+from hetflow.control.controller import CONTROLLER_NAME, NAMESPACE
+from hetflow.control.jobspec import JobSpec, job_from_dict, resolve
+from hetflow.control.scheduler import live_throughputs
+from hetflow.core.errors import Unschedulable
+from hetflow.runtime.binding import live_snapshot, publish_node
+from hetflow.runtime.resources import node_labels, node_resources
+from hetflow.scheduling.policies.capacity import ClusterModel
+from hetflow.scheduling.policies.registry import make_policy
+from hetflow.scheduling.throughput import FIXED_DURATION
+from hetflow.sim.engine import SimConfig, Simulator
+from hetflow.sim.traces import Job
+from hetflow.workloads.train.checkpoint import latest_checkpoint
+
+pytestmark = pytest.mark.ray
+
+SLEEP_JOB = Path(__file__).with_name("sleep_job.py")
+ENDED = {"SUCCEEDED", "FAILED", "CANCELLED"}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory):
+    nodes = [synthetic_node("2x MI210", "a"), synthetic_node("2x L40S", "b")]
+    c = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 1, "node_ip_address": "127.0.0.1", "include_dashboard": False})
+    for node in nodes:
+        c.add_node(num_cpus=1, num_gpus=0, resources=node_resources(node), labels=node_labels(node))
+    ray.init(address=c.address, namespace=NAMESPACE)
+    for node in nodes:
+        publish_node(node)
+    root = tmp_path_factory.mktemp("control")
+    client.controller({"policy": "fifo", "tick_s": 0.2, "log_dir": str(root / "logs"),
+                       "stop_grace_s": 30.0})
+    yield root
+    ray.shutdown()
+    c.shutdown()
+
+
+def sleep_spec(name: str, count: int, seconds: float, marker: Path | None = None,
+               devices: dict[str, Any] | None = None) -> JobSpec:
+    args = [str(seconds)] + ([str(marker)] if marker else [])
+    data = {"name": name, "kind": "python", "python": {"script": str(SLEEP_JOB), "args": args},
+            "devices": {"count": count, **(devices or {})}, "work": {"seconds": seconds}}
+    return resolve(job_from_dict(data), SLEEP_JOB.parent)
+
+
+def wait_for(check: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout_s:g}s waiting for {what}; jobs: "
+                         f"{[(r['job_id'], r['status'], r['reason']) for r in client.status()]}")
+
+
+def jobs_by_id() -> dict[str, dict[str, Any]]:
+    return {r["job_id"]: r for r in client.status()}
+
+
+def all_ended(ids: list[str]) -> dict[str, dict[str, Any]] | None:
+    jobs = jobs_by_id()
+    return jobs if all(jobs[i]["status"] in ENDED for i in ids) else None
+
+
+# --- the same policy in the simulator and live --------------------------------------------------
+
+# (name, devices, seconds), submitted in this order at once. With fifo and first fit on the
+# node order a, b: j1 -> a, j2 -> b0, j3 waits (2 devices), j4 -> b1; at 4 s j1 ends and j3
+# takes a; at 6 s j4 ends and j5 takes b1; at 8 s j3 ends and j6 takes a. Events are 2 s apart,
+# far more than the live loop's reaction time, so the order cannot race.
+TRACE = [("j1", 2, 4.0), ("j2", 1, 9.0), ("j3", 2, 4.0), ("j4", 1, 6.0), ("j5", 1, 4.0), ("j6", 2, 2.0)]
+
+
+def test_simulator_and_live_controller_agree(cluster: Path) -> None:
+    snapshot = live_snapshot()
+    model = ClusterModel.from_snapshot(snapshot)
+    trace = [Job(name, FIXED_DURATION, 0.0, n, s) for name, n, s in TRACE]
+    sim = Simulator(model, trace, make_policy("fifo"), live_throughputs(), SimConfig()).run()
+    sim_order = [r.job.job_id for r in sorted(sim.jobs, key=lambda r: r.first_start)]
+    first_segment = {}
+    for seg in sim.segments:
+        first_segment.setdefault(sim.jobs[seg.job].job.job_id, seg)
+    sim_devices = {name: sorted((model.nodes[n].machine, model.nodes[n].devices[p]) for n, p in seg.slots)
+                   for name, seg in first_segment.items()}
+
+    ids = [client.submit(sleep_spec(name, n, s))["job_id"] for name, n, s in TRACE]
+    jobs = wait_for(lambda: all_ended(ids), 60, "the trace to finish")
+    live = [jobs[i] for i in ids]
+    assert all(j["status"] == "SUCCEEDED" for j in live)
+    assert all(len(j["runs"]) == 1 for j in live)  # nothing preempted or retried
+    live_order = [j["name"] for j in sorted(live, key=lambda j: (j["first_started_at"], j["seq"]))]
+    live_devices = {j["name"]: sorted((node, dev) for node, dev in j["runs"][0]["devices"]) for j in live}
+
+    assert sim_order == ["j1", "j2", "j4", "j3", "j5", "j6"]  # the trace does what it says
+    assert live_order == sim_order
+    assert live_devices == sim_devices
+    assert sim_devices["j3"] == [("a", 0), ("a", 1)] and sim_devices["j5"] == [("b", 1)]
+
+
+# --- the commands ----------------------------------------------------------------------------------
+
+
+def test_submit_status_cancel_and_logs(cluster: Path, capsys: pytest.CaptureFixture) -> None:
+    long = client.submit(sleep_spec("long", 2, 120, devices={"type": "L40S"}))
+    assert long["status"] == "QUEUED" and long["job_id"].startswith("long-")
+    running = wait_for(lambda: jobs_by_id()[long["job_id"]]["status"] == "RUNNING"
+                       and jobs_by_id()[long["job_id"]], 30, "the long job to run")
+    assert running["devices"] == "2x L40S on b [0 1]"
+
+    behind = client.submit(sleep_spec("behind", 1, 1, devices={"type": "L40S"}))
+    why = wait_for(lambda: jobs_by_id()[behind["job_id"]]["reason"].startswith("waiting")
+                   and jobs_by_id()[behind["job_id"]]["reason"], 10, "a waiting reason")
+    assert jobs_by_id()[behind["job_id"]]["status"] == "QUEUED"
+    assert "needs 1x L40S" in why and "L40S: none free" in why
+    cli = argparse.ArgumentParser()
+    register(cli.add_subparsers())
+    args = cli.parse_args(["status"])
+    assert args.func(args) == 0  # `hetflow status`: the process is connected already
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[1:]}
+    assert "RUNNING" in lines[long["job_id"]] and "2x L40S on b [0 1]" in lines[long["job_id"]]
+    assert "QUEUED" in lines[behind["job_id"]] and lines[behind["job_id"]].endswith(why)
+
+    logs = wait_for(lambda: "CUDA_VISIBLE_DEVICES" in client.logs(long["job_id"])
+                    and client.logs(long["job_id"]), 20, "the job's output in its log")
+    assert f"job {long['job_id']} attempt 1 on b:0,b:1 CUDA_VISIBLE_DEVICES=0,1" in logs
+
+    assert client.cancel(behind["job_id"])["status"] == "CANCELLED"  # queued: at once
+    client.cancel(long["job_id"])
+    ended = wait_for(lambda: all_ended([long["job_id"]]), 30, "the cancel to stop the job")
+    assert ended[long["job_id"]]["status"] == "CANCELLED"
+    assert ended[behind["job_id"]]["runs"] == []  # it never started
+    assert "attempt 1: cancelled" in client.logs(long["job_id"])
+    # its devices are free again: a job on them starts
+    after = client.submit(sleep_spec("after", 2, 0.5, devices={"type": "L40S"}))
+    done = wait_for(lambda: all_ended([after["job_id"]]), 30, "a job on the freed devices")
+    assert done[after["job_id"]]["status"] == "SUCCEEDED"
+
+
+def test_job_that_can_never_fit_is_refused_at_submit(cluster: Path) -> None:
+    before = len(client.status())
+    with pytest.raises(Unschedulable, match=r"MI210: 2 in the whole cluster, it needs 3.*L40S: 2 in the whole cluster"):
+        client.submit(sleep_spec("huge", 3, 1))
+    with pytest.raises(Unschedulable, match=r"no MI300X devices in this cluster \(it has MI210, L40S\)"):
+        client.submit(sleep_spec("absent", 1, 1, devices={"type": "MI300X"}))
+    with pytest.raises(Unschedulable, match=r"L40S: 48.0 GiB per device, it needs 80.0 GiB"):
+        client.submit(sleep_spec("fat", 1, 1, devices={"vendor": "nvidia", "memory": "80GiB"}))
+    assert len(client.status()) == before  # nothing was queued
+
+
+# --- durability ------------------------------------------------------------------------------------
+
+
+def test_controller_killed_and_restarted_loses_and_duplicates_nothing(cluster: Path) -> None:
+    marker = cluster / "ran.txt"
+    specs = [sleep_spec("k1", 2, 5, marker), sleep_spec("k2", 2, 4, marker), sleep_spec("k3", 2, 3, marker)]
+    ids = [client.submit(s)["job_id"] for s in specs]
+    wait_for(lambda: sum(jobs_by_id()[i]["status"] == "RUNNING" for i in ids) == 2, 30, "two jobs running")
+    before = client.info()
+    ray.kill(ray.get_actor(CONTROLLER_NAME, namespace=NAMESPACE), no_restart=False)
+    jobs = wait_for(lambda: all_ended(ids), 90, "every job to end after the restart")
+    after = client.info()
+    assert after["restarted"] and after["started_at"] > before["started_at"]
+    assert [jobs[i]["status"] for i in ids] == ["SUCCEEDED"] * 3
+    assert all(len(jobs[i]["runs"]) == 1 and jobs[i]["token"] == 1 for i in ids)  # no second attempt
+    ran = marker.read_text().split("\n")
+    assert sorted(line for line in ran if line) == sorted(f"{i} 1" for i in ids)  # each ran once
+
+
+# --- preemption ------------------------------------------------------------------------------------
+
+
+def test_preempted_training_resumes_from_its_checkpoint(cluster: Path) -> None:
+    client.configure({"policy": "srtf", "round_s": 1.0})
+    ckpt = cluster / "digits-ckpt"
+    train = resolve(job_from_dict({
+        "name": "digits", "kind": "train", "devices": {"type": "MI210"},
+        "train": {
+            "name": "digits-live", "model": {"kind": "mlp", "hidden": [512, 512]},
+            "train": {"steps": 600, "batch_size": 256, "log_every": 10},
+            "checkpoint": {"dir": str(ckpt), "interval": 100},
+            "resources": {"device": "cpu", "cpus_per_rank": 1},
+        },
+    }), cluster)
+    job = client.submit(train)["job_id"]
+    wait_for(lambda: (jobs_by_id()[job]["progress_step"] or 0) >= 30, 90, "training progress")
+    # shorter remaining work on the same two devices: srtf preempts the training job for it
+    short = client.submit(sleep_spec("short", 2, 2, devices={"type": "MI210"}))["job_id"]
+    jobs = wait_for(lambda: all_ended([job, short]), 120, "both jobs to end")
+    client.configure({"policy": "fifo"})
+
+    record = jobs[job]
+    assert record["status"] == "SUCCEEDED" and jobs[short]["status"] == "SUCCEEDED"
+    assert record["preemptions"] >= 1
+    runs = record["runs"]
+    assert runs[0]["outcome"] == "preempted" and runs[-1]["outcome"] == "succeeded"
+    stopped_at = runs[0]["end_step"]
+    assert 30 <= stopped_at < 600
+    for earlier, later in zip(runs, runs[1:]):
+        assert later["start_step"] == earlier["end_step"]  # resumed right after its checkpoint
+    assert runs[-1]["end_step"] == 600
+    assert jobs[short]["first_started_at"] < runs[1]["started_at"]  # the short job ran in between
+    final = latest_checkpoint(ckpt)
+    assert final is not None and final.step == 600
+    losses = {int(k) for k in final.meta["losses"]}
+    assert losses == set(range(1, 601))  # every step's loss is there: no completed step lost

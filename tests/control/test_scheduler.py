@@ -1,0 +1,135 @@
+"""The controller's decision without Ray: the simulator's round on job records.
+
+The strongest check of "same code": for the same jobs on the same cluster, the first decision
+of the simulator and of the live scheduler are identical, device for device, for every policy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from hetflow.accelerators.synthetic import synthetic_node
+from hetflow.control.jobspec import JobSpec, job_from_dict
+from hetflow.control.scheduler import ControllerSettings, LiveScheduler, live_throughputs
+from hetflow.control.state import HeldDevices, JobRecord, Slot, Status
+from hetflow.core.errors import Unschedulable
+from hetflow.core.topology import Allocation, ClusterSnapshot
+from hetflow.scheduling.policies.capacity import ClusterModel
+from hetflow.scheduling.policies.registry import make_policy, policy_names
+from hetflow.scheduling.throughput import FIXED_DURATION
+from hetflow.sim.engine import SimConfig, Simulator
+from hetflow.sim.traces import Job
+
+SNAPSHOT = ClusterSnapshot(nodes=(synthetic_node("2x MI210", "a"), synthetic_node("2x L40S", "b"),
+                                  synthetic_node("8x MI300X", "c")))
+
+
+def spec(name: str, count: int, seconds: float, **extra: Any) -> JobSpec:
+    return job_from_dict({"name": name, "kind": "python", "python": {"script": "/x.py"},
+                          "devices": {"count": count, **extra.pop("devices", {})},
+                          "work": {"seconds": seconds}, **extra})
+
+
+def record(seq: int, s: JobSpec, **fields: Any) -> JobRecord:
+    return JobRecord(f"{s.name}-{seq}", seq, s.model_dump(mode="json"), 0.0, **fields)
+
+
+class FirstDecision:
+    """Wraps a policy and keeps what its first schedule() returned."""
+
+    def __init__(self, policy: Any) -> None:
+        self.policy, self.name, self.preemptive, self.first = policy, policy.name, policy.preemptive, None
+
+    def schedule(self, view: Any) -> Any:
+        out = self.policy.schedule(view)
+        if self.first is None:
+            self.first = out
+        return out
+
+
+JOBS = [("a", 2, 60.0), ("b", 4, 600.0), ("c", 1, 30.0), ("d", 8, 900.0), ("e", 2, 120.0), ("f", 1, 5.0)]
+
+
+@pytest.mark.parametrize("policy", policy_names())
+def test_first_decision_is_the_simulators(policy: str) -> None:
+    model = ClusterModel.from_snapshot(SNAPSHOT)
+    sim_policy = FirstDecision(make_policy(policy))
+    trace = [Job(n, FIXED_DURATION, 0.0, k, s) for n, k, s in JOBS]
+    Simulator(model, trace, sim_policy, live_throughputs(), SimConfig()).run()
+    sim = {jid: sorted((model.nodes[n].machine, model.nodes[n].devices[p]) for n, p in a.slots)
+           for jid, a in sim_policy.first.items()}
+
+    records = [record(i + 1, spec(n, k, s)) for i, (n, k, s) in enumerate(JOBS)]
+    plan = LiveScheduler(ControllerSettings(policy=policy)).decide(records, SNAPSHOT, 0.0, False, force=True)
+    live = {launch.job_id.rsplit("-", 1)[0]: sorted((s.node, s.device) for s in launch.held.slots)
+            for launch in plan.launches}
+    assert plan.decided and not plan.stops
+    assert live == sim
+    assert len(live) >= 3  # the cluster holds several of them: the comparison is not empty
+
+
+@pytest.mark.parametrize("extra, message", [
+    ({"devices": {"count": 9}}, "MI300X: 8 in the whole cluster, it needs 9"),
+    ({"devices": {"count": 1, "type": "H100-SXM"}}, "no H100-SXM devices in this cluster (it has MI210, L40S, MI300X)"),
+    ({"devices": {"count": 1, "vendor": "nvidia", "memory": "64GiB"}}, "L40S: 48.0 GiB per device, it needs 64.0 GiB"),
+    ({"devices": {"count": 4, "vendor": "amd", "memory": "200GiB"}},
+     "MI210: 2 in the whole cluster, it needs 4; MI300X: 192.0 GiB per device, it needs 200.0 GiB"),
+])
+def test_a_job_that_can_never_fit_is_refused_with_the_reason(extra: dict, message: str) -> None:
+    s = job_from_dict({"name": "x", "kind": "python", "python": {"script": "/x.py"}, **extra})
+    with pytest.raises(Unschedulable) as exc:
+        LiveScheduler(ControllerSettings()).admit(s, SNAPSHOT)
+    assert message in str(exc.value)
+
+
+def test_admission_gives_the_rate_on_each_allowed_type() -> None:
+    rates = LiveScheduler(ControllerSettings()).admit(spec("x", 2, 10, devices={"vendor": "amd"}), SNAPSHOT)
+    assert rates == {"MI210": 1.0, "MI300X": 1.0}
+
+
+def test_a_boundary_preempts_for_a_shorter_job_and_waits_for_the_checkpoint() -> None:
+    long_spec, short_spec = spec("long", 2, 1000, devices={"type": "MI210"}), spec("short", 2, 5, devices={"type": "MI210"})
+    held = HeldDevices("MI210", [Slot("a", 0), Slot("a", 1)])
+    long = record(1, long_spec, status=Status.RUNNING, token=1, held=held, seg_start=0.0)
+    short = record(2, short_spec)
+    scheduler = LiveScheduler(ControllerSettings(policy="srtf", round_s=10))
+
+    between = scheduler.decide([long, short], SNAPSHOT, 5.0, boundary=False, force=True)
+    assert not between.stops and not between.launches  # running jobs are pinned between rounds
+    assert between.reasons["short-2"].startswith("waiting: needs 2x MI210; MI210: none free")
+
+    plan = scheduler.decide([long, short], SNAPSHOT, 10.0, boundary=True)
+    assert [(s.job_id, s.moving_to) for s in plan.stops] == [("long-1", None)]
+    assert plan.stops[0].reason == "preempted by policy srtf at a round boundary for short-2"
+    assert not plan.launches  # its devices are still held until long-1 has checkpointed
+    assert plan.reasons["short-2"] == ("waiting: policy srtf chose 2x MI210 on a [0 1], still held by "
+                                       "long-1 until it checkpoints")
+
+    stopped = replace(long, status=Status.QUEUED, held=None, needs_restore=True, done_base=10.0)
+    after = scheduler.decide([stopped, short], SNAPSHOT, 11.0, boundary=False, force=True)
+    assert [(l.job_id, [(s.node, s.device) for s in l.held.slots]) for l in after.launches] == \
+        [("short-2", [("a", 0), ("a", 1)])]
+    assert after.launches[0].placement.devices[1].node == "a"
+    assert after.reasons["long-1"].startswith("waiting: needs 2x MI210; MI210: none free")
+
+
+def test_a_job_that_is_not_preemptible_keeps_its_devices_at_a_boundary() -> None:
+    held = HeldDevices("MI210", [Slot("a", 0), Slot("a", 1)])
+    long = record(1, spec("long", 2, 1000, devices={"type": "MI210"}, preemptible=False),
+                  status=Status.RUNNING, token=1, held=held)
+    short = record(2, spec("short", 2, 5, devices={"type": "MI210"}))
+    plan = LiveScheduler(ControllerSettings(policy="srtf")).decide([long, short], SNAPSHOT, 360.0, boundary=True)
+    assert plan.decided and not plan.stops and not plan.launches
+
+
+def test_devices_held_outside_the_controller_are_not_handed_out() -> None:
+    foreign = replace(SNAPSHOT, allocations=(Allocation("by-hand", "b", 0), Allocation("by-hand", "b", 1)))
+    job = record(1, spec("x", 1, 10, devices={"type": "L40S"}))
+    plan = LiveScheduler(ControllerSettings(policy="fifo")).decide([job], foreign, 0.0, False, force=True)
+    assert not plan.launches
+    assert plan.reasons["x-1"] == "waiting: needs 1x L40S; L40S: none free"
+    free = LiveScheduler(ControllerSettings(policy="fifo")).decide([job], SNAPSHOT, 0.0, False, force=True)
+    assert [l.held.text() for l in free.launches] == ["1x L40S on b [0]"]
