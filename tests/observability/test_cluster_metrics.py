@@ -18,16 +18,9 @@ from hetflow.accelerators.synthetic import synthetic_node
 from hetflow.core.errors import InputError
 from hetflow.core.placement import DeviceRef
 from hetflow.core.topology import Allocation, ClusterSnapshot, Vendor
-from hetflow.runtime.metrics import (
-    DeviceSample,
-    JobMetrics,
-    NodeSample,
-    bottleneck_hints,
-    build_view,
-    cluster_metrics,
-    job_metrics,
-    report_job_metrics,
-)
+from hetflow.runtime.measures import JobMetrics, bottleneck_hints, cluster_metrics, job_metrics
+from hetflow.runtime.metrics import build_view, report_job_metrics
+from hetflow.runtime.samplers import DeviceSample, NodeSample
 
 GIB = 1 << 30
 NOW = 1_000_000.0

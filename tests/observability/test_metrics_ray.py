@@ -33,7 +33,8 @@ from hetflow.accelerators.synthetic import synthetic_node
 from hetflow.cli import main as cli_main
 from hetflow.core.request import ParallelLayout, PlacementRequest
 from hetflow.runtime.binding import live_snapshot, publish_node, reserve
-from hetflow.runtime.metrics import CpuSampler, start_metrics, stop_metrics
+from hetflow.runtime.metrics import start_metrics, stop_metrics
+from hetflow.runtime.samplers import CpuSampler
 from hetflow.runtime.resources import node_labels, node_resources
 from hetflow.scheduling.planner import plan
 from tests.conftest import fixture_path
@@ -59,7 +60,7 @@ INTERVAL_S = 1.0
 
 def fake_sampler(node: str):
     """Runs inside each node's agent process: the fake library describing that node's GPUs."""
-    from hetflow.runtime.metrics import AmdSmiSampler, NvmlSampler
+    from hetflow.runtime.samplers import AmdSmiSampler, NvmlSampler
     from tests.accelerators.fakes import fake_amdsmi, fake_pynvml
 
     if node == "h100":

@@ -15,7 +15,7 @@ import pytest
 
 from hetflow.accelerators import amd, nvidia
 from hetflow.core.topology import Vendor
-from hetflow.runtime.metrics import AmdSmiSampler, CpuSampler, NvmlSampler, open_sampler
+from hetflow.runtime.samplers import AmdSmiSampler, CpuSampler, NvmlSampler, open_sampler
 from tests.accelerators.fakes import fake_amdsmi, fake_pynvml
 
 GIB = 1 << 30

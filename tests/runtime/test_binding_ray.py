@@ -21,7 +21,7 @@ from hetflow.accelerators.load import load_node
 from hetflow.accelerators.synthetic import synthetic_node
 from hetflow.core.errors import Unschedulable
 from hetflow.core.request import ParallelLayout, PlacementRequest
-from hetflow.core.topology import ClusterSnapshot, Vendor
+from hetflow.core.topology import Vendor
 from hetflow.core.units import parse_bytes
 from hetflow.runtime.binding import live_snapshot, publish_node, reserve, wait_removed
 from hetflow.runtime.resources import node_labels, node_resources

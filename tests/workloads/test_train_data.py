@@ -51,7 +51,6 @@ def test_replicas_split_the_global_batch() -> None:
 def test_prepared_arrays_become_tensors_without_a_copy() -> None:
     import warnings
 
-    import numpy as np
     import pytest
 
     from hetflow.core.errors import InputError

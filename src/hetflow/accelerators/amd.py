@@ -108,11 +108,11 @@ class _Gpu:
 
 
 def _read_node(lib: Any) -> NodeTopology | None:
-    handles = [h for h in lib.amdsmi_get_processor_handles() if _is_gpu(lib, h)]
+    handles = [h for h in lib.amdsmi_get_processor_handles() if is_gpu(lib, h)]
     if not handles:
         log.info("amdsmi initialised but reports no GPU processors: no AMD GPUs found")
         return None
-    indices = _hip_indices(lib, handles)
+    indices = hip_indices(lib, handles)
     gpus = [_Gpu(h, _read_device(lib, i, h)) for i, h in zip(indices, handles)]
     gpus = _assign_packages(sorted(gpus, key=lambda g: g.device.index))
     links = [_read_link(lib, a, b) for n, a in enumerate(gpus) for b in gpus[n + 1 :]]
@@ -124,13 +124,14 @@ def _read_node(lib: Any) -> NodeTopology | None:
     )
 
 
-def _is_gpu(lib: Any, handle: Any) -> bool:
+def is_gpu(lib: Any, handle: Any) -> bool:
+    """Whether an amdsmi processor handle is a GPU (amdsmi also lists CPUs and cores)."""
     kind = _optional(lib, lib.amdsmi_get_processor_type, handle)
     # Unknown type: keep it; amdsmi was initialised for GPUs only.
     return kind is None or kind.get("processor_type") == _GPU_TYPE
 
 
-def _hip_indices(lib: Any, handles: list[Any]) -> list[int]:
+def hip_indices(lib: Any, handles: list[Any]) -> list[int]:
     """The HIP device id of each handle; the handle order when any id is missing or repeated."""
     enumerate_info = getattr(lib, "amdsmi_get_gpu_enumeration_info", None)  # amdsmi >= 6.4
     if enumerate_info is not None:

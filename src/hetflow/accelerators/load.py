@@ -25,7 +25,7 @@ from typing import Any, Sequence
 import yaml
 
 from hetflow.core.errors import InputError, ParseError
-from hetflow.core.serialize import NODE_SCHEMA, SNAPSHOT_SCHEMA, loads_snapshot, node_from_dict
+from hetflow.core.serialize import NODE_SCHEMA, SNAPSHOT_SCHEMA, loads_snapshot
 from hetflow.core.topology import ClusterSnapshot, NodeTopology
 
 MAX_NODES = 100_000

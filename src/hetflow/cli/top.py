@@ -72,7 +72,7 @@ def _where(devices) -> str:
 
 def device_rows(view) -> list[dict[str, Any]]:
     """One row per device of every hetflow node, then per sampled device of other Ray nodes."""
-    from hetflow.runtime.metrics import fresh_sample
+    from hetflow.runtime.measures import fresh_sample
 
     holder: dict[tuple[str, int], list[str]] = {}
     for job, refs in view.job_devices.items():

@@ -1,7 +1,7 @@
 """Record this host's device utilisation while a workflow runs, for the report.
 
 A daemon thread reads the host's sampler (NVML, amdsmi, else the CPU from /proc; see
-:func:`hetflow.runtime.metrics.open_sampler`) every ``interval_s`` and keeps, per reading, the
+:func:`hetflow.runtime.samplers.open_sampler`) every ``interval_s`` and keeps, per reading, the
 seconds since the run started, the stage running then and each device's busy fraction and
 memory used. Multi-node clusters have a metrics agent per node (docs/observability.md); the
 report shows the driver's host.
@@ -24,7 +24,7 @@ class UtilisationRecorder:
     _thread: threading.Thread | None = None
 
     def __enter__(self) -> "UtilisationRecorder":
-        from hetflow.runtime.metrics import open_sampler
+        from hetflow.runtime.samplers import open_sampler
 
         self._sampler = open_sampler()
         self._t0 = time.monotonic()
