@@ -15,9 +15,11 @@ from pathlib import Path
 PKG = Path(__file__).resolve().parents[1] / "src" / "hetflow"
 PURE = ["core", "accelerators", "scheduling", "sim"]
 FORBIDDEN = {"ray", "torch"}
-# The controller's decisions, job files and records are pure too (the actor around them is not):
-# they are tested without Ray, and the simulator's guarantees carry over only if they stay so.
-PURE_MODULES = ["hetflow.control.scheduler", "hetflow.control.jobspec", "hetflow.control.state"]
+# Also pure: the controller's decisions, job files and records (the actor around them is not),
+# and the device samplers and metric calculations (the agents around them are not):
+# they are tested without Ray and must stay importable without it.
+PURE_MODULES = ["hetflow.control.scheduler", "hetflow.control.jobspec", "hetflow.control.state",
+                "hetflow.runtime.samplers", "hetflow.runtime.measures", "hetflow.runtime.resources"]
 
 
 def _modules() -> list[str]:
