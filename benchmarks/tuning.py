@@ -10,8 +10,10 @@ one CPU and one torch thread each.
 
 * **random**: Tune's random search (``BasicVariantGenerator``), every trial trained to the
   end (FIFO): what a user gets without early stopping.
-* **asha+tpe**: Optuna's TPE (``--startup`` random trials first) with ASHA (grace 1 epoch,
-  reduction factor 3, so rungs at 1, 3, 9, 27 epochs).
+* **asha+tpe**: Optuna's TPE (``--startup-trials`` random trials first) with hetflow's ASHA
+  (grace 1 epoch, reduction factor 3, so rungs at 1, 3, 9, 27 epochs; the first 3 trials to
+  reach the first rung stop there, ``--first-rung-quorum 0`` is Ray's ASHA). All as in the
+  example unless overridden on the command line.
 
 A run stops as soon as any trial reports a validation accuracy of at least ``--target``
 (``budget.target``). Measured from the trials' own reports (each carries its wall time):
@@ -51,6 +53,8 @@ STRATEGIES = {
     "random": {"algorithm": "random", "scheduler": "fifo"},
     "asha+tpe": {"algorithm": "tpe", "scheduler": "asha"},
 }
+# search settings of asha+tpe that the command line may override (default: the example's)
+SEARCH_KEYS = ("startup_trials", "grace_epochs", "reduction_factor", "first_rung_quorum")
 
 
 @dataclass
@@ -79,7 +83,7 @@ def run_one(strategy: str, seed: int, args: argparse.Namespace, root: Path) -> O
     data["name"] = f"bench-{strategy.replace('+', '-')}-{seed}"
     data["base"]["train"]["seed"] = seed
     search = {**STRATEGIES[strategy], "seed": seed}
-    for key in ("startup_trials", "grace_epochs", "reduction_factor"):
+    for key in SEARCH_KEYS:
         if getattr(args, key) is not None:
             search[key] = getattr(args, key)
     data["search"] = {**data["search"], **search}
@@ -120,6 +124,8 @@ def main() -> int:
                         "example's)")
     parser.add_argument("--reduction-factor", type=float, help="ASHA's reduction factor "
                         "(default: the example's)")
+    parser.add_argument("--first-rung-quorum", type=int, help="trials ASHA stops at its first "
+                        "rung before it promotes any (0: Ray's ASHA; default: the example's)")
     args = parser.parse_args()
 
     import ray
@@ -158,13 +164,14 @@ def report(outcomes: list[Outcome], args: argparse.Namespace) -> int:
 
     search = yaml.safe_load(EXAMPLE.read_text())["search"]
     settings = {key: getattr(args, key) if getattr(args, key) is not None else search[key]
-                for key in ("startup_trials", "grace_epochs", "reduction_factor")}
+                for key in SEARCH_KEYS}
     print(f"digits MLP, space of {EXAMPLE.relative_to(REPO)}, target val accuracy "
           f">= {args.target}, budget {args.trials} trials x {args.epochs} epochs, "
           f"{args.concurrent} at a time, "
           f"seeds {args.first_seed}..{args.first_seed + args.seeds - 1}"
           f"; TPE startup {settings['startup_trials']}, ASHA grace "
-          f"{settings['grace_epochs']} reduction {settings['reduction_factor']:g}")
+          f"{settings['grace_epochs']} reduction {settings['reduction_factor']:g} "
+          f"first-rung quorum {settings['first_rung_quorum']}")
     for name, runs in by.items():
         print(f"{name:9s}: mean {statistics.mean(o.compute for o in runs):6.1f} trial-epochs, "
               f"{statistics.mean(o.wall_s for o in runs):6.1f} s to target; "

@@ -64,7 +64,8 @@ def write(path: Path, data: dict[str, Any]) -> Path:
 def test_asha_stops_weak_trials_at_its_rungs(tmp_path: Path, capsys) -> None:
     out = tmp_path / "asha"
     config = write(tmp_path / "tune.yaml", tuning(
-        out, search={"scheduler": "asha", "grace_epochs": 1, "reduction_factor": 2},
+        out, search={"scheduler": "asha", "grace_epochs": 1, "reduction_factor": 2,
+                     "first_rung_quorum": 2},
         budget={"trials": 6, "epochs": 4}))
     assert tune_cli.main([str(config), "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
@@ -75,11 +76,16 @@ def test_asha_stops_weak_trials_at_its_rungs(tmp_path: Path, capsys) -> None:
     assert stopped and finished, [(t["status"], t["epochs"]) for t in trials]
     assert all(t["epochs"] == 4 for t in finished)
     assert summary["trial_epochs"] == sum(t["epochs"] for t in trials) < 6 * 4
+    first_at_rung_1 = sorted(trials, key=lambda t: t["curve"][0]["reported_at"])[:2]
+    assert all(t["epochs"] == 1 for t in first_at_rung_1)  # the quorum: no promotion before 2
     for trial in stopped:
         # ASHA (reduction factor 2, grace 1, 4 epochs) stops only at its rungs, epochs 1 and 2,
-        # and only a trial below the median of those that reached the rung before it
+        # and - past the first rung's quorum - only a trial below the median of those that
+        # reached the rung before it
         rung = trial["epochs"]
         assert rung in (1, 2)
+        if trial in first_at_rung_1:
+            continue
         mine = trial["curve"][-1]
         earlier_better = [
             other for other in trials if other is not trial

@@ -63,6 +63,10 @@ class SearchConfig(_Section):
     reduction_factor: float = Field(3.0, gt=1.0)
     """ASHA only: rungs are at grace_epochs * factor^k, and at each rung only the best
     1/factor of the trials that reached it go on."""
+    first_rung_quorum: int = Field(3, ge=0)
+    """ASHA only: the first this-many trials to reach the first rung stop there; no trial goes
+    past the first rung before that many results exist to judge it against. ``0`` is Ray's
+    ASHA, which lets the first arrival at a rung go on for lack of competition."""
 
     @property
     def mode(self) -> str:

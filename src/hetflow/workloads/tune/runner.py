@@ -7,8 +7,10 @@
 
 What runs: ``config.budget.trials`` trials of :func:`~hetflow.workloads.tune.trial.run_trial`,
 chosen by Optuna's TPE (``ray.tune.search.optuna.OptunaSearch``) or plain random search
-(Tune's ``BasicVariantGenerator``), stopped early by ASHA (``ray.tune.schedulers.ASHAScheduler``
-on epochs) or run to the end (FIFO), within the time budget. Trial resources come from
+(Tune's ``BasicVariantGenerator``), stopped early by ASHA on epochs
+(:class:`~hetflow.workloads.tune.asha.QuorumASHAScheduler`: Ray's ``ASHAScheduler`` whose first
+rung promotes nothing before ``search.first_rung_quorum`` results) or run to the end (FIFO),
+within the time budget. Trial resources come from
 :func:`~hetflow.workloads.tune.placement.place_trials` (hetflow's planner on GPU nodes).
 
 On disk, under ``config.output_dir``::
@@ -251,8 +253,10 @@ def trial_dirname(trial: Any) -> str:
 
 def _tune_config(config: TuningConfig, max_concurrent: int | None) -> Any:
     from ray import tune
-    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+    from ray.tune.schedulers import FIFOScheduler
     from ray.tune.search.basic_variant import BasicVariantGenerator
+
+    from hetflow.workloads.tune.asha import QuorumASHAScheduler
 
     search, budget = config.search, config.budget
     if search.algorithm == "tpe":
@@ -268,9 +272,10 @@ def _tune_config(config: TuningConfig, max_concurrent: int | None) -> Any:
         searcher = BasicVariantGenerator(random_state=search.seed,
                                          max_concurrent=max_concurrent or 0)
     if search.scheduler == "asha":
-        scheduler: Any = ASHAScheduler(time_attr="training_iteration", max_t=budget.epochs,
-                                       grace_period=search.grace_epochs,
-                                       reduction_factor=search.reduction_factor, brackets=1)
+        scheduler: Any = QuorumASHAScheduler(
+            time_attr="training_iteration", max_t=budget.epochs,
+            grace_period=search.grace_epochs, reduction_factor=search.reduction_factor,
+            quorum=search.first_rung_quorum)
     else:
         scheduler = FIFOScheduler()
     return tune.TuneConfig(metric=search.metric, mode=search.mode, search_alg=searcher,
