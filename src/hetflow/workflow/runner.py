@@ -287,7 +287,7 @@ class _Run:
                    f"val_accuracy {result.metrics.get('val_accuracy', 0):.3f}{resumed}")
         return record
 
-    def tune(self, prepared: dict[str, Any]) -> dict[str, Any] | None:
+    def tune(self, prepared: dict[str, Any], arrays_ref: Any = None) -> dict[str, Any] | None:
         t0 = time.time()
         if not self.spec.tune.enabled:
             self.bars.start("tune", 1)
@@ -311,7 +311,7 @@ class _Run:
         config = self.spec.tuning_config(str(out))
         resume = (out / EXPERIMENT_DIR).exists()
         done = TrialsDone(lambda n: self.bars.update("tune", n))
-        result = run_tuning(config, resume=resume, quiet=True, callbacks=[done])
+        result = run_tuning(config, resume=resume, quiet=True, callbacks=[done], data=arrays_ref)
         best_train = (_read_yaml(result.best_config_path) if result.best_config_path else None)
         checkpoint = (_step_dir(result.best_checkpoint_path)
                       if result.best_checkpoint_path else None)
@@ -525,7 +525,7 @@ def run_workflow(spec: WorkflowSpec, address: str | None = None, *, fresh: bool 
         util.stage = "train"
         trained = run.train(prepared, arrays_ref)
         util.stage = "tune"
-        tuned = run.tune(prepared)
+        tuned = run.tune(prepared, arrays_ref)
         util.stage = "export"
         exported = run.export(prepared, trained, tuned, arrays_ref)
         util.stage = "serve"

@@ -111,8 +111,12 @@ class TuningResult:
 
 
 def run_tuning(config: TuningConfig, *, resume: bool = False, callbacks: Sequence[Any] = (),
-               quiet: bool = False) -> TuningResult:
+               quiet: bool = False, data: Any | None = None) -> TuningResult:
     """Run (or with ``resume`` continue) the tuning run of ``config`` to its budget.
+
+    ``data``: an ObjectRef of the split's arrays already in Ray's object store (keys
+    ``SPLIT_KEYS`` of :mod:`hetflow.workloads.train.data`; the split ``base.data`` describes):
+    every trial maps them instead of loading the dataset itself.
 
     Joins ``base.resources.ray_address`` or starts a local Ray when none is connected (and
     stops it at the end). ``callbacks`` are extra Ray Tune callbacks; a resumed run gets back
@@ -136,7 +140,7 @@ def run_tuning(config: TuningConfig, *, resume: bool = False, callbacks: Sequenc
         ray.init(address=config.base.resources.ray_address, include_dashboard=False)
         started_ray = True
     try:
-        return _run(config, experiment, resume, list(callbacks), quiet)
+        return _run(config, experiment, resume, list(callbacks), quiet, data)
     finally:
         if started_ray:
             ray.shutdown()
@@ -154,7 +158,7 @@ def _check_output(experiment: Path, resume: bool) -> None:
 
 
 def _run(config: TuningConfig, experiment: Path, resume: bool, callbacks: list[Any],
-         quiet: bool) -> TuningResult:
+         quiet: bool, data: Any | None = None) -> TuningResult:
     from ray import tune
 
     from hetflow.workloads.tune.placement import place_trials
@@ -166,7 +170,8 @@ def _run(config: TuningConfig, experiment: Path, resume: bool, callbacks: list[A
     placement = place_trials(config, key=str(experiment))
     setup = TrialSetup(base=config.base.model_dump(mode="json"), space=space,
                        epochs=budget.epochs, threads=config.trial.threads)
-    trainable = tune.with_resources(tune.with_parameters(run_trial, setup=setup),
+    # with_parameters keeps an ObjectRef as it is (no second copy in the store).
+    trainable = tune.with_resources(tune.with_parameters(run_trial, setup=setup, data=data),
                                     resources=placement.resources)
     table = LiveTable(space, search.metric, search.mode, budget.epochs, budget.trials,
                       live=config.output.live)

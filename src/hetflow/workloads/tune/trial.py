@@ -30,7 +30,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 
@@ -42,7 +42,7 @@ from hetflow.workloads.train.checkpoint import (
     save_checkpoint,
 )
 from hetflow.workloads.train.config import TrainConfig, config_from_dict
-from hetflow.workloads.train.data import Dataset, StepOrder, load_dataset
+from hetflow.workloads.train.data import Dataset, StepOrder, dataset_from_arrays, load_dataset
 from hetflow.workloads.train.loop import build_optimizer, select_device
 from hetflow.workloads.train.models import build_model, loss_fn
 from hetflow.workloads.tune.space import SearchSpace
@@ -65,8 +65,15 @@ class TrialSetup:
         return base.with_overrides(**self.space.overrides(sampled))
 
 
-def run_trial(sampled: dict[str, Any], setup: TrialSetup) -> None:
-    """Tune's trainable: train ``setup.epochs`` epochs (or resume), reporting after each."""
+def run_trial(sampled: dict[str, Any], setup: TrialSetup,
+              data: Mapping[str, Any] | None = None) -> None:
+    """Tune's trainable: train ``setup.epochs`` epochs (or resume), reporting after each.
+
+    ``data``: the split's arrays prepared elsewhere (a workflow's prepare stage). Given to
+    ``tune.with_parameters`` as an ObjectRef, Tune keeps the reference (no second copy) and
+    resolves it here to read-only views of the object store; the trial trains on them instead
+    of loading ``config.dataset``.
+    """
     from ray import tune
 
     from hetflow.workloads.tune.placement import bind_planned_device
@@ -81,8 +88,11 @@ def run_trial(sampled: dict[str, Any], setup: TrialSetup) -> None:
     model = build_model(config).to(device)
     optimizer = build_optimizer(config, model)
     state = {"model": ModelState(model), "optim": OptimizerState(model, optimizer)}
-    dataset = load_dataset(config.dataset, val_fraction=config.data.val_fraction,
-                           seed=config.data.seed, seq_len=getattr(config.model, "seq_len", 64))
+    if data is not None:
+        dataset = dataset_from_arrays(config.dataset, data)
+    else:
+        dataset = load_dataset(config.dataset, val_fraction=config.data.val_fraction,
+                               seed=config.data.seed, seq_len=getattr(config.model, "seq_len", 64))
     order = StepOrder(len(dataset.train), config.train.batch_size, config.data.seed)
     start_epoch = _restore(tune.get_checkpoint(), state)
     scaler = torch.amp.GradScaler(device.type) if config.train.precision == "fp16" else None
