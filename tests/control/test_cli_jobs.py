@@ -55,6 +55,14 @@ def test_status_prints_devices_progress_and_reasons() -> None:
     assert format_table([]).startswith("no jobs yet")
 
 
+def test_a_cpu_jobs_attempts_show_its_cpus_and_node() -> None:
+    cpu = {**RECORD, "job_id": "digits-cpu-5", "devices": "2 CPUs on vm",
+           "runs": [{"token": 1, "device_type": "CPU", "devices": [], "where": "2 CPUs on vm",
+                     "outcome": "succeeded", "start_step": 0, "end_step": 300}]}
+    assert "  devices: 2 CPUs on vm" in format_job(cpu)
+    assert "attempt 1: 2 CPUs on vm: succeeded, steps 0 -> 300" in format_job(cpu)
+
+
 def test_an_unreachable_cluster_is_a_one_line_error_with_what_to_do() -> None:
     import socket
 

@@ -1,11 +1,15 @@
 """The cluster controller on a real local multi-node Ray cluster with fake accelerators.
 
-Nodes ``a`` (2x MI210) and ``b`` (2x L40S) declare devices they do not have; jobs are short
-CPU programs (``sleep_job.py``) and one real digits training job. Covered: the simulator and
+Nodes ``a`` (2x MI210) and ``b`` (2x L40S) declare devices they do not have; the head is a
+plain Ray node (no hetflow label, no published topology); every node gives Ray 1 CPU. Jobs are
+short CPU programs (``sleep_job.py``) and real digits training jobs. Covered: the simulator and
 the live controller agree on a small trace (start order and devices); submit, status, cancel
 and logs; a job that can never fit is refused at submit; a training job preempted by the
 policy checkpoints and resumes right after its checkpointed step; the controller killed and
-restarted loses and duplicates nothing. Every wait has a deadline.
+restarted loses and duplicates nothing; CPU jobs (no device) run on the CPUs of every node -
+the plain head's too - beside device jobs, a CPU training job's ranks run in its reservation
+and checkpoint when stopped, and a CPU job bigger than any node is refused at submit. Every
+wait has a deadline.
 """
 
 from __future__ import annotations
@@ -64,10 +68,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
 
 
 def sleep_spec(name: str, count: int, seconds: float, marker: Path | None = None,
-               devices: dict[str, Any] | None = None) -> JobSpec:
+               devices: dict[str, Any] | None = None, **extra: Any) -> JobSpec:
     args = [str(seconds)] + ([str(marker)] if marker else [])
     data = {"name": name, "kind": "python", "python": {"script": str(SLEEP_JOB), "args": args},
-            "devices": {"count": count, **(devices or {})}, "work": {"seconds": seconds}}
+            "devices": {"count": count, **(devices or {})}, "work": {"seconds": seconds}, **extra}
     return resolve(job_from_dict(data), SLEEP_JOB.parent)
 
 
@@ -232,3 +236,78 @@ def test_preempted_training_resumes_from_its_checkpoint(cluster: Path) -> None:
     assert final is not None and final.step == 600
     losses = {int(k) for k in final.meta["losses"]}
     assert losses == set(range(1, 601))  # every step's loss is there: no completed step lost
+
+
+# --- CPU jobs ----------------------------------------------------------------------------------------
+
+
+def cpu_groups() -> dict[str, list[tuple[str, float]]]:
+    """Placement groups now holding CPUs: job id -> [(Ray node id, CPUs)]."""
+    from ray.util import placement_group_table
+
+    out: dict[str, list[tuple[str, float]]] = {}
+    for group in placement_group_table().values():
+        if group.get("state") == "REMOVED":
+            continue
+        for index, resources in (group.get("bundles") or {}).items():
+            if resources.get("CPU"):
+                node = (group.get("bundles_to_node_id") or {}).get(index, "")
+                out.setdefault(group["name"].removeprefix("hetflow-"), []).append((node, resources["CPU"]))
+    return out
+
+
+def test_cpu_jobs_run_on_every_nodes_cpus_while_device_jobs_run(cluster: Path) -> None:
+    head = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and "hetflow.io/node" not in (n.get("Labels") or {}))
+    device = client.submit(sleep_spec("gangs", 2, 12, devices={"type": "L40S"}))["job_id"]
+    cpu_ids = [client.submit(sleep_spec(f"cpu{i}", 0, 4))["job_id"] for i in range(3)]
+    late = client.submit(sleep_spec("cpu-late", 0, 1))["job_id"]
+    running = wait_for(lambda: (jobs := jobs_by_id()) and all(jobs[i]["status"] == "RUNNING" for i in cpu_ids)
+                       and jobs, 30, "three CPU jobs running")
+    # one CPU each on a, b and the plain head: the cluster's three CPUs, reserved in Ray
+    assert sorted(running[i]["devices"] for i in cpu_ids) == ["1 CPU on a", "1 CPU on b", f"1 CPU on ray-{head[:12]}"]
+    groups = cpu_groups()
+    assert sorted(cpu for i in cpu_ids for _, cpu in groups[i]) == [1.0, 1.0, 1.0]
+    assert head in {node for i in cpu_ids for node, _ in groups[i]}
+    assert running[late]["status"] == "QUEUED"
+    assert running[late]["reason"].startswith(f"waiting: needs 1 CPU on one node; CPUs free: 0 on a, 0 on b, "
+                                              f"0 on ray-{head[:12]}")
+
+    jobs = wait_for(lambda: all_ended(cpu_ids + [late]), 30, "the CPU jobs to end")
+    assert all(jobs[i]["status"] == "SUCCEEDED" for i in cpu_ids + [late])
+    assert jobs[device]["status"] == "RUNNING"  # they ran beside the device job
+    assert "on  CUDA_VISIBLE_DEVICES=\n" in client.logs(late)  # no device, none visible
+    client.cancel(device)
+    wait_for(lambda: all_ended([device]), 30, "the device job to stop")
+
+
+def test_a_cpu_job_bigger_than_any_node_is_refused_at_submit(cluster: Path) -> None:
+    before = len(client.status())
+    with pytest.raises(Unschedulable, match=r"job big \(2 CPUs on one node\) can never run on this cluster, even "
+                                            r"empty: the largest node has too few \(a: 1 CPU, b: 1 CPU, ray-\w+: 1 CPU\)"):
+        client.submit(sleep_spec("big", 0, 1, cpus=2))
+    assert len(client.status()) == before
+
+
+def test_cpu_training_ranks_run_in_the_reservation_and_checkpoint_when_stopped(cluster: Path) -> None:
+    ckpt = cluster / "digits-cpu-ckpt"
+    train = resolve(job_from_dict({
+        "name": "digits-cpu", "kind": "train",
+        "train": {
+            "name": "digits-cpu-live", "model": {"kind": "mlp", "hidden": [512, 512]},
+            "train": {"steps": 5000, "batch_size": 256, "log_every": 10},
+            "checkpoint": {"dir": str(ckpt), "interval": 1000},
+            "resources": {"device": "cpu", "cpus_per_rank": 1},
+        },
+    }), cluster)
+    assert train.cpu_only  # no devices section: resources.device cpu makes it a CPU job
+    job = client.submit(train)["job_id"]
+    wait_for(lambda: (jobs_by_id()[job]["progress_step"] or 0) >= 20, 90, "CPU training progress")
+    assert [cpu for _, cpu in cpu_groups()[job]] == [1.0]
+    client.cancel(job)  # the stop file: the rank checkpoints at its current step and returns
+    record = wait_for(lambda: all_ended([job]), 60, "the training to stop")[job]
+    assert record["status"] == "CANCELLED"
+    run = record["runs"][0]
+    assert run["device_type"] == "CPU" and run["where"].startswith("1 CPU on ")
+    final = latest_checkpoint(ckpt)
+    assert final is not None and final.step == run["end_step"] and 20 <= final.step < 5000
+    assert job not in cpu_groups()  # its CPUs were given back

@@ -27,8 +27,16 @@ PY = {"script": "run.py"}
     ({"name": "a", "kind": "python", "python": {}}, "give exactly one of python.entrypoint"),
     ({"name": "a", "kind": "python", "python": PY, "devices": {"memory": "12 bogus"}},
      "devices: cannot read size '12 bogus'"),
-    ({"name": "a", "kind": "python", "python": PY, "devices": {"count": 0}},
-     "devices.count: Input should be greater than 0"),
+    ({"name": "a", "kind": "python", "python": PY, "devices": {"count": -1}},
+     "devices.count: Input should be greater than or equal to 0"),
+    ({"name": "a", "kind": "python", "python": PY, "devices": {"count": 0, "type": "MI300X"}},
+     "devices: count 0 asks for no device, so type cannot apply"),
+    ({"name": "a", "kind": "python", "python": PY, "devices": {"count": 0}, "cpus": 0},
+     "a CPU job (devices.count 0) needs cpus > 0"),
+    ({"name": "a", "kind": "python", "python": PY, "devices": {"count": 1}, "memory": "4GiB"},
+     "memory (host memory) is for CPU jobs (devices.count 0)"),
+    ({"name": "a", "kind": "python", "python": PY, "devices": {"count": 0}, "memory": "4 gigs"},
+     "memory: cannot read size '4 gigs'"),
     ({"name": "a", "kind": "python", "python": PY, "work": {"steps": 3, "seconds": 4}},
      "give work.steps or work.seconds, not both"),
     ({"kind": "python", "python": PY}, "name: missing"),
@@ -75,7 +83,50 @@ def test_tune_jobs_are_never_preemptible(tmp_path: Path) -> None:
     assert spec.total_work == float("inf")  # open-ended without an estimate
 
 
-@pytest.mark.parametrize("name", sorted(p.name for p in (REPO / "examples" / "jobs").glob("*.yaml")))
+# (file, devices, CPUs the policy schedules for a CPU job): what each example asks for
+EXAMPLES = {"digits-train.yaml": (2, None), "sleep-python.yaml": (1, None), "digits-cpu.yaml": (0, 2.0)}
+
+
+def test_every_example_job_file_is_checked() -> None:
+    assert sorted(p.name for p in (REPO / "examples" / "jobs").glob("*.yaml")) == sorted(EXAMPLES)
+
+
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
 def test_example_job_files_load(name: str) -> None:
     spec = load_job(REPO / "examples" / "jobs" / name)
-    assert spec.num_devices >= 1
+    devices, cpus = EXAMPLES[name]
+    assert spec.num_devices == devices and spec.cpu_only == (devices == 0)
+    if cpus is not None:
+        assert spec.job_cpus == cpus
+
+
+# -- CPU jobs ------------------------------------------------------------------------------------
+
+
+def test_cpu_python_job_defaults_to_one_cpu_and_takes_host_memory() -> None:
+    spec = job_from_dict({"name": "a", "kind": "python", "python": PY, "devices": {"count": 0}})
+    assert spec.cpu_only and spec.job_cpus == 1.0 and spec.memory_bytes == 0 and spec.num_ranks == 1
+    spec = job_from_dict({"name": "a", "kind": "python", "python": PY, "devices": {"count": 0},
+                          "cpus": 3, "memory": "2GiB"})
+    assert spec.job_cpus == 3.0 and spec.memory_bytes == 2 << 30
+
+
+def test_cpu_training_config_makes_a_cpu_job_of_world_size_times_cpus_per_rank(tmp_path: Path) -> None:
+    train = {"layout": {"dp": 3}, "train": {"batch_size": 48}, "resources": {"device": "cpu", "cpus_per_rank": 2}}
+    spec = resolve(job_from_dict({"name": "a", "kind": "train", "train": train}), tmp_path)
+    assert spec.num_devices == 0 and spec.job_cpus == 6.0 and spec.num_ranks == 3
+    # any devices section keeps it a device job (job files written before CPU jobs existed)
+    typed = resolve(job_from_dict({"name": "a", "kind": "train", "train": train,
+                                   "devices": {"type": "MI210"}}), tmp_path)
+    assert typed.num_devices == 3 and not typed.cpu_only and typed.cpus_per_device == 2.0
+    # a GPU training config stays a device job by default
+    gpu = resolve(job_from_dict({"name": "a", "kind": "train", "train": {**train, "resources": {"device": "gpu"}}}),
+                  tmp_path)
+    assert gpu.num_devices == 3
+
+
+def test_cpu_training_job_needs_a_cpu_training_config(tmp_path: Path) -> None:
+    spec = job_from_dict({"name": "a", "kind": "train", "train": {"resources": {"device": "gpu"}},
+                          "devices": {"count": 0}})
+    with pytest.raises(InputError, match="devices.count 0 runs the training on CPUs; set resources.device: cpu"):
+        resolve(spec, tmp_path)

@@ -141,10 +141,12 @@ def format_job(r: dict[str, Any]) -> str:
     if r.get("progress_step") is not None:
         lines.append(f"  step: {r['progress_step']}")
     for run in r.get("runs", []):
-        devices = " ".join(f"{n}:{d}" for n, d in run["devices"])
+        # "where" (a CPU job's CPUs and node) is in runs recorded since CPU jobs exist
+        devices = run.get("where") or " ".join(f"{n}:{d}" for n, d in run["devices"])
         steps = (f", steps {run.get('start_step')} -> {run.get('end_step')}"
                  if run.get("end_step") is not None else "")
-        lines.append(f"  attempt {run['token']}: {run['device_type']} {devices}: "
+        kind = "" if run.get("where") else f"{run['device_type']} "
+        lines.append(f"  attempt {run['token']}: {kind}{devices}: "
                      f"{run.get('outcome') or 'running'}{steps}")
     lines.append("  history:")
     for when, event in r.get("history", [])[-10:]:

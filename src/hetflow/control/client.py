@@ -40,10 +40,17 @@ def connect(address: str | None = None) -> Iterator[None]:
         ray.init(address=target, namespace="hetflow", log_to_driver=False, logging_level="ERROR")
     except (ConnectionError, RuntimeError, ValueError) as exc:
         where = "no running Ray cluster was found on this machine" if target == "auto" else \
-            f"cannot reach the Ray cluster at {target}"
+            f"cannot connect to the Ray cluster at {target}"
+        # Ray 2.60 clusters from `ray start` require a token by default, and Ray sends one to
+        # an explicit address only when told to (it does so by itself only for "auto").
+        token = ("" if target == "auto" or os.environ.get("RAY_AUTH_MODE") else
+                 "; if the cluster uses token authentication (the default of `ray start` in Ray "
+                 "2.60), set RAY_AUTH_MODE=token and give its token (RAY_AUTH_TOKEN, or "
+                 "~/.ray/auth_token; `ray get-auth-token` on the head prints it)")
         raise InputError(
-            f"{where} ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); start one with "
-            "`ray start --head` (or `hetflow node start` on each node), or pass --address HOST:PORT"
+            f"{where} ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}){token}; "
+            "start a cluster with `ray start --head` (or `hetflow node start` on each node), or "
+            "pass --address HOST:PORT"
         ) from None
     try:
         yield

@@ -37,6 +37,7 @@ from typing import Any
 
 import ray
 
+from hetflow.control.hosts import HostView, host_view
 from hetflow.control.jobspec import JobSpec
 from hetflow.control.runner import JobRunner, runner_name
 from hetflow.control.scheduler import ControllerSettings, Launch, LiveScheduler, Plan
@@ -110,7 +111,7 @@ class HetflowController:
             for r in self.records.values():
                 if submission and r.submission == submission:
                     return self._public(r)  # a retried call: the job was already queued
-        self.scheduler.admit(job, self._snapshot())
+        self.scheduler.admit(job, self._view().snapshot)
         with self.lock:
             seq = self.store.next_seq()
             now = time.time()
@@ -181,9 +182,11 @@ class HetflowController:
             if not (self.dirty or boundary):
                 return
             self.dirty = False
-            plan = self.scheduler.decide(active, self._snapshot(), now, boundary, force=True)
+            view = self._view()
+            plan = self.scheduler.decide(active, view.snapshot, now, boundary, force=True,
+                                         cpu_holds=view.cpu_holds)
             self.decisions += plan.decided
-            self._apply(plan, now)
+            self._apply(plan, now, view)
 
     # -- the loop -------------------------------------------------------------------------------------
 
@@ -198,8 +201,12 @@ class HetflowController:
                 self._loop_error = traceback.format_exc(limit=5)
                 log.exception("controller tick failed")
 
-    def _snapshot(self):
-        return live_snapshot(self.settings.inter_node_gbps)
+    def _view(self) -> HostView:
+        """The cluster now: hetflow nodes with their devices, every Ray node's CPUs, the CPUs
+        placement groups hold (:mod:`hetflow.control.hosts`)."""
+        from ray.util import placement_group_table
+
+        return host_view(live_snapshot(self.settings.inter_node_gbps), ray.nodes(), placement_group_table())
 
     def _watch(self, now: float) -> None:
         for record in list(self.records.values()):
@@ -314,7 +321,7 @@ class HetflowController:
         record.note(now, reason)
         self.store.save(record)
 
-    def _apply(self, plan: Plan, now: float) -> None:
+    def _apply(self, plan: Plan, now: float, view: HostView) -> None:
         for stop in plan.stops:
             record = self.records[stop.job_id]
             handle = self._runner(stop.job_id)
@@ -325,14 +332,14 @@ class HetflowController:
             if handle is not None:
                 handle.stop.remote()
         for launch in plan.launches:
-            self._launch(self.records[launch.job_id], launch, now)
+            self._launch(self.records[launch.job_id], launch, now, view)
         for job_id, reason in plan.reasons.items():
             record = self.records[job_id]
             if record.reason != reason:
                 record.reason = reason
                 self.store.save(record)
 
-    def _launch(self, record: JobRecord, launch: Launch, now: float) -> None:
+    def _launch(self, record: JobRecord, launch: Launch, now: float, view: HostView) -> None:
         old = self._runner(record.job_id)
         if old is not None:  # an earlier attempt's runner is still there: never two at once
             ray.kill(old, no_restart=True)
@@ -350,16 +357,22 @@ class HetflowController:
         record.note(now, launch.reason)
         record.runs.append({"token": record.token, "device_type": launch.held.device_type,
                             "devices": [[s.node, s.device] for s in launch.held.slots],
+                            "where": launch.held.text(),
                             "started_at": now, "ended_at": None, "outcome": None})
         self.store.save(record)  # before the runner exists: a restart then knows its token
-        node = launch.placement.devices[0].node
+        node = launch.held.nodes[0]
+        host = None
+        if launch.placement is None:  # a CPU job: pinned by Ray's node id (plain Ray nodes have no hetflow label)
+            host = {"node": node, "selector": view.selector(node)}
+            selector = host["selector"]
+        else:
+            selector = {NODE_LABEL: _label_value(node)}
         try:
             ray.remote(JobRunner).options(
                 name=runner_name(record.job_id), namespace=NAMESPACE, lifetime="detached",
-                num_cpus=0, max_restarts=0, max_concurrency=8,
-                label_selector={NODE_LABEL: _label_value(node)},
-            ).remote(record.job_id, record.token, record.spec, launch.placement, self._snapshot(),
-                     asdict(self.settings), now, record.needs_restore)
+                num_cpus=0, max_restarts=0, max_concurrency=8, label_selector=selector,
+            ).remote(record.job_id, record.token, record.spec, launch.placement, view.snapshot,
+                     asdict(self.settings), now, record.needs_restore, host)
         except ValueError as exc:  # the name was taken in between: try again next decision
             self._requeue(record, now, f"queued again: could not start its runner ({exc})",
                           restore=record.needs_restore)

@@ -3,7 +3,7 @@
     from hetflow.control.jobspec import load_job
     spec = load_job("examples/jobs/digits-train.yaml")
 
-Three kinds of job, each with a device request the policy schedules::
+Three kinds of job, each with a device request the policy schedules (or none: a CPU job)::
 
     name: digits                 # job name (the controller adds a number: digits-3)
     kind: train                  # train | tune | python
@@ -12,6 +12,13 @@ Three kinds of job, each with a device request the policy schedules::
     preemptible: true            # may the policy checkpoint it and move it
     weight: 1.0                  # share in weighted policies
     work: {steps: 300}           # the policy's estimate of its size (steps or seconds)
+
+A **CPU job** asks for no device: ``devices: {count: 0}`` with ``cpus`` (the CPUs of the whole
+job, default 1) and optionally ``memory`` (host memory, e.g. ``8GiB``); all of it is reserved on
+one node. A ``train`` job whose config says ``resources: {device: cpu}`` and whose job file
+gives no ``devices`` section is a CPU job by default, with ``cpus`` = world size x
+``cpus_per_rank``. (A ``devices`` section - any count, type, vendor or memory - keeps it a
+device job, as before.)
 
 ``python`` runs ``entrypoint: "pkg.module:function"`` (called with no arguments, ``args`` in
 ``sys.argv``) or ``script: path.py`` with ``args``; ``tune`` runs ``hetflow tune`` on a tuning
@@ -45,8 +52,10 @@ class _Section(BaseModel):
 class DeviceRequest(_Section):
     """The accelerators a job needs: a gang of ``count`` devices of one type, all at once."""
 
-    count: int | None = Field(None, gt=0)
-    """Devices (one rank each). Default: a training job's world size (dp x pp x tp), else 1."""
+    count: int | None = Field(None, ge=0)
+    """Devices (one rank each); 0: a CPU job (see ``cpus`` and ``memory``). Default: a training
+    job's world size (dp x pp x tp) - or 0 when its config says ``resources.device: cpu`` and
+    this section is left out - else 1."""
     type: str | None = None
     """Only this device type, as the catalog names it (``MI300X``, ``H100-SXM``); any alias works."""
     vendor: Literal["nvidia", "amd"] | None = None
@@ -56,6 +65,12 @@ class DeviceRequest(_Section):
 
     @model_validator(mode="after")
     def _memory_parses(self) -> "DeviceRequest":
+        if self.count == 0:
+            given = [k for k in ("type", "vendor", "memory") if getattr(self, k) is not None]
+            if given:
+                raise ValueError(f"count 0 asks for no device, so {', '.join(given)} cannot apply; "
+                                 "give a count > 0 or leave them out (host memory is the top-level "
+                                 "`memory` key)")
         if self.memory:
             try:
                 parse_bytes(self.memory)
@@ -66,6 +81,11 @@ class DeviceRequest(_Section):
     @property
     def memory_bytes(self) -> int | None:
         return parse_bytes(self.memory) if self.memory else None
+
+    @property
+    def is_default(self) -> bool:
+        """Nothing was asked: the job file has no ``devices`` section (or an empty one)."""
+        return all(getattr(self, k) is None for k in ("count", "type", "vendor", "memory"))
 
 
 class WorkEstimate(_Section):
@@ -120,7 +140,12 @@ class JobSpec(_Section):
     devices: DeviceRequest = Field(default_factory=DeviceRequest)
     """The devices it needs."""
     cpus: float | None = Field(None, ge=0)
-    """CPUs reserved per device (rank). Default: a training job's resources.cpus_per_rank, else 0."""
+    """CPUs reserved per device (rank). Default: a training job's resources.cpus_per_rank, else 0.
+    A CPU job (no device): the CPUs of the whole job, on one node; default world size x
+    cpus_per_rank for training, else 1."""
+    memory: str | None = None
+    """A CPU job only: host memory reserved for the whole job, e.g. ``8GiB`` (Ray's ``memory``
+    resource; default none). Device memory is ``devices.memory``."""
     preemptible: bool = True
     """The policy may stop it (it checkpoints first) and resume it later, elsewhere. Tune jobs
     are never preempted."""
@@ -133,6 +158,20 @@ class JobSpec(_Section):
     """Size estimate for the policy. Without one, the job is open-ended (infinite)."""
     max_attempts: int = Field(3, gt=0)
     """Attempts after which a job that keeps failing (not preemptions) is marked FAILED."""
+
+    @model_validator(mode="after")
+    def _host_fields(self) -> "JobSpec":
+        if self.memory is not None:
+            try:
+                parse_bytes(self.memory)
+            except InputError as exc:
+                raise ValueError(f"memory: {exc}") from None
+        if self.devices.count == 0 and self.cpus == 0:
+            raise ValueError("a CPU job (devices.count 0) needs cpus > 0: the CPUs it runs on")
+        if self.memory is not None and (self.devices.count or 0) > 0:
+            raise ValueError("memory (host memory) is for CPU jobs (devices.count 0); for the "
+                             "memory of each device use devices.memory")
+        return self
 
     @model_validator(mode="after")
     def _kind_fields(self) -> "JobSpec":
@@ -156,11 +195,41 @@ class JobSpec(_Section):
 
     @property
     def num_devices(self) -> int:
+        """Devices of the gang; 0 for a CPU job."""
         if self.devices.count is not None:
             return self.devices.count
         if self.kind == "train" and isinstance(self.train, dict):
+            config = self.train_config()
+            if config.resources.device == "cpu" and self.devices.is_default:
+                return 0
+            return config.layout.world_size
+        return 1
+
+    @property
+    def cpu_only(self) -> bool:
+        return self.num_devices == 0
+
+    @property
+    def num_ranks(self) -> int:
+        """Worker processes: a training job's world size, else one process."""
+        if self.kind == "train" and isinstance(self.train, dict):
             return self.train_config().layout.world_size
         return 1
+
+    @property
+    def job_cpus(self) -> float:
+        """A CPU job's CPUs (the whole job; see ``cpus``)."""
+        if self.cpus is not None:
+            return self.cpus
+        if self.kind == "train" and isinstance(self.train, dict):
+            config = self.train_config()
+            return config.layout.world_size * config.resources.cpus_per_rank
+        return 1.0
+
+    @property
+    def memory_bytes(self) -> int:
+        """A CPU job's host memory (0: none asked)."""
+        return parse_bytes(self.memory) if self.memory else 0
 
     @property
     def cpus_per_device(self) -> float:
@@ -214,7 +283,11 @@ def resolve(spec: JobSpec, base: Path) -> JobSpec:
             default = ckpt or f"runs/{config.name}/checkpoints"
             data = {**data, "checkpoint": {**data.get("checkpoint", {}), "dir": str(_absolute(default, base))}}
         world = config.layout.world_size
-        if spec.devices.count is not None and spec.devices.count != world:
+        if spec.devices.count == 0 and config.resources.device != "cpu":
+            raise InputError(f"job {spec.name}: devices.count 0 runs the training on CPUs; set "
+                             f"resources.device: cpu in its training config (it says "
+                             f"{config.resources.device!r}) or ask for devices")
+        if spec.devices.count and spec.devices.count != world:
             raise InputError(f"job {spec.name}: devices.count {spec.devices.count} must equal the "
                              f"training layout's world size dp*pp*tp = {world} (or leave it out)")
         changes["train"] = data

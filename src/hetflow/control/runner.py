@@ -11,7 +11,9 @@ restart leaves running jobs alone. Its steps, each reported to the key-value sto
 :class:`~hetflow.control.state.AttemptReport` carrying the attempt's token:
 
 1. ``placing``: :func:`~hetflow.runtime.binding.reserve` the policy's devices (the planner's
-   binding: bundle per device, visibility variables per rank);
+   binding: bundle per device, visibility variables per rank) - or, for a CPU job,
+   :func:`~hetflow.runtime.binding.reserve_cpus` its CPUs on its node (one bundle per rank,
+   pinned by the node's ``ray.io/node-id``; no device visible);
 2. ``running``: run the job - ``train``: one rank actor per device on its bundle (the training
    actor group), with ``HETFLOW_STOP_FILE`` in their environment; ``python``/``tune``: one
    process on this node, seeing this node's devices of the job, stdout and stderr to the log;
@@ -39,6 +41,7 @@ from typing import Any
 from hetflow.control.jobspec import JobSpec
 from hetflow.control.state import AttemptReport, JobStore, RayKV
 from hetflow.core.placement import Placement
+from hetflow.core.units import format_cpus
 from hetflow.core.topology import ClusterSnapshot
 
 RUNNER_PREFIX = "hetflow-job-"
@@ -72,9 +75,13 @@ def _die_with_parent() -> None:
 class JobRunner:
     """One attempt (see the module docstring). Methods return at once; the work runs in a thread."""
 
-    def __init__(self, job_id: str, token: int, spec: dict[str, Any], placement: Placement,
+    def __init__(self, job_id: str, token: int, spec: dict[str, Any], placement: Placement | None,
                  snapshot: ClusterSnapshot, settings: dict[str, Any], launched_at: float,
-                 restarted: bool) -> None:
+                 restarted: bool, host: dict[str, Any] | None = None) -> None:
+        """``placement``: the devices of a device job; None for a CPU job, whose ``host`` is
+        ``{"node": name, "selector": {label: value}}`` (its CPUs and memory are the spec's)."""
+        assert (placement is None) != (host is None), "a job has devices or a host, not both"
+        self.host = host
         self.job_id = job_id
         self.token = token
         self.spec = JobSpec.model_validate(spec)
@@ -134,14 +141,11 @@ class JobRunner:
 
     def _main(self) -> None:
         from hetflow.core.errors import Unschedulable
-        from hetflow.runtime.binding import reserve
 
-        where = ", ".join(str(d) for d in self.placement.devices)
-        self._log(f"=== {self.job_id} attempt {self.token}: {where} "
+        self._log(f"=== {self.job_id} attempt {self.token}: {self._where()} "
                   f"({time.strftime('%Y-%m-%d %H:%M:%S')}) ===\n")
         try:
-            bound = reserve(self.placement, self.snapshot, cpus_per_rank=self.spec.cpus_per_device,
-                            timeout_s=float(self.settings["placement_timeout_s"]))
+            bound = self._reserve()
         except Unschedulable as exc:
             self._finish("unplaced", str(exc))
             return
@@ -164,14 +168,38 @@ class JobRunner:
             outcome = "preempted"
         self._finish(outcome, message, fatal)
 
-    def _run_process(self) -> tuple[str, str, bool]:
+    def _where(self) -> str:
+        if self.placement is None:
+            assert self.host is not None
+            memory = f", {self.spec.memory_bytes / 2**30:.1f} GiB" if self.spec.memory_bytes else ""
+            return f"{format_cpus(self.spec.job_cpus)}{memory} on {self.host['node']}"
+        return ", ".join(str(d) for d in self.placement.devices)
+
+    def _reserve(self) -> Any:
+        from hetflow.runtime.binding import reserve, reserve_cpus
+
+        timeout_s = float(self.settings["placement_timeout_s"])
+        if self.placement is None:
+            assert self.host is not None
+            return reserve_cpus(self.job_id, self.host["selector"], ranks=self.spec.num_ranks,
+                                cpus=self.spec.job_cpus, memory_bytes=self.spec.memory_bytes,
+                                timeout_s=timeout_s)
+        return reserve(self.placement, self.snapshot, cpus_per_rank=self.spec.cpus_per_device,
+                       timeout_s=timeout_s)
+
+    def _visibility(self) -> dict[str, str]:
+        from hetflow.core.topology import Vendor
         from hetflow.runtime.resources import visibility_env
 
-        spec = self.spec
+        if self.placement is None:
+            return visibility_env(Vendor.CPU, [])
         node = self.placement.devices[0].node
         devices = list(self.placement.devices_on(node))
-        vendor = self.snapshot.node(node).device(devices[0]).vendor
-        env = {**os.environ, **visibility_env(vendor, devices), **self._job_env()}
+        return visibility_env(self.snapshot.node(node).device(devices[0]).vendor, devices)
+
+    def _run_process(self) -> tuple[str, str, bool]:
+        spec = self.spec
+        env = {**os.environ, **self._visibility(), **self._job_env()}
         if spec.kind == "python":
             assert spec.python is not None
             py = spec.python
@@ -203,7 +231,8 @@ class JobRunner:
         return {
             "HETFLOW_JOB_ID": self.job_id,
             "HETFLOW_ATTEMPT": str(self.token),
-            "HETFLOW_DEVICES": ",".join(str(d) for d in self.placement.devices),
+            "HETFLOW_DEVICES": ",".join(str(d) for d in self.placement.devices) if self.placement else "",
+            "HETFLOW_NODE": self.host["node"] if self.host else self.placement.devices[0].node,  # type: ignore[union-attr]
             "HETFLOW_LAUNCHED_AT": repr(self.launched_at),
             "HETFLOW_RESTARTED": "1" if self.restarted else "0",
             "HETFLOW_STOP_FILE": str(self.stop_file),
@@ -217,12 +246,14 @@ class JobRunner:
 
         config = self.spec.train_config()
         options = []
-        for rank in range(self.placement.world_size):
+        ranks = self.placement.world_size if self.placement is not None else self.spec.num_ranks
+        for rank in range(ranks):
             opts = bound.actor_options(rank)
             opts["runtime_env"]["env_vars"][STOP_FILE_ENV] = str(self.stop_file)
             options.append(opts)
         me = ray.get_runtime_context().current_actor
-        group = _ReservedGroup(config, self.job_id, self.token, me, options, self.placement.explain())
+        how = self.placement.explain() if self.placement is not None else f"the controller reserved {self._where()}"
+        group = _ReservedGroup(config, self.job_id, self.token, me, options, how)
         self._group = group
         try:
             group.start()

@@ -12,6 +12,13 @@ by the same asserts, and their answer is diffed the same way. What differs is on
 world does in between: here a stop takes a checkpoint's time, so a start whose devices are still
 held by a stopping job waits for the next decision instead of overlapping it.
 
+CPU jobs (no device) are the policies' host-bound requests (``Request(0, cpu_milli, memory_mib)``)
+on the model's CPU pools (``ClusterModel.from_snapshot(..., cpu_pools=True)``: one per node whose
+CPU count the snapshot knows, device type ``CPU``). The policy does not see the CPUs that device
+jobs reserve per rank; the controller charges them to their node's CPU pool before asking it,
+with the CPUs other placement groups hold (``cpu_holds``), and holds back a device job whose
+node has too few CPUs left for it (it waits for the next decision, with the reason).
+
 Work units: a job's ``work`` estimate (steps or seconds) over the throughput model's rate. Job
 types the model does not know run at 1.0 unit/s on every allowed type (:class:`UnitRate`), so
 ``work.seconds`` is literally seconds.
@@ -29,9 +36,19 @@ from hetflow.core.errors import Unschedulable
 from hetflow.core.placement import DeviceRef, Placement
 from hetflow.core.request import ParallelLayout
 from hetflow.core.topology import ClusterSnapshot
-from hetflow.core.units import format_bytes
+from hetflow.core.units import format_bytes, format_cpus
+
+MIB = 1 << 20
 from hetflow.scheduling.policies.base import Policy
-from hetflow.scheduling.policies.capacity import WHOLE, Assignment, ClusterModel, FreeCapacity, Request
+from hetflow.core.errors import InputError
+from hetflow.scheduling.policies.capacity import (
+    CPU_POOL_TYPE,
+    WHOLE,
+    Assignment,
+    ClusterModel,
+    FreeCapacity,
+    Request,
+)
 from hetflow.scheduling.policies.registry import make_policy
 from hetflow.scheduling.policies.rounds import (
     DemandMix,
@@ -103,12 +120,15 @@ class LiveCluster:
     model: ClusterModel
     slot_of: Mapping[tuple[str, int], tuple[int, int]]  # (node, device) -> (pool, position)
     vendors: Mapping[str, frozenset[str]]  # device type -> vendors of its devices
+    cpu_pool_of: Mapping[str, int]  # node -> its CPU pool (nodes whose CPU count is known)
 
     @classmethod
     def of(cls, snapshot: ClusterSnapshot) -> "LiveCluster":
+        """The model of ``snapshot`` (InputError when it has nothing to schedule on: no
+        accelerators and no node whose CPUs are known)."""
         from dataclasses import replace
 
-        model = ClusterModel.from_snapshot(replace(snapshot, allocations=()))
+        model = ClusterModel.from_snapshot(replace(snapshot, allocations=()), cpu_pools=True)
         slot_of = {(pool.machine, dev): (i, pos)
                    for i, pool in enumerate(model.nodes) for pos, dev in enumerate(pool.devices)}
         vendors: dict[str, set[str]] = {}
@@ -116,10 +136,26 @@ class LiveCluster:
             node = snapshot.node(pool.machine)
             vendors.setdefault(pool.device_type, set()).update(
                 node.device(d).vendor.value for d in pool.devices)
-        return cls(snapshot, model, slot_of, {t: frozenset(v) for t, v in vendors.items()})
+        cpu_pool_of = {pool.machine: i for i, pool in enumerate(model.nodes) if pool.device_type == CPU_POOL_TYPE}
+        return cls(snapshot, model, slot_of, {t: frozenset(v) for t, v in vendors.items()}, cpu_pool_of)
+
+    def host_fits(self, request: Request) -> bool:
+        """Some CPU pool holds ``request``'s CPUs and memory when it is empty."""
+        return any((pool.cpu_milli or 0) >= request.cpu_milli and
+                   (pool.memory_mib is None or pool.memory_mib >= request.memory_mib)
+                   for pool in self.model.nodes if pool.device_type == CPU_POOL_TYPE)
+
+    @property
+    def accelerator_types(self) -> tuple[str, ...]:
+        return tuple(t for t in self.model.device_types if t != CPU_POOL_TYPE)
 
     def assignment(self, held: HeldDevices) -> Assignment | None:
         """The policy's assignment for devices held by name (None if a node has gone)."""
+        if not held.slots:  # a CPU job: its node's CPU pool
+            pool = self.cpu_pool_of.get(held.host or "")
+            if pool is None:
+                return None
+            return Assignment(CPU_POOL_TYPE, (), held.milli, pool, held.cpu_milli, held.memory_mib)
         try:
             slots = tuple(sorted(self.slot_of[(s.node, s.device)] for s in held.slots))
         except KeyError:
@@ -127,6 +163,10 @@ class LiveCluster:
         return Assignment(held.device_type, slots, held.milli, group_gbps=self.model.group_gbps(slots))
 
     def held(self, a: Assignment) -> HeldDevices:
+        if not a.slots:
+            assert a.host is not None, "an assignment with neither devices nor host"
+            return HeldDevices(a.device_type, [], a.milli, self.model.nodes[a.host].machine,
+                               a.cpu_milli, a.memory_mib)
         return HeldDevices(a.device_type, [Slot(self.model.nodes[n].machine, self.model.nodes[n].devices[p])
                                            for n, p in a.slots], a.milli)
 
@@ -147,9 +187,14 @@ class LiveCluster:
         )
 
     def free_text(self, free: FreeCapacity, types: Sequence[str]) -> str:
-        """``2 free on a, 1 on b`` per type: whole free devices by node."""
+        """``2 free on a, 1 on b`` per type: whole free devices by node (CPUs for ``CPU``)."""
         parts = []
         for t in types:
+            if t == CPU_POOL_TYPE:
+                shown = [f"{free.cpu[i] / 1000:g} on {self.model.nodes[i].machine}"
+                         for i in self.model.nodes_of_type[t]]
+                parts.append("CPUs free: " + ", ".join(shown))
+                continue
             per_node = [(self.model.nodes[i].machine, int(free.whole[i])) for i in self.model.nodes_of_type[t]]
             shown = [f"{k} on {name}" for name, k in per_node if k > 0]
             parts.append(f"{t}: " + (", ".join(shown) + " free" if shown else "none free"))
@@ -211,9 +256,22 @@ class LiveJob:
 
 
 def job_request(spec: JobSpec) -> Request:
-    """The policy's request: a gang of whole devices; CPUs are reserved by the runner, not
-    scheduled by the policy (as in the simulator's GPU traces)."""
+    """The policy's request: a gang of whole devices, whose per-rank CPUs the runner reserves
+    and the controller charges (as in the simulator's GPU traces, the policy does not see them);
+    or, for a CPU job, its CPUs and host memory on one node (a host-bound request)."""
+    if spec.cpu_only:
+        return Request(0, cpu_milli=math.ceil(spec.job_cpus * 1000 - 1e-6),
+                       memory_mib=-(-spec.memory_bytes // MIB))
     return Request(spec.num_devices)
+
+
+@dataclass(frozen=True)
+class CpuHold:
+    """CPUs a placement group holds on a node (``job``: its name without ``hetflow-``)."""
+
+    job: str
+    node: str
+    cpus: float
 
 
 # -- decisions ---------------------------------------------------------------------------------------
@@ -223,7 +281,7 @@ def job_request(spec: JobSpec) -> Request:
 class Launch:
     job_id: str
     held: HeldDevices
-    placement: Placement
+    placement: Placement | None  # None for a CPU job (``held`` names its node and CPUs)
     reason: str
 
 
@@ -256,10 +314,12 @@ class LiveScheduler:
     # -- admission -------------------------------------------------------------------------------
 
     def allowed_types(self, spec: JobSpec, cluster: LiveCluster) -> frozenset[str] | None:
+        if spec.cpu_only:
+            return frozenset({CPU_POOL_TYPE})
         d = spec.devices
         if d.type is None and d.vendor is None:
-            return None
-        types = set(cluster.model.device_types)
+            return None  # any accelerator (CPU pools hold no devices, so a gang never fits there)
+        types = set(cluster.accelerator_types)
         if d.type is not None:
             types &= {canonical_device_type(d.type)}
         if d.vendor is not None:
@@ -267,30 +327,40 @@ class LiveScheduler:
         return frozenset(types)
 
     def rates(self, spec: JobSpec, cluster: LiveCluster) -> dict[str, float]:
-        return ideal_rates(cluster.model, self.throughputs, spec.effective_job_type, job_request(spec),
+        request = job_request(spec)
+        if spec.cpu_only and not cluster.host_fits(request):
+            return {}  # (the simulator's ideal_rates does not look at host sizes)
+        return ideal_rates(cluster.model, self.throughputs, spec.effective_job_type, request,
                            self.allowed_types(spec, cluster), spec.devices.memory_bytes)
 
     def admit(self, spec: JobSpec, snapshot: ClusterSnapshot) -> dict[str, float]:
         """The job's rate per device type; Unschedulable (with why, per type) when it could not
         run anywhere in this cluster even if it were empty."""
-        if not snapshot.nodes:
-            raise Unschedulable("the cluster has no hetflow nodes with accelerators: start nodes with "
-                                "`hetflow node start` (they publish their devices), then submit again")
-        cluster = LiveCluster.of(snapshot)
+        cluster = _cluster_or_none(snapshot)
+        if cluster is None:
+            raise Unschedulable("the cluster has no nodes to run jobs on (no hetflow node with "
+                                "accelerators, no node with CPUs): start nodes with `hetflow node start` "
+                                "(they publish their devices), then submit again")
         rates = self.rates(spec, cluster)
         if rates:
             return rates
         raise Unschedulable(self._never_fits(spec, cluster))
 
     def _never_fits(self, spec: JobSpec, cluster: LiveCluster) -> str:
+        if spec.cpu_only:
+            return self._cpus_never_fit(spec, cluster)
+        if not cluster.accelerator_types:
+            return (f"job {spec.name} asks for {spec.num_devices} device(s) and this cluster has no "
+                    "accelerators (only CPUs): run it as a CPU job (devices: {count: 0}) or add "
+                    "nodes with accelerators (`hetflow node start` on them)")
         m, n = cluster.model, spec.num_devices
         allowed = self.allowed_types(spec, cluster)
         mem = spec.devices.memory_bytes
         why = []
         if allowed is not None and not allowed:
             wanted = " ".join(x for x in (spec.devices.vendor, spec.devices.type) if x)
-            why.append(f"no {wanted} devices in this cluster (it has {', '.join(m.device_types)})")
-        for t in m.device_types:
+            why.append(f"no {wanted} devices in this cluster (it has {', '.join(cluster.accelerator_types)})")
+        for t in cluster.accelerator_types:
             if allowed is not None and t not in allowed:
                 continue
             if n > m.capacity_by_type[t]:
@@ -306,17 +376,39 @@ class LiveScheduler:
                 f"even empty: {'; '.join(why)}. Ask for fewer devices or another type, or add nodes "
                 "that have them")
 
+    def _cpus_never_fit(self, spec: JobSpec, cluster: LiveCluster) -> str:
+        m = cluster.model
+        pools = [m.nodes[i] for i in m.nodes_of_type.get(CPU_POOL_TYPE, ())]
+        memory = f", {format_bytes(spec.memory_bytes)}" if spec.memory_bytes else ""
+        head = f"job {spec.name} ({format_cpus(spec.job_cpus)}{memory} on one node) can never run on this cluster, even empty"
+        if not pools:
+            return (f"{head}: no node's CPU count is known (CPU jobs run on Ray nodes that give Ray "
+                    "CPUs); start one with `hetflow node start` or `ray start`")
+        sizes = ", ".join(f"{p.machine}: {format_cpus((p.cpu_milli or 0) / 1000)}"
+                          + (f" {format_bytes((p.memory_mib or 0) * MIB)}" if spec.memory_bytes else "")
+                          for p in pools)
+        return (f"{head}: the largest node has too few ({sizes}). Ask for fewer CPUs"
+                f"{' or less memory' if spec.memory_bytes else ''}, or add a bigger node")
+
     # -- one decision ----------------------------------------------------------------------------
 
     def decide(self, records: Sequence[JobRecord], snapshot: ClusterSnapshot, now: float,
-               boundary: bool, force: bool = False) -> Plan:
+               boundary: bool, force: bool = False, cpu_holds: Sequence[CpuHold] = ()) -> Plan:
         """One decision over every unfinished record (see the module docstring).
 
         ``boundary``: a round boundary (preemptive policies may move running jobs). The policy
-        is asked at a boundary, or when ``force`` and someone waits and devices are free (as the
-        simulator asks after arrivals and completions); otherwise only reasons are refreshed.
+        is asked at a boundary, or when ``force`` and someone waits and devices (or, for a
+        waiting CPU job, CPUs) are free (as the simulator asks after arrivals and completions);
+        otherwise only reasons are refreshed. ``cpu_holds``: CPUs held by placement groups;
+        those of jobs the controller did not start are not free for its jobs.
         """
-        cluster = LiveCluster.of(snapshot)
+        cluster = _cluster_or_none(snapshot)
+        if cluster is None:
+            plan = Plan()
+            for record in records:
+                if not record.status.finished and not record.status.holds_devices:
+                    plan.reasons[record.job_id] = "waiting: the cluster has no nodes to run on"
+            return plan
         free = FreeCapacity(cluster.model)
         demand = DemandMix()
         running: dict[str, LiveJob] = {}
@@ -339,6 +431,7 @@ class LiveScheduler:
                     plan.reasons[record.job_id] = "its devices are no longer in the cluster; waiting for its runner to end"
                     continue
                 free.take(held)
+                self._charge_cpus(free, cluster, self._device_cpus(spec, held, cluster))
                 if record.status is Status.PREEMPTING:
                     stopping.append((record, held))
                     continue
@@ -351,8 +444,13 @@ class LiveScheduler:
             else:
                 plan.reasons[record.job_id] = "waiting: " + self._never_fits(spec, cluster)
         self._take_foreign(snapshot, cluster, free, ours)
+        for hold in cpu_holds:
+            if hold.job not in ours and hold.node in cluster.cpu_pool_of:
+                self._charge_cpus(free, cluster, {cluster.cpu_pool_of[hold.node]: round(hold.cpus * 1000)})
         unpin = boundary and self.policy.preemptive
-        worth = bool(waiting) and free.total_free_milli() > 0
+        cpus_free = any(free.cpu[i] > 0 for i in cluster.cpu_pool_of.values())
+        worth = (any(j.num_gpus > 0 for j in waiting) and free.total_free_milli() > 0) or (
+            cpus_free and any(j.num_gpus == 0 for j in waiting))
         if not (unpin and (running or waiting)) and not (force and worth):
             self._waiting_reasons(plan, waiting, cluster, free, free, set(), stopping)
             return plan
@@ -380,7 +478,18 @@ class LiveScheduler:
                 why = f"moved by policy {self.policy.name} to {cluster.held(new).text()}{for_whom}"
             plan.stops.append(Stop(job.job_id, None if new is None else cluster.held(new), why))
         launched = set()
+        physical = free.fork()  # free now: stopping jobs still hold theirs until they have stopped
         for jid, a in changes.starts:
+            job = inputs.view.jobs[[j.job_id for j in inputs.view.jobs].index(jid)]
+            short = self._cpus_short(physical, cluster, a, job.spec)  # type: ignore[attr-defined]
+            if short is not None:
+                holders = [r.job_id for r, held in stopping if held.host == a.host and not held.slots]
+                holders += [j.job_id for j, _ in changes.stops if j.job_id != jid and not j.assignment.slots  # type: ignore[union-attr]
+                            and j.assignment.host == a.host]  # type: ignore[union-attr]
+                by = f"; {', '.join(dict.fromkeys(holders))} is checkpointing to free them" if holders else ""
+                plan.reasons[jid] = (f"waiting: policy {self.policy.name} chose {cluster.held(a).text()}, "
+                                     f"but {short}{by}")
+                continue
             if set(a.slots) & blocked:
                 holders = sorted(r.job_id for r, held in stopping if set(held.slots) & set(a.slots))
                 holders += sorted(j.job_id for j, _ in changes.stops
@@ -388,15 +497,58 @@ class LiveScheduler:
                 plan.reasons[jid] = (f"waiting: policy {self.policy.name} chose {cluster.held(a).text()}, "
                                      f"still held by {', '.join(dict.fromkeys(holders))} until it checkpoints")
                 continue
-            job = inputs.view.jobs[[j.job_id for j in inputs.view.jobs].index(jid)]
             held = cluster.held(a)
-            placement = cluster.placement(jid, held, job.spec.devices.memory_bytes)  # type: ignore[attr-defined]
+            spec = job.spec  # type: ignore[attr-defined]
+            placement = None if not a.slots else cluster.placement(jid, held, spec.devices.memory_bytes)
+            if a.slots:  # its devices are free (``blocked`` above); its ranks' CPUs are taken now
+                self._charge_cpus(physical, cluster, self._device_cpus(spec, a, cluster))
+            else:
+                physical.take(a)
             why = f"started by policy {self.policy.name} on {held.text()}"
             plan.launches.append(Launch(jid, held, placement, why))
             launched.add(jid)
         still_waiting = [j for j in waiting if j.job_id not in launched and j.job_id not in plan.reasons]
         self._waiting_reasons(plan, still_waiting, cluster, inputs.view.free, after, started, stopping)
         return plan
+
+    @staticmethod
+    def _device_cpus(spec: JobSpec, a: Assignment, cluster: LiveCluster) -> dict[int, int]:
+        """CPU milli a device job's ranks reserve, per CPU pool of their nodes (none for a CPU
+        job: the policy charges those itself)."""
+        out: dict[int, int] = {}
+        if not a.slots or spec.cpus_per_device <= 0:
+            return out
+        per_rank = round(spec.cpus_per_device * 1000)
+        for n, _ in a.slots:
+            pool = cluster.cpu_pool_of.get(cluster.model.nodes[n].machine)
+            if pool is not None:
+                out[pool] = out.get(pool, 0) + per_rank
+        return out
+
+    @staticmethod
+    def _charge_cpus(free: FreeCapacity, cluster: LiveCluster, milli: Mapping[int, int]) -> None:
+        """Take CPUs the policy does not account (device jobs' ranks, other placement groups);
+        never below zero: Ray, not this view, is the authority on what is really free."""
+        for pool, amount in milli.items():
+            free.cpu[pool] = max(0, int(free.cpu[pool]) - amount)
+
+    def _cpus_short(self, physical: FreeCapacity, cluster: LiveCluster, a: Assignment,
+                    spec: JobSpec) -> str | None:
+        """Why ``a`` cannot be reserved right now for lack of CPUs or host memory, else None."""
+        if not a.slots:
+            assert a.host is not None
+            node = cluster.model.nodes[a.host].machine
+            if physical.cpu[a.host] < a.cpu_milli:
+                return f"{node} has {format_cpus(physical.cpu[a.host] / 1000)} free now"
+            if physical.mem[a.host] < a.memory_mib:
+                return f"{node} has {format_bytes(int(physical.mem[a.host]) * MIB)} of memory free now"
+            return None
+        for pool, milli in self._device_cpus(spec, a, cluster).items():
+            if physical.cpu[pool] < milli:
+                node = cluster.model.nodes[pool].machine
+                return (f"its ranks need {format_cpus(milli / 1000)} on {node} and {physical.cpu[pool] / 1000:g} "
+                        "are free there now")
+        return None
 
     def _take_foreign(self, snapshot: ClusterSnapshot, cluster: LiveCluster, free: FreeCapacity,
                       ours: set[str]) -> None:
@@ -416,9 +568,16 @@ class LiveScheduler:
             if job.job_id in plan.reasons:
                 continue
             types = sorted(job.ideal_rates, key=cluster.model.type_index.__getitem__)
-            mem = job.spec.devices.memory_bytes
-            need = f"needs {job.num_gpus}x {' or '.join(types)}" + (f" with {format_bytes(mem)} each" if mem else "")
-            fits_before = any(before.could_fit(job.request, t) for t in types)
+            if job.spec.cpu_only:
+                mem = job.spec.memory_bytes
+                need = f"needs {format_cpus(job.spec.job_cpus)}" + (f" and {format_bytes(mem)}" if mem else "") + " on one node"
+                pools = cluster.model.nodes_of_type[CPU_POOL_TYPE]
+                fits_before = bool(((before.cpu[pools] >= job.request.cpu_milli)
+                                    & (before.mem[pools] >= job.request.memory_mib)).any())
+            else:
+                mem = job.spec.devices.memory_bytes
+                need = f"needs {job.num_gpus}x {' or '.join(types)}" + (f" with {format_bytes(mem)} each" if mem else "")
+                fits_before = any(before.could_fit(job.request, t) for t in types)
             if fits_before and started:
                 tail = f"; policy {self.policy.name} gave the free devices to {', '.join(sorted(started))} first"
             elif stopping:
@@ -428,5 +587,13 @@ class LiveScheduler:
             plan.reasons[job.job_id] = f"waiting: {need}; {cluster.free_text(after, types)}{tail}"
 
 
-__all__ = ["ControllerSettings", "Launch", "LiveCluster", "LiveJob", "LiveScheduler", "Plan", "Stop",
+def _cluster_or_none(snapshot: ClusterSnapshot) -> LiveCluster | None:
+    """The cluster's model, or None when there is nothing to schedule on."""
+    try:
+        return LiveCluster.of(snapshot)
+    except InputError:
+        return None
+
+
+__all__ = ["ControllerSettings", "CpuHold", "Launch", "LiveCluster", "LiveJob", "LiveScheduler", "Plan", "Stop",
            "UnitRate", "job_request", "live_throughputs"]

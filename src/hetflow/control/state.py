@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from hetflow.core.errors import InputError
+from hetflow.core.units import format_cpus
 
 SCHEMA = "hetflow.job/v1"
 KV_NAMESPACE = "hetflow"
@@ -69,13 +70,28 @@ class Slot:
 
 @dataclass
 class HeldDevices:
-    """Where an attempt runs: the policy's assignment in names, and how it was chosen."""
+    """Where an attempt runs: the policy's assignment in names, and how it was chosen.
+
+    A CPU job holds no slots: ``host`` is its node, ``cpu_milli`` and ``memory_mib`` what it
+    reserved there (device type ``CPU``)."""
 
     device_type: str
     slots: list[Slot]
     milli: int = 1000
+    host: str | None = None
+    cpu_milli: int = 0
+    memory_mib: int = 0
+
+    @property
+    def nodes(self) -> list[str]:
+        """Nodes it runs on, the first one first (where the runner goes)."""
+        names = [s.node for s in self.slots] + ([self.host] if self.host else [])
+        return list(dict.fromkeys(names))
 
     def text(self) -> str:
+        if not self.slots:
+            memory = f", {self.memory_mib / 1024:.1f} GiB" if self.memory_mib else ""
+            return f"{format_cpus(self.cpu_milli / 1000)}{memory} on {self.host}"
         per_node: dict[str, list[str]] = {}
         for s in self.slots:
             per_node.setdefault(s.node, []).append(str(s.device))
@@ -139,7 +155,8 @@ class JobRecord:
         record = cls(**{**data, "status": Status(data["status"])})
         if held is not None:
             record.held = HeldDevices(held["device_type"], [Slot(**s) for s in held["slots"]],
-                                      held.get("milli", 1000))
+                                      held.get("milli", 1000), held.get("host"),
+                                      held.get("cpu_milli", 0), held.get("memory_mib", 0))
         return record
 
 

@@ -47,3 +47,9 @@ def format_bytes(n: int | None) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     raise AssertionError("unreachable")
+
+
+def format_cpus(count: float) -> str:
+    """``1 -> "1 CPU"``, ``0.5 -> "0.5 CPU"``, ``2 -> "2 CPUs"``, ``0 -> "0 CPUs"`` (for reasons
+    and status lines)."""
+    return f"{count:g} CPU" + ("" if 0 < count <= 1 else "s")

@@ -13,6 +13,9 @@ Steps (reserve -> commit -> rollback, as Volcano and the Kubernetes scheduler fr
    task: the bundle, the device resource and the visibility environment (see
    :mod:`hetflow.runtime.resources`). ``release()`` (or leaving the ``with`` block) removes the
    group and frees the devices.
+4. ``reserve_cpus`` is the same for a job with no device: one ``{CPU, memory}`` bundle per
+   rank on one node (chosen by label, e.g. Ray's ``ray.io/node-id``, which plain Ray nodes have
+   too); ``BoundCpus.actor_options(rank)`` runs a rank there with no device visible.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from hetflow.core.errors import HetflowError, Unschedulable
 from hetflow.core.placement import Placement
 from hetflow.core.serialize import node_from_dict, node_to_dict
-from hetflow.core.topology import Allocation, ClusterSnapshot, NodeTopology
+from hetflow.core.topology import Allocation, ClusterSnapshot, NodeTopology, Vendor
 from hetflow.runtime.resources import (
     DEVICE_RESOURCE_PREFIX,
     MIB,
@@ -191,6 +194,79 @@ def reserve(
     return BoundPlacement(placement, group, tuple(units), tuple(envs), cpus_per_rank)
 
 
+@dataclasses.dataclass
+class BoundCpus:
+    """CPUs (and host memory) reserved on one node for a job with no device: one bundle per
+    rank. ``actor_options(rank)`` runs a rank in its bundle with no device visible."""
+
+    group: PlacementGroup
+    cpus_per_rank: float
+    memory_per_rank: int
+    released: bool = False
+
+    def actor_options(self, rank: int) -> dict[str, Any]:
+        assert not self.released, "this reservation was released"
+        options: dict[str, Any] = {
+            "num_cpus": self.cpus_per_rank,
+            "num_gpus": 0,
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                placement_group=self.group, placement_group_bundle_index=rank
+            ),
+            "runtime_env": {"env_vars": visibility_env(Vendor.CPU, [])},
+        }
+        if self.memory_per_rank:
+            options["memory"] = self.memory_per_rank
+        return options
+
+    def release(self) -> None:
+        if not self.released:
+            remove_placement_group(self.group)
+            self.released = True
+
+    def __enter__(self) -> "BoundCpus":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def reserve_cpus(
+    name: str,
+    node_selector: dict[str, str],
+    *,
+    ranks: int,
+    cpus: float,
+    memory_bytes: int = 0,
+    timeout_s: float = 30.0,
+) -> BoundCpus:
+    """Reserve ``cpus`` (and ``memory_bytes``) in all, split over ``ranks`` bundles, on the one
+    node ``node_selector`` matches (e.g. ``{"ray.io/node-id": ID}`` - any Ray node, hetflow's or
+    not - or ``{NODE_LABEL: name}``); wait until Ray has committed it.
+
+    Raises Unschedulable (after removing the group) when it is not ready in ``timeout_s``.
+    """
+    assert ranks >= 1 and cpus > 0
+    per_cpu = cpus / ranks
+    per_mem = -(-memory_bytes // ranks) if memory_bytes else 0
+    bundle: dict[str, float] = {"CPU": per_cpu}
+    if per_mem:
+        bundle["memory"] = per_mem
+    group = placement_group([dict(bundle) for _ in range(ranks)], strategy="PACK", name=f"hetflow-{name}",
+                            bundle_label_selector=[dict(node_selector) for _ in range(ranks)])
+    try:
+        ready, _ = ray.wait([group.ready()], timeout=timeout_s)
+        if not ready:
+            where = ", ".join(f"{k}={v}" for k, v in node_selector.items())
+            raise Unschedulable(
+                f"job {name}: Ray did not commit {cpus:g} CPUs on the node {where} within "
+                f"{timeout_s:g}s (taken since the decision, or the node left); nothing was kept"
+            )
+    except BaseException:
+        remove_placement_group(group)
+        raise
+    return BoundCpus(group, per_cpu, per_mem)
+
+
 def wait_removed(group: PlacementGroup, timeout_s: float = 10.0) -> bool:
     """True once Ray reports the group REMOVED (used by tests and cleanup checks)."""
     from ray.util import placement_group_table
@@ -204,6 +280,6 @@ def wait_removed(group: PlacementGroup, timeout_s: float = 10.0) -> bool:
 
 
 __all__ = [
-    "BoundPlacement", "publish_node", "published_nodes", "live_snapshot", "reserve",
+    "BoundCpus", "BoundPlacement", "publish_node", "reserve_cpus", "published_nodes", "live_snapshot", "reserve",
     "wait_removed", "DEVICE_RESOURCE_PREFIX", "HetflowError",
 ]

@@ -2,7 +2,8 @@
 
 - :class:`ClusterModel` - immutable: every node's device type, devices, host resources and the
   bandwidth between its devices, built from a :class:`~hetflow.core.topology.ClusterSnapshot`
-  (``ClusterModel.from_snapshot``). A node with two device models becomes two pools.
+  (``ClusterModel.from_snapshot``). A node with two device models becomes two pools; with
+  ``cpu_pools=True`` (the live controller) each node's CPUs are one more pool, of type ``CPU``.
 - :class:`FreeCapacity` - what is free, per device in thousandths of a GPU ("milli", 1000 = a
   whole device) plus host CPU (milli-cores) and memory (MiB) per node. Policies work on a
   ``fork()`` of it (a scratch copy); the engine owns the real one.
@@ -20,7 +21,7 @@ bandwidth from the catalog (or 16 GB/s, PCIe 3.0 x16) - a conservative guess, na
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -29,6 +30,7 @@ from hetflow.core.topology import Allocation, ClusterSnapshot, LinkKind, NodeTop
 from hetflow.core.errors import InputError
 
 WHOLE = 1000  # milli of one whole device
+CPU_POOL_TYPE = "CPU"  # the catalog's name for a host's CPUs: the device type of CPU pools
 DEFAULT_PCIE_GBPS = 16.0
 _UNLIMITED = np.iinfo(np.int64).max // 4
 _DEDICATED = {LinkKind.NVLINK, LinkKind.XGMI, LinkKind.SAME_PACKAGE}
@@ -177,6 +179,15 @@ def _node_shape(node: NodeTopology, indices: Sequence[int], fallback_gbps: float
     return gbps, dedicated
 
 
+def _cpu_pools(snapshot: ClusterSnapshot, shape: int) -> list[PoolNode]:
+    """One device-less pool per node with a known CPU count (see ``from_snapshot``)."""
+    return [PoolNode(name=f"{node.name}/{CPU_POOL_TYPE}", device_type=CPU_POOL_TYPE, devices=(),
+                     cpu_milli=int(node.cpu_cores * 1000),
+                     memory_mib=None if node.host_memory_bytes is None else node.host_memory_bytes >> 20,
+                     shape=shape, node_name=node.name)
+            for node in snapshot.nodes if node.cpu_cores is not None]
+
+
 class ClusterModel:
     """Immutable description of a cluster's schedulable devices (see module docstring)."""
 
@@ -205,11 +216,18 @@ class ClusterModel:
     # -- construction -------------------------------------------------------------------
 
     @classmethod
-    def from_snapshot(cls, snapshot: ClusterSnapshot, lookup=None) -> "ClusterModel":
-        """Pools from a snapshot: one per (node, device model); CPUs are not scheduled here.
+    def from_snapshot(cls, snapshot: ClusterSnapshot, lookup=None, *, cpu_pools: bool = False) -> "ClusterModel":
+        """Pools from a snapshot: one per (node, device model); CPUs only with ``cpu_pools``.
 
         ``lookup`` (a catalog lookup, default the catalog) canonicalises device models and
         gives the PCIe bandwidth used for links the snapshot does not know.
+
+        ``cpu_pools`` (the live controller; the simulator leaves it off): every node whose
+        ``cpu_cores`` is known - accelerator nodes and CPU-only nodes alike - also gets a pool
+        of device type :data:`CPU_POOL_TYPE` with no devices, holding the node's whole CPU and
+        memory, for jobs that ask for no device (``Request(0, cpu_milli=...)``). Its device
+        pools then hold no host resources (nothing is counted twice). These pools come after
+        every device pool, so device pools keep the indices they have without the flag.
         """
         from hetflow.scheduling.throughput import canonical_device_type, catalog_spec
 
@@ -249,6 +267,9 @@ class ClusterModel:
                     shape=shape_ids[key],
                     node_name=node.name,
                 ))
+        if cpu_pools:
+            nodes = [replace(n, cpu_milli=0, memory_mib=0) for n in nodes] + _cpu_pools(snapshot, len(shapes))
+            shapes.append(_Shape(np.zeros((0, 0)), np.zeros((0, 0), dtype=bool), True))
         return cls(nodes, shapes, snapshot.inter_node_gbps)
 
     # -- topology -------------------------------------------------------------------------
