@@ -32,7 +32,6 @@ fields name their key path; the errors are one :class:`~hetflow.core.errors.Inpu
 
 from __future__ import annotations
 
-import difflib
 from pathlib import Path
 from typing import Any, Literal
 
@@ -40,6 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from hetflow.core.errors import InputError
 from hetflow.core.units import parse_bytes
+from hetflow.core.validation import describe
 from hetflow.core.yamlfile import read_yaml
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
@@ -315,7 +315,8 @@ def job_from_dict(data: Any, source: str = "job") -> JobSpec:
     try:
         return JobSpec.model_validate(data)
     except ValidationError as exc:
-        raise InputError(f"{source}: " + "; ".join(_describe(e) for e in exc.errors())) from None
+        raise InputError(describe(exc, JobSpec, source, hints={
+            "string_pattern_mismatch:entrypoint": "write package.module:function, e.g. mypkg.train:main"})) from None
 
 
 def load_job(path: str | Path) -> JobSpec:
@@ -323,39 +324,6 @@ def load_job(path: str | Path) -> JobSpec:
     path = Path(path)
     spec = job_from_dict(read_yaml(path, "job file"), source=str(path))
     return resolve(spec, path.parent.absolute())
-
-
-def _describe(error: dict[str, Any]) -> str:
-    loc = tuple(str(p) for p in error["loc"] if not isinstance(p, int))
-    # pydantic names the union member it tried (train.dict[str,any]); the file has no such level
-    loc = tuple(p for p in loc if not p.startswith(("dict[", "str", "function-")))
-    path = ".".join(loc) or "(top level)"
-    kind = error["type"]
-    if kind == "extra_forbidden":
-        known = _known_keys(loc[:-1])
-        hint = difflib.get_close_matches(loc[-1], known, n=1)
-        did_you_mean = f"did you mean {hint[0]!r}? " if hint else ""
-        return f"{path}: unknown key ({did_you_mean}known keys here: {', '.join(known)})"
-    if kind == "missing":
-        return f"{path}: missing; this field is required"
-    message = error["msg"].removeprefix("Value error, ")
-    if kind == "string_pattern_mismatch" and loc[-1:] == ("entrypoint",):
-        message = "write package.module:function, e.g. mypkg.train:main"
-    return f"{path}: {message}"
-
-
-def _known_keys(loc: tuple[str, ...]) -> list[str]:
-    section: Any = JobSpec
-    for part in loc:
-        fields = getattr(section, "model_fields", {})
-        if part not in fields:
-            return []
-        annotation = fields[part].annotation
-        candidates = [annotation, *getattr(annotation, "__args__", ())]
-        section = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
-        if section is None:
-            return []
-    return sorted(getattr(section, "model_fields", {}))
 
 
 __all__ = ["DeviceRequest", "JobSpec", "PythonJob", "WorkEstimate", "job_from_dict", "load_job", "resolve"]

@@ -481,7 +481,7 @@ class LiveScheduler:
         physical = free.fork()  # free now: stopping jobs still hold theirs until they have stopped
         for jid, a in changes.starts:
             job = inputs.view.jobs[[j.job_id for j in inputs.view.jobs].index(jid)]
-            short = self._cpus_short(physical, cluster, a, job.spec)  # type: ignore[attr-defined]
+            short = self._cpus_short(physical, cluster, a, job.spec)
             if short is not None:
                 holders = [r.job_id for r, held in stopping if held.host == a.host and not held.slots]
                 holders += [j.job_id for j, _ in changes.stops if j.job_id != jid and not j.assignment.slots  # type: ignore[union-attr]

@@ -19,7 +19,6 @@ checked by building the stage's own config (``tuning_config_from_dict``,
 
 from __future__ import annotations
 
-import difflib
 from pathlib import Path
 from typing import Any, Literal
 
@@ -27,6 +26,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from hetflow.core.errors import InputError
+from hetflow.core.validation import field_errors
 from hetflow.workloads.serve.config import BatchingConfig, GatewayConfig, HTTPConfig, LimitsConfig
 from hetflow.workloads.train.config import TrainConfig
 from hetflow.workloads.tune.config import BudgetConfig, SearchConfig, TrialConfig
@@ -262,7 +262,8 @@ def workflow_from_dict(data: Any, source: str = "workflow",
     try:
         spec = WorkflowSpec.model_validate(data)
     except ValidationError as exc:
-        raise InputError("; ".join(_describe(e, source, lines or {}) for e in exc.errors())) \
+        raise InputError("; ".join(f"{_where(source, lines or {}, e.path)}: {e.text()}"
+                                   for e in field_errors(exc, WorkflowSpec, show_input=True))) \
             from None
     _check_stage_configs(spec, source, lines or {})
     return spec
@@ -333,62 +334,7 @@ def _where(source: str, lines: dict[tuple[str, ...], int], path: tuple[str, ...]
     return source
 
 
-def _clean_loc(loc: tuple[Any, ...]) -> tuple[str, ...]:
-    raw = [str(p) for p in loc]
-    # pydantic puts a discriminated union's tag (model kind) in the path; the file has no such level
-    return tuple(p for i, p in enumerate(raw)
-                 if not (p in ("mlp", "gpt") and i and raw[i - 1] == "model"))
-
-
-def _describe(error: dict[str, Any], source: str, lines: dict[tuple[str, ...], int]) -> str:
-    loc = _clean_loc(error["loc"])
-    path = ".".join(loc) or "(top level)"
-    where = _where(source, lines, loc)
-    kind = error["type"]
-    if kind == "extra_forbidden":
-        known = known_keys(loc[:-1])
-        hint = difflib.get_close_matches(loc[-1], known, n=1)
-        did_you_mean = f"did you mean {hint[0]!r}? " if hint else ""
-        return f"{where}: {path}: unknown key ({did_you_mean}known keys here: {', '.join(known)})"
-    if kind == "missing":
-        return f"{where}: {path}: missing; this field is required"
-    message = error["msg"].removeprefix("Value error, ")
-    given = error.get("input")
-    quiet = kind.startswith("value_error") or isinstance(given, dict)
-    got = "" if quiet else f" (got {_short(given)})"
-    return f"{where}: {path}: {message}{got}"
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def known_keys(loc: tuple[str, ...]) -> list[str]:
-    """Field names of the section at key path ``loc`` (list indices skipped)."""
-    section: Any = WorkflowSpec
-    for part in loc:
-        if part.isdigit():
-            continue
-        fields = getattr(section, "model_fields", {})
-        if part not in fields:
-            return []
-        section = _section_type(fields[part].annotation) or section
-    return sorted(getattr(section, "model_fields", {}))
-
-
-def _section_type(annotation: Any) -> type | None:
-    """The section class inside ``X``, ``X | None``, ``list[X]`` or ``Annotated[A | B, ...]``
-    (the first member of a union)."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in getattr(annotation, "__args__", ()):
-        found = _section_type(arg)
-        if found is not None:
-            return found
-    return None
-
 
 __all__ = ["ExportStage", "LoadTestStage", "PrepareStage", "RaySection", "ServeStage",
-           "TuneStage", "WorkflowSpec", "key_lines", "known_keys", "load_workflow",
+           "TuneStage", "WorkflowSpec", "key_lines", "load_workflow",
            "workflow_from_dict"]

@@ -23,15 +23,15 @@ bf16/fp16 run on GPUs only and int8 on CPUs only.
 
 from __future__ import annotations
 
-import difflib
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from hetflow.core.yamlfile import read_yaml
 from hetflow.core.errors import InputError
 from hetflow.core.units import parse_bytes
+from hetflow.core.validation import describe
+from hetflow.core.yamlfile import read_yaml
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 # Chosen by measurement on a 2-core CPU host (docs/serving.md, "Batching defaults").
@@ -349,7 +349,7 @@ def serve_config_from_dict(data: Any, source: str = "config",
     try:
         return ServeConfig.model_validate(data)
     except ValidationError as exc:
-        raise InputError(f"{source}: " + "; ".join(_describe(e) for e in exc.errors())) from None
+        raise InputError(describe(exc, ServeConfig, source)) from None
 
 
 def _absolute_train_path(entry: Any, base: Path) -> Any:
@@ -365,42 +365,6 @@ def load_serve_config(path: str | Path) -> ServeConfig:
     path = Path(path)
     data = read_yaml(path, "serving config")
     return serve_config_from_dict(data, source=str(path), base_dir=path.parent)
-
-
-def _describe(error: dict[str, Any]) -> str:
-    loc = [str(p) for p in error["loc"]]
-    path = ".".join(loc) or "(top level)"
-    if error["type"] == "extra_forbidden":
-        known = _known_keys(error["loc"][:-1])
-        hint = difflib.get_close_matches(loc[-1], known, n=1)
-        did_you_mean = f"did you mean {hint[0]!r}? " if hint else ""
-        return f"{path}: unknown key ({did_you_mean}known keys here: {', '.join(known)})"
-    message = error["msg"].removeprefix("Value error, ")
-    return f"{path}: {message}" if loc else message
-
-
-def _known_keys(loc: tuple[Any, ...]) -> list[str]:
-    """Field names of the section at ``loc`` (list indices skipped)."""
-    section: Any = ServeConfig
-    for part in loc:
-        if isinstance(part, int):
-            continue
-        field = section.model_fields.get(str(part)) if hasattr(section, "model_fields") else None
-        if field is None:
-            return []
-        section = _section_type(field.annotation) or section
-    return sorted(section.model_fields) if hasattr(section, "model_fields") else []
-
-
-def _section_type(annotation: Any) -> type | None:
-    """The section class inside ``X``, ``X | None`` or ``list[X]``."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in getattr(annotation, "__args__", ()):
-        found = _section_type(arg)
-        if found is not None:
-            return found
-    return None
 
 
 __all__ = [

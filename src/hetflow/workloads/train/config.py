@@ -23,15 +23,15 @@ with pipeline parallelism (the pipeline schedule runs backward itself).
 
 from __future__ import annotations
 
-import difflib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from hetflow.core.yamlfile import read_yaml
 from hetflow.core.errors import InputError
 from hetflow.core.request import ParallelLayout
+from hetflow.core.validation import describe
+from hetflow.core.yamlfile import read_yaml
 
 
 class _Section(BaseModel):
@@ -286,7 +286,7 @@ def config_from_dict(data: Any, source: str = "config") -> TrainConfig:
     try:
         return TrainConfig.model_validate(data)
     except ValidationError as exc:
-        raise InputError(f"{source}: " + "; ".join(_describe(e) for e in exc.errors())) from None
+        raise InputError(describe(exc, TrainConfig, source)) from None
 
 
 def load_config(path: str | Path) -> TrainConfig:
@@ -294,38 +294,6 @@ def load_config(path: str | Path) -> TrainConfig:
     path = Path(path)
     data = read_yaml(path, "training config")
     return config_from_dict(data, source=str(path))
-
-
-def _describe(error: dict[str, Any]) -> str:
-    loc = [str(p) for p in error["loc"]]
-    if len(loc) > 1 and loc[0] == "model" and loc[1] in ("mlp", "gpt"):
-        loc.pop(1)  # pydantic puts the union tag in the location; the file has no such level
-    path = ".".join(loc) or "(top level)"
-    kind = error["type"]
-    if kind == "extra_forbidden":
-        known = _known_keys(error["loc"][:-1])
-        hint = difflib.get_close_matches(loc[-1], known, n=1)
-        did_you_mean = f"did you mean {hint[0]!r}? " if hint else ""
-        return f"{path}: unknown key ({did_you_mean}known keys here: {', '.join(known)})"
-    if kind == "union_tag_invalid":
-        return f"{path}: must be mlp or gpt"
-    message = error["msg"].removeprefix("Value error, ")
-    return f"{path}: {message}" if loc else message
-
-
-def _known_keys(loc: tuple[Any, ...]) -> list[str]:
-    """Field names of the section at ``loc`` (a pydantic location, union tags included)."""
-    section: Any = TrainConfig
-    for part in loc:
-        if part in ("mlp", "gpt"):
-            section = MLPConfig if part == "mlp" else GPTConfig
-            continue
-        field = section.model_fields.get(str(part)) if hasattr(section, "model_fields") else None
-        if field is None:
-            return []
-        annotation = field.annotation
-        section = annotation if isinstance(annotation, type) else section
-    return sorted(section.model_fields) if hasattr(section, "model_fields") else []
 
 
 __all__ = [

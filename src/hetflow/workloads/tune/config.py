@@ -22,15 +22,15 @@ A trial is one single-process training run of the base config with the sampled v
 
 from __future__ import annotations
 
-import difflib
 import re
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from hetflow.core.yamlfile import read_yaml
 from hetflow.core.errors import InputError
+from hetflow.core.validation import describe
+from hetflow.core.yamlfile import read_yaml
 from hetflow.workloads.train.config import TrainConfig, load_config
 from hetflow.workloads.tune.space import SearchSpace, parse_space
 
@@ -231,7 +231,8 @@ def tuning_config_from_dict(data: Any, source: str = "config",
     try:
         return TuningConfig.model_validate(data)
     except ValidationError as exc:
-        raise InputError(f"{source}: " + "; ".join(_describe(e) for e in exc.errors())) from None
+        raise InputError(describe(exc, TuningConfig, source,
+                                  hints={"missing": "required (see docs/tuning.md)"})) from None
 
 
 def load_tuning_config(path: str | Path) -> TuningConfig:
@@ -239,43 +240,6 @@ def load_tuning_config(path: str | Path) -> TuningConfig:
     path = Path(path)
     data = read_yaml(path, "tuning config")
     return tuning_config_from_dict(data, source=str(path), relative_to=path.parent)
-
-
-def _describe(error: dict[str, Any]) -> str:
-    raw = list(error["loc"])
-    # pydantic puts the union tag (mlp/gpt) in the location; the file has no such level
-    loc = [str(p) for i, p in enumerate(raw)
-           if not (p in ("mlp", "gpt") and i and raw[i - 1] == "model")]
-    path = ".".join(loc) or "(top level)"
-    kind = error["type"]
-    if kind == "extra_forbidden":
-        known = _known_keys(raw[:-1])
-        hint = difflib.get_close_matches(loc[-1], known, n=1)
-        did_you_mean = f"did you mean {hint[0]!r}? " if hint else ""
-        return f"{path}: unknown key ({did_you_mean}known keys here: {', '.join(known)})"
-    if kind == "missing":
-        return f"{path}: required (see docs/tuning.md)"
-    if kind == "union_tag_invalid":
-        return f"{path}: must be mlp or gpt"
-    message = error["msg"].removeprefix("Value error, ")
-    return f"{path}: {message}" if loc else message
-
-
-def _known_keys(loc: list[Any]) -> list[str]:
-    """Field names of the section at ``loc`` (a pydantic location, union tags included)."""
-    from hetflow.workloads.train.config import GPTConfig, MLPConfig
-
-    section: Any = TuningConfig
-    for part in loc:
-        if part in ("mlp", "gpt"):
-            section = MLPConfig if part == "mlp" else GPTConfig
-            continue
-        field = getattr(section, "model_fields", {}).get(str(part))
-        if field is None:
-            return []
-        annotation = field.annotation
-        section = annotation if isinstance(annotation, type) else section
-    return sorted(getattr(section, "model_fields", {}))
 
 
 __all__ = [
