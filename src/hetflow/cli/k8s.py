@@ -152,7 +152,7 @@ def worker_groups(snapshot: ClusterSnapshot) -> list[WorkerGroup]:
 def _node_selector(group: WorkerGroup) -> tuple[dict[str, str], str | None]:
     """(nodeSelector, a note when it falls back to hetflow's own label)."""
     from hetflow.accelerators.catalog import default_catalog
-    from hetflow.runtime.resources import _label_value
+    from hetflow.runtime.resources import label_value
 
     accs = group.template.accelerators
     if not accs:
@@ -170,7 +170,7 @@ def _node_selector(group: WorkerGroup) -> tuple[dict[str, str], str | None]:
         device_id = device.device_id or (spec.pci_device_ids[0] if spec and spec.pci_device_ids else None)
         if device_id:
             return {AMD_DEVICE_ID_LABEL: device_id.lower().removeprefix("0x")}, None
-    value = _label_value(group.model)
+    value = label_value(group.model)
     return ({HETFLOW_ACCELERATOR_LABEL: value},
             f"group {group.name}: no vendor node label known for {group.model}; label its "
             f"Kubernetes nodes with `kubectl label node NODE {HETFLOW_ACCELERATOR_LABEL}={value}`")
@@ -368,9 +368,9 @@ def run_render(args: argparse.Namespace) -> int:
 
 def pod_node_name(name: str | None = None) -> str:
     """The node name a pod publishes under: ``name`` or the pod's host name, as a label value."""
-    from hetflow.runtime.resources import _label_value
+    from hetflow.runtime.resources import label_value
 
-    return _label_value(name or socket.gethostname())
+    return label_value(name or socket.gethostname())
 
 
 def write_labels_file(path: str | Path, name: str) -> Path:

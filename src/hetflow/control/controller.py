@@ -44,7 +44,7 @@ from hetflow.control.scheduler import ControllerSettings, Launch, LiveScheduler,
 from hetflow.control.state import AttemptReport, JobRecord, JobStore, RayKV, Status
 from hetflow.core.errors import InputError
 from hetflow.runtime.binding import live_snapshot
-from hetflow.runtime.resources import NODE_LABEL, _label_value
+from hetflow.runtime.resources import NODE_LABEL, label_value
 
 CONTROLLER_NAME = "hetflow-controller"
 NAMESPACE = "hetflow"
@@ -366,7 +366,7 @@ class HetflowController:
             host = {"node": node, "selector": view.selector(node)}
             selector = host["selector"]
         else:
-            selector = {NODE_LABEL: _label_value(node)}
+            selector = {NODE_LABEL: label_value(node)}
         try:
             ray.remote(JobRunner).options(
                 name=runner_name(record.job_id), namespace=NAMESPACE, lifetime="detached",

@@ -27,7 +27,7 @@ from typing import Any, Iterable, Mapping
 
 from hetflow.control.scheduler import CpuHold
 from hetflow.core.topology import ClusterSnapshot, NodeTopology
-from hetflow.runtime.resources import NODE_LABEL, _label_value
+from hetflow.runtime.resources import NODE_LABEL, label_value
 
 PLAIN_NODE_PREFIX = "ray-"
 NODE_ID_LABEL = "ray.io/node-id"  # set by Ray on every node
@@ -52,7 +52,7 @@ def host_view(published: ClusterSnapshot, ray_nodes: Iterable[Mapping[str, Any]]
               pg_table: Mapping[str, Mapping[str, Any]]) -> HostView:
     """``published`` (``live_snapshot``: alive hetflow nodes, devices held) with every alive
     Ray node's CPUs and memory, plus the plain Ray nodes (see the module docstring)."""
-    by_label = {_label_value(n.name): n for n in published.nodes}
+    by_label = {label_value(n.name): n for n in published.nodes}
     nodes: dict[str, NodeTopology] = {n.name: n for n in published.nodes}
     ray_ids: dict[str, str] = {}
     for info in ray_nodes:

@@ -38,7 +38,7 @@ from hetflow.runtime.resources import (
     DEVICE_RESOURCE_PREFIX,
     MIB,
     NODE_LABEL,
-    _label_value,
+    label_value,
     device_capacity,
     device_resource,
     units_for,
@@ -92,7 +92,7 @@ def live_snapshot(inter_node_gbps: float = 25.0) -> ClusterSnapshot:
     by_ray_id: dict[str, NodeTopology] = {}
     nodes = []
     for name, node in sorted(topologies.items()):
-        node_id = alive.get(_label_value(name))
+        node_id = alive.get(label_value(name))
         if node_id is not None:
             nodes.append(node)
             by_ray_id[node_id] = node
@@ -172,7 +172,7 @@ def reserve(
         if cpus_per_rank:
             bundle["CPU"] = cpus_per_rank
         bundles.append(bundle)
-        selectors.append({NODE_LABEL: _label_value(ref.node)})
+        selectors.append({NODE_LABEL: label_value(ref.node)})
         units.append(u)
         envs.append(visibility_env(device.vendor, [ref.device]))
     group = placement_group(

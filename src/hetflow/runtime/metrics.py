@@ -60,7 +60,7 @@ from typing import Any, Callable, Mapping, Sequence
 from hetflow.core.errors import HetflowError, InputError
 from hetflow.core.placement import DeviceRef, Placement
 from hetflow.core.topology import ClusterSnapshot, NodeTopology, Vendor
-from hetflow.runtime.resources import NODE_LABEL, _label_value
+from hetflow.runtime.resources import NODE_LABEL, label_value
 from hetflow.runtime.measures import (
     ClusterMetrics,
     Hint,
@@ -205,7 +205,7 @@ def _ray_node_names() -> dict[str, str]:
 
     from hetflow.runtime.binding import published_nodes
 
-    by_label = {_label_value(name): name for name in published_nodes()}
+    by_label = {label_value(name): name for name in published_nodes()}
     out = {}
     for info in ray.nodes():
         if not info.get("Alive"):

@@ -78,7 +78,7 @@ def fast_islands(node: NodeTopology) -> list[list[int]]:
     return sorted(groups.values(), key=lambda g: (-len(g), g[0]))
 
 
-def _label_value(text: str) -> str:
+def label_value(text: str) -> str:
     """A Ray (Kubernetes-syntax) label value: <= 63 chars of [A-Za-z0-9_.-], alnum at both ends."""
     value = re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-_.")[:63].strip("-_.")
     return value or "unknown"
@@ -87,7 +87,7 @@ def _label_value(text: str) -> str:
 def node_labels(node: NodeTopology) -> dict[str, str]:
     """Labels for ``ray start --labels``: what a label selector can ask of this node."""
     accs = node.accelerators
-    labels = {NODE_LABEL: _label_value(node.name)}
+    labels = {NODE_LABEL: label_value(node.name)}
     if not accs:
         labels[LABEL_PREFIX + "vendor"] = "cpu"
         return labels
@@ -96,8 +96,8 @@ def node_labels(node: NodeTopology) -> dict[str, str]:
     mems = [d.memory_bytes for d in accs if d.memory_bytes]
     islands = fast_islands(node)
     labels.update({
-        LABEL_PREFIX + "vendor": _label_value("-".join(vendors)),
-        LABEL_PREFIX + "model": _label_value("-".join(models)),
+        LABEL_PREFIX + "vendor": label_value("-".join(vendors)),
+        LABEL_PREFIX + "model": label_value("-".join(models)),
         LABEL_PREFIX + "devices": str(len(accs)),
         LABEL_PREFIX + "island-size": str(len(islands[0])),
         LABEL_PREFIX + "islands": str(len(islands)),

@@ -36,7 +36,7 @@ from hetflow.core.request import PlacementRequest, Strategy, parse_vendor
 from hetflow.core.topology import ClusterSnapshot, Vendor
 from hetflow.runtime.resources import (
     NODE_LABEL,
-    _label_value,
+    label_value,
     device_resource,
     units_for,
     visibility_env,
@@ -151,11 +151,11 @@ def _planned_groups(base: str, entry: ModelServeConfig, snapshot: ClusterSnapsho
             low = max(1, share)
             autoscaling = {**entry.autoscaling.to_serve(), "min_replicas": low,
                            "initial_replicas": low, "max_replicas": count}
-        name = f"{base}-{_label_value(ref.node)}-d{ref.device}"
+        name = f"{base}-{label_value(ref.node)}-d{ref.device}"
         groups.append(ReplicaGroup(
             entry.name, name, None if autoscaling else count, autoscaling, options,
             placement_group_bundles=[bundle],
-            bundle_label_selector=[{NODE_LABEL: _label_value(ref.node)}],
+            bundle_label_selector=[{NODE_LABEL: label_value(ref.node)}],
             device=ref, compute="gpu", env=env))
     return groups
 

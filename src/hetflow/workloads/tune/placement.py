@@ -42,7 +42,7 @@ from hetflow.core.units import format_bytes
 from hetflow.runtime.resources import (
     DEVICE_RESOURCE_PREFIX,
     NODE_LABEL,
-    _label_value,
+    label_value,
     device_resource,
     units_for,
 )
@@ -63,7 +63,7 @@ class TrialSlot:
 
     @property
     def label_selector(self) -> dict[str, str] | None:
-        return {NODE_LABEL: _label_value(self.node)} if self.node is not None else None
+        return {NODE_LABEL: label_value(self.node)} if self.node is not None else None
 
     def factory(self) -> PlacementGroupFactory:
         """The ``PlacementGroupFactory`` Tune reserves for a trial in this slot."""
@@ -283,7 +283,7 @@ def bind_planned_device() -> BoundDevice:
         return BoundDevice(f"ray-gpu:{','.join(str(g) for g in gpu_ids)}" if gpu_ids else "cpu")
     devices = sorted(held)
     label = (context.get_node_labels() or {}).get(NODE_LABEL, "")
-    node = next((n for n in published_nodes().values() if _label_value(n.name) == label), None)
+    node = next((n for n in published_nodes().values() if label_value(n.name) == label), None)
     vendor = node.device(devices[0]).vendor if node is not None else Vendor.NVIDIA
     os.environ.update(visibility_env(vendor, devices))
     name = node.name if node is not None else label
