@@ -13,8 +13,8 @@ recorded, and the searcher still learns from it). After that, the first rung - a
 rung from the start - works as in Ray: a trial goes on only if its metric is in the best
 ``1 / reduction_factor`` of the results recorded at that rung. This is the ``bootstrap_count``
 of Optuna's ``SuccessiveHalvingPruner``, applied to the first rung only: at the later rungs
-stopping the first arrivals would stop good trials after many epochs, which costs more than it
-saves (see docs/tuning.md, "Benchmark").
+stopping the first arrivals would stop good trials after many epochs of work. What it saves is
+measured by ``benchmarks/tuning_replay.py`` (docs/tuning.md, "Benchmark").
 """
 
 from __future__ import annotations

@@ -187,7 +187,7 @@ def _run(config: TuningConfig, experiment: Path, resume: bool, callbacks: list[A
         else:
             tuner = tune.Tuner(
                 trainable, param_space=space.to_tune(),
-                tune_config=_tune_config(config, placement.max_concurrent),
+                tune_config=build_tune_config(config, placement.max_concurrent),
                 run_config=tune.RunConfig(
                     name=EXPERIMENT_DIR, storage_path=str(experiment.parent),
                     # Two best checkpoints of each trial, and its latest. Tune snapshots the
@@ -256,7 +256,11 @@ def trial_dirname(trial: Any) -> str:
     return f"trial_{trial.trial_id}"
 
 
-def _tune_config(config: TuningConfig, max_concurrent: int | None) -> Any:
+def build_tune_config(config: TuningConfig, max_concurrent: int | None) -> Any:
+    """Tune's ``TuneConfig`` for ``config``: the searcher (random: Tune's
+    ``BasicVariantGenerator``; tpe: ``OptunaSearch``), the scheduler (FIFO or
+    :class:`~hetflow.workloads.tune.asha.QuorumASHAScheduler`), metric, mode and trial count.
+    ``benchmarks/tuning_replay.py`` drives the same objects."""
     from ray import tune
     from ray.tune.schedulers import FIFOScheduler
     from ray.tune.search.basic_variant import BasicVariantGenerator

@@ -97,7 +97,7 @@ def run_trial(sampled: dict[str, Any], setup: TrialSetup,
     start_epoch = _restore(tune.get_checkpoint(), state)
     scaler = torch.amp.GradScaler(device.type) if config.train.precision == "fp16" else None
     for epoch in range(start_epoch, setup.epochs):
-        train_loss = _train_epoch(model, optimizer, scaler, dataset, order, epoch, device,
+        train_loss = train_epoch(model, optimizer, scaler, dataset, order, epoch, device,
                                   config.train.precision)
         metrics = {"epoch": epoch + 1, "train_loss": train_loss,
                    **evaluate(model, dataset, device, config.model.kind),
@@ -130,7 +130,7 @@ def _autocast(device: torch.device, precision: str) -> Any:
     return torch.autocast(device.type, dtype=dtype)
 
 
-def _train_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+def train_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  scaler: torch.amp.GradScaler | None, dataset: Dataset, order: StepOrder,
                  epoch: int, device: torch.device, precision: str) -> float:
     """One pass over the training split; returns the mean training loss."""

@@ -1,0 +1,151 @@
+"""benchmarks/tuning_replay.py drives the tuner's own searcher and scheduler, in Tune's order.
+
+The replays here use scripted curves (a trial's accuracy is a fixed function of its learning
+rate and epoch) instead of training, so a whole 32-trial run takes a fraction of a second;
+the last test checks the trained curves the benchmark uses instead.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from ray.tune.schedulers import ASHAScheduler, TrialScheduler
+
+from hetflow.workloads.tune.asha import QuorumASHAScheduler
+from hetflow.workloads.tune.trial import TrialSetup
+
+REPO = Path(__file__).resolve().parents[2]
+STOP, GO = TrialScheduler.STOP, TrialScheduler.CONTINUE
+
+
+def _load_replay_module() -> Any:
+    spec = importlib.util.spec_from_file_location(
+        "tuning_replay", REPO / "benchmarks" / "tuning_replay.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["tuning_replay"] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+replay_module = _load_replay_module()
+
+
+class ScriptedCurve:
+    """Accuracy rises towards a ceiling set by the learning rate (best near 3e-3)."""
+
+    steps_per_epoch = 10
+
+    def __init__(self, config: Any) -> None:
+        self.ceiling = 0.95 - 0.25 * abs(math.log10(config.train.lr) + 2.5)
+
+    def metrics(self, epoch: int) -> dict[str, float]:
+        accuracy = self.ceiling * (1 - 0.6 ** epoch)
+        return {"val_accuracy": accuracy, "val_loss": 1 - accuracy}
+
+
+class TrialRecord:
+    """What a scheduler reads of Tune's Trial: its id."""
+
+    def __init__(self, trial_id: str) -> None:
+        self.trial_id = trial_id
+
+
+def run(strategy: str, quorum: int | None, target: float, tmp_path: Path, seed: int = 0) -> Any:
+    search = {} if quorum is None else {"first_rung_quorum": quorum}
+    config = replay_module.tuning_config(strategy, seed, target, search)
+    return replay_module.replay(config, ScriptedCurve, target, tmp_path, strategy, seed)
+
+
+def rung_one_arrivals(outcome: Any) -> list[Any]:
+    return [r for r in outcome.reports if r.epoch == 1]
+
+
+def test_the_asha_strategy_gets_the_tuners_quorum_scheduler(tmp_path: Path) -> None:
+    config = replay_module.tuning_config("asha+tpe", 0, 0.98)
+    _, scheduler = replay_module.tune_components(config, tmp_path)
+    assert isinstance(scheduler, QuorumASHAScheduler)
+    assert scheduler.milestones == [1, 3, 9]  # grace 1, factor 3, 27 epochs
+
+
+def test_with_a_quorum_the_first_three_arrivals_at_rung_one_stop(tmp_path: Path) -> None:
+    outcome = run("asha+tpe", 3, 2.0, tmp_path)  # an unreachable target: the whole budget
+    assert not outcome.reached
+    assert outcome.trials == 32
+    arrivals = rung_one_arrivals(outcome)
+    assert len(arrivals) == 32
+    # stopped whatever they scored (Ray's ASHA would let the first one go on)
+    assert [r.decision for r in arrivals[:3]] == [STOP] * 3
+    assert len({r.trial for r in arrivals[:3]}) == 3
+    assert GO in [r.decision for r in arrivals[3:]]
+    # FIFO's runs are never stopped early, ASHA's mostly are
+    assert sum(r.decision == STOP for r in outcome.reports) >= 20
+
+
+def test_with_quorum_zero_the_replay_stops_the_trials_rays_asha_stops(tmp_path: Path) -> None:
+    outcome = run("asha+tpe", 0, 2.0, tmp_path)
+    assert rung_one_arrivals(outcome)[0].decision == GO  # nothing to compare it with
+    rays = ASHAScheduler(time_attr="training_iteration", metric="val_accuracy", mode="max",
+                         max_t=27, grace_period=1, reduction_factor=3, brackets=1)
+    seen: set[int] = set()
+    for report in outcome.reports:
+        trial = TrialRecord(f"trial-{report.trial}")
+        if report.trial not in seen:
+            rays.on_trial_add(None, trial)
+            seen.add(report.trial)
+        decision = rays.on_trial_result(None, trial, {"training_iteration": report.epoch,
+                                                      "val_accuracy": report.value})
+        assert decision == report.decision, report
+    assert sum(r.decision == STOP for r in outcome.reports) >= 20
+
+
+def test_random_search_runs_every_trial_to_the_end_until_the_target(tmp_path: Path) -> None:
+    outcome = run("random", None, 0.90, tmp_path)
+    assert outcome.reached
+    last = outcome.reports[-1]
+    assert last.decision == "TARGET" and last.target_value >= 0.90
+    assert all(r.target_value < 0.90 for r in outcome.reports[:-1])
+    assert outcome.compute == len(outcome.reports)
+    epochs = {}
+    for report in outcome.reports:
+        assert report.decision in (GO, "TARGET")  # FIFO stops nothing
+        epochs[report.trial] = report.epoch
+    finished = [t for t in epochs if t != last.trial and t not in _running_at_end(outcome)]
+    assert all(epochs[t] == 27 for t in finished)
+    # two trials at a time: while one trains, the other does too
+    assert len(_running_at_end(outcome)) == 2
+
+
+def _running_at_end(outcome: Any) -> set[int]:
+    """Trials that had reported an epoch but not their 27th when the run ended."""
+    last_epoch: dict[int, int] = {}
+    for report in outcome.reports:
+        last_epoch[report.trial] = report.epoch
+    return {t for t, e in last_epoch.items() if e < 27}
+
+
+def test_a_trained_curve_does_not_depend_on_what_else_was_trained(tmp_path: Path) -> None:
+    """What makes sharing curves exact: the same config gives the same curve, interleaved
+    with other trainings or not."""
+    config = replay_module.tuning_config("random", 0, 0.98)
+    setup = TrialSetup(base=config.base.model_dump(mode="json"), space=config.search_space,
+                       epochs=3, threads=1)
+
+    def trial(lr: float) -> Any:
+        return setup.trial_config({"train": {"lr": lr, "batch_size": 256, "weight_decay": 0.0},
+                                   "model": {"hidden": "[32]"}})
+
+    shared = replay_module.TrainedCurves()
+    first = shared(trial(0.01))
+    first.metrics(1)
+    shared(trial(0.1)).metrics(2)  # another trial trains in between
+    assert shared(trial(0.01)) is first
+    interleaved = [first.metrics(e)["val_accuracy"] for e in (1, 2, 3)]
+    alone = replay_module.TrainedCurves()(trial(0.01))
+    assert [alone.metrics(e)["val_accuracy"] for e in (3, 2, 1)][::-1] == interleaved
+    assert first.epochs_trained == 3
+    assert interleaved[2] > 0.5  # it did learn: far above chance (0.1) after 3 epochs
