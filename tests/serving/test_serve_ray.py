@@ -80,6 +80,11 @@ def served(digits_model, tmp_path_factory):
             {"name": "placed", "weights": "random", "device": "auto", "memory": "20GiB",
              "replicas": 3, "cpus_per_replica": 0.25, "batching": {"enabled": False},
              "train": {"model": {"kind": "mlp", "hidden": [16]}}},
+            # Scales with load: any sustained traffic is far above its tiny target.
+            {"name": "elastic", "weights": "random", "device": "cpu", "cpus_per_replica": 0.25,
+             "batching": {"enabled": False}, "train": {"model": {"kind": "mlp", "hidden": [16]}},
+             "autoscaling": {"min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 0.01,
+                             "upscale_delay_s": 0.0, "downscale_delay_s": 600.0}},
         ],
     })
     app = deploy(config, timeout_s=240)
@@ -130,7 +135,7 @@ def test_models_by_name_behind_one_endpoint(served, held_out) -> None:
     assert int8["served_by"] == "digits-int8" and int8["model"] == "digits-int8"
     assert post(served, "/v1/models/placed/predict", {"inputs": row}).json()["served_by"] == "placed"
     listing = requests.get(served.url + "/v1/models", timeout=10).json()["models"]
-    assert sorted(listing) == ["digits", "digits-int8", "placed"]
+    assert sorted(listing) == ["digits", "digits-int8", "elastic", "placed"]
     assert listing["digits"]["fallback"] == ["digits-int8"]
     assert listing["digits-int8"]["precision"] == "int8"
     assert listing["digits"]["input"]["width"] == 64
@@ -325,3 +330,36 @@ def test_fallback_while_all_replicas_are_down(served, capsys) -> None:
               f"two replicas serving again after {recovery_s:.1f}s")
     fallbacks = requests.get(served.url + "/metrics?format=json", timeout=10).json()["fallbacks"]
     assert any(f["model"] == "digits" and f["served_by"] == "digits-int8" for f in fallbacks)
+
+
+def test_autoscaling_adds_a_replica_under_load(served, capsys) -> None:
+    """Serve's autoscaler, configured through hetflow (min 1, max 2 replicas, target ongoing
+    requests 0.01), starts a second replica while an open-loop load runs; no request fails."""
+    def running() -> int:
+        return requests.get(served.url + "/health", timeout=10).json()["models"]["elastic"][
+            "running_replicas"]
+
+    assert running() == 1
+    outcome: dict = {}
+
+    def load() -> None:
+        outcome["result"] = run_load(served.url + "/v1/models/elastic/predict",
+                                     digits_bodies(count=16), rate=30, max_requests=600,
+                                     max_duration_s=20, timeout_s=30, seed=11)
+
+    thread = threading.Thread(target=load)
+    started = time.monotonic()
+    thread.start()
+    scaled_after = None
+    while time.monotonic() - started < 40 and scaled_after is None:
+        if running() == 2:
+            scaled_after = time.monotonic() - started
+        time.sleep(0.5)
+    thread.join(60)
+    result = outcome["result"]
+    with capsys.disabled():
+        print(f"\nautoscaling: {result.line()}; second replica running after "
+              f"{scaled_after if scaled_after is None else round(scaled_after, 1)} s")
+    assert scaled_after is not None, "the autoscaler never added the second replica"
+    assert result.error_count == 0 and result.ok == result.sent
+    assert running() == 2  # and it stays (downscale_delay_s 600) - never more than max_replicas
