@@ -238,6 +238,41 @@ def test_preempted_training_resumes_from_its_checkpoint(cluster: Path) -> None:
     assert losses == set(range(1, 601))  # every step's loss is there: no completed step lost
 
 
+def test_a_job_whose_runner_dies_restarts_from_its_checkpoint(cluster: Path) -> None:
+    """The runner process of a running training job is killed (as when its node fails): the
+    controller notices it vanished, queues the job again, and the next attempt resumes from the
+    newest complete checkpoint - on devices that were given back, finishing every step."""
+    from hetflow.control.runner import runner_name
+
+    ckpt = cluster / "digits-lost-ckpt"
+    train = resolve(job_from_dict({
+        "name": "lost", "kind": "train", "devices": {"type": "MI210"},
+        "train": {
+            "name": "digits-lost", "model": {"kind": "mlp", "hidden": [256, 256]},
+            "train": {"steps": 800, "batch_size": 256, "log_every": 10},
+            "checkpoint": {"dir": str(ckpt), "interval": 50},
+            "resources": {"device": "cpu", "cpus_per_rank": 1},
+        },
+    }), cluster)
+    job = client.submit(train)["job_id"]
+    wait_for(lambda: (jobs_by_id()[job]["progress_step"] or 0) >= 120, 120, "training progress")
+    complete_before = latest_checkpoint(ckpt)
+    ray.kill(ray.get_actor(runner_name(job), namespace=NAMESPACE), no_restart=True)
+    record = wait_for(lambda: all_ended([job]), 180, "the job to restart and finish")[job]
+
+    assert record["status"] == "SUCCEEDED", record["reason"]
+    runs = record["runs"]
+    assert [r["outcome"] for r in runs] == ["lost", "succeeded"]
+    assert "died without reporting" in " ".join(h for _, h in record["history"])
+    assert complete_before is not None and complete_before.step >= 100
+    # the second attempt began at a complete checkpoint no older than the one seen at the kill
+    resumed = runs[1]["start_step"]
+    assert resumed % 50 == 0 and complete_before.step <= resumed < 800
+    final = latest_checkpoint(ckpt)
+    assert final is not None and final.step == 800
+    assert {int(k) for k in final.meta["losses"]} == set(range(1, 801))
+
+
 # --- CPU jobs ----------------------------------------------------------------------------------------
 
 
