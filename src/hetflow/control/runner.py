@@ -41,8 +41,8 @@ from typing import Any
 from hetflow.control.jobspec import JobSpec
 from hetflow.control.state import AttemptReport, JobStore, RayKV
 from hetflow.core.placement import Placement
-from hetflow.core.units import format_cpus
 from hetflow.core.topology import ClusterSnapshot
+from hetflow.core.units import format_cpus
 
 RUNNER_PREFIX = "hetflow-job-"
 LOG_TAIL_BYTES = 64 * 1024
