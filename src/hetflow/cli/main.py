@@ -52,6 +52,13 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except OSError as e:
+        # A path the system refuses (too long, a directory, no permission) that a command did
+        # not check itself: one line, exit 2 when it names the file (input), else 1.
+        name = str(e.filename) if e.filename is not None else ""
+        name = name[:120] + "..." if len(name) > 120 else name
+        print(f"hetflow: error: {name + ': ' if name else ''}{e.strerror or e}", file=sys.stderr)
+        return 2 if e.filename is not None else 1
 
 
 if __name__ == "__main__":

@@ -301,6 +301,9 @@ def load_csv_throughputs(path: str | Path, lookup: SpecLookup = catalog_spec) ->
                 entries[key] = _Measured(rate, cross_rate)
     except OSError as e:
         raise InputError(f"{p}: cannot read ({e.strerror})") from None
+    except UnicodeDecodeError:
+        raise ParseError(str(p), "not a text file; expected Gavel's JSON or a CSV with header "
+                         + ",".join(CSV_COLUMNS)) from None
     if not entries:
         raise ParseError(str(p), "no rows")
     return MeasuredThroughputs(entries, source=str(p))

@@ -67,7 +67,7 @@ def parse_shorthand(text: str) -> ClusterSnapshot:
 def load_sim_cluster(text: str) -> ClusterModel:
     """A cluster file or inline shorthand -> the model the simulator schedules on."""
     path = Path(text)
-    if path.is_file():
+    if _is_file(path):
         from hetflow.sim.traces import detect_format, load_openb_nodes
 
         if path.suffix == ".csv" and _is_openb_nodes(path):
@@ -82,6 +82,14 @@ def load_sim_cluster(text: str) -> ClusterModel:
     if "*" in text:
         return ClusterModel.from_snapshot(parse_shorthand(text))
     raise InputError(f"--cluster {text!r}: no such file, and not shorthand such as '32 * 8x H100 + 32 * 8x MI300X'")
+
+
+def _is_file(path: Path) -> bool:
+    """``path.is_file()``, False for text no file can have (a name too long for the system)."""
+    try:
+        return path.is_file()
+    except OSError:
+        return False
 
 
 def _is_openb_nodes(path: Path) -> bool:

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from hetflow.core.errors import InputError
 from hetflow.core.validation import field_errors
+from hetflow.core.yamlfile import read_user_text
 from hetflow.workloads.serve.config import BatchingConfig, GatewayConfig, HTTPConfig, LimitsConfig
 from hetflow.workloads.train.config import TrainConfig
 from hetflow.workloads.tune.config import BudgetConfig, SearchConfig, TrialConfig
@@ -289,10 +290,7 @@ def _check_stage_configs(spec: WorkflowSpec, source: str,
 def load_workflow(path: str | Path) -> WorkflowSpec:
     """Read a workflow YAML file. Raises InputError for a missing, malformed or invalid file."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise InputError(f"cannot read workflow {path}: {exc.strerror}") from None
+    text = read_user_text(path, "workflow")
     try:
         data = yaml.safe_load(text)
         lines = key_lines(text)
