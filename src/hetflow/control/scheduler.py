@@ -53,11 +53,13 @@ from hetflow.scheduling.policies.registry import make_policy
 from hetflow.scheduling.policies.rounds import (
     DemandMix,
     assignment_rate,
+    attained_at,
     build_round,
     check_decision,
     diff_decision,
     ideal_rates,
     progress_at,
+    service_at,
 )
 from hetflow.scheduling.throughput import (
     CompositeThroughputs,
@@ -243,16 +245,13 @@ class LiveJob:
 
     @property
     def attained_s(self) -> float:
-        held = self.now - self.record.seg_start if self.assignment is not None else 0.0
-        return self.record.attained_s + self.request.gpu_milli / WHOLE * held
+        return attained_at(self.now, self.record.attained_s, self.request.gpu_milli / WHOLE,
+                           self.record.seg_start, self.assignment is not None)
 
     @property
     def service_by_type(self) -> Mapping[str, float]:
-        out = dict(self.record.service_s)
-        if self.assignment is not None:
-            t = self.assignment.device_type
-            out[t] = out.get(t, 0.0) + self.now - self.record.seg_start
-        return out
+        return service_at(self.now, self.record.service_s, self.record.seg_start,
+                          self.assignment.device_type if self.assignment is not None else None)
 
 
 def job_request(spec: JobSpec) -> Request:

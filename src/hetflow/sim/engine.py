@@ -33,11 +33,13 @@ from hetflow.scheduling.policies.capacity import WHOLE, Assignment, ClusterModel
 from hetflow.scheduling.policies.rounds import (
     DemandMix,
     assignment_rate,
+    attained_at,
     build_round,
     check_decision,
     diff_decision,
     ideal_rates,
     progress_at,
+    service_at,
 )
 from hetflow.scheduling.throughput import ThroughputModel
 from hetflow.sim.traces import Job
@@ -175,17 +177,13 @@ class SimJob:
 
     @property
     def attained_s(self) -> float:
-        held = self._clock.now - self.seg_start if self.assignment is not None else 0.0
-        return self.attained_base + self.devices * held
+        return attained_at(self._clock.now, self.attained_base, self.devices, self.seg_start,
+                           self.assignment is not None)
 
     @property
     def service_by_type(self) -> Mapping[str, float]:
-        if self.assignment is None:
-            return self.service_base
-        out = dict(self.service_base)
-        t = self.assignment.device_type
-        out[t] = out.get(t, 0.0) + self._clock.now - self.seg_start
-        return out
+        return service_at(self._clock.now, self.service_base, self.seg_start,
+                          self.assignment.device_type if self.assignment is not None else None)
 
 
 ProgressFn = Callable[[int, int], None]

@@ -191,5 +191,24 @@ def progress_at(now: float, done_base: float, total: float, seg_start: float, se
     return min(total, done_base + seg_rate * productive)
 
 
-__all__ = ["DemandMix", "RateOf", "RoundChanges", "RoundInputs", "assignment_rate", "build_round",
-           "check_decision", "diff_decision", "ideal_rates", "progress_at"]
+def attained_at(now: float, attained_base: float, devices: float, seg_start: float,
+                running: bool) -> float:
+    """Device-seconds received by ``now``: earlier segments' plus the current one's (devices
+    held x seconds, shares counted as fractions)."""
+    return attained_base + (devices * (now - seg_start) if running else 0.0)
+
+
+def service_at(now: float, service_base: Mapping[str, float], seg_start: float,
+               device_type: str | None) -> Mapping[str, float]:
+    """Seconds run on each device type by ``now``: earlier segments' plus the current one's on
+    ``device_type`` (None: not running)."""
+    if device_type is None:
+        return service_base
+    out = dict(service_base)
+    out[device_type] = out.get(device_type, 0.0) + now - seg_start
+    return out
+
+
+__all__ = ["DemandMix", "RateOf", "RoundChanges", "RoundInputs", "assignment_rate", "attained_at",
+           "build_round", "check_decision", "diff_decision", "ideal_rates", "progress_at",
+           "service_at"]
