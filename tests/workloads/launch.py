@@ -71,4 +71,5 @@ def run_worlds(jobs: list[TrainConfig], timeout_s: float = 240) -> list[JobOutco
             p.join(timeout=30 if len(outcomes) == len(jobs) else 1)
             if p.is_alive():
                 p.kill()
+        queue.close()
     return [outcomes.get(i, JobOutcome({}, -1, -1, None, "not run")) for i in range(len(jobs))]
