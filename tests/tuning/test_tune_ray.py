@@ -61,7 +61,24 @@ def write(path: Path, data: dict[str, Any]) -> Path:
     return path
 
 
-def test_asha_stops_weak_trials_at_its_rungs(tmp_path: Path, capsys) -> None:
+class ResultOrder(Callback):
+    """Every result in the order Tune's driver processed it - the order its scheduler saw them
+    (the trials' own ``reported_at`` clocks can disagree when two trials report together)."""
+
+    seen: list[tuple[str, int, float]] = []
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        ResultOrder.seen.append((trial.trial_id, int(result["training_iteration"]),
+                                 float(result["val_accuracy"])))
+
+
+def test_asha_stops_weak_trials_at_its_rungs(tmp_path: Path, capsys, monkeypatch) -> None:
+    from hetflow.workloads.tune import runner
+
+    ResultOrder.seen = []
+    real_run_tuning = runner.run_tuning
+    monkeypatch.setattr(runner, "run_tuning", lambda config, **kw: real_run_tuning(
+        config, **{**kw, "callbacks": [*kw.get("callbacks", ()), ResultOrder()]}))
     out = tmp_path / "asha"
     config = write(tmp_path / "tune.yaml", tuning(
         out, search={"scheduler": "asha", "grace_epochs": 1, "reduction_factor": 2,
@@ -76,22 +93,23 @@ def test_asha_stops_weak_trials_at_its_rungs(tmp_path: Path, capsys) -> None:
     assert stopped and finished, [(t["status"], t["epochs"]) for t in trials]
     assert all(t["epochs"] == 4 for t in finished)
     assert summary["trial_epochs"] == sum(t["epochs"] for t in trials) < 6 * 4
-    first_at_rung_1 = sorted(trials, key=lambda t: t["curve"][0]["reported_at"])[:2]
-    assert all(t["epochs"] == 1 for t in first_at_rung_1)  # the quorum: no promotion before 2
+    assert len(ResultOrder.seen) == summary["trial_epochs"]  # one result per trial-epoch
+    epochs = {t["trial_id"]: t["epochs"] for t in trials}
+    first_at_rung_1 = [tid for tid, epoch, _ in ResultOrder.seen if epoch == 1][:2]
+    assert all(epochs[tid] == 1 for tid in first_at_rung_1)  # the quorum: no promotion before 2
     for trial in stopped:
         # ASHA (reduction factor 2, grace 1, 4 epochs) stops only at its rungs, epochs 1 and 2,
         # and - past the first rung's quorum - only a trial below the median of those that
         # reached the rung before it
         rung = trial["epochs"]
         assert rung in (1, 2)
-        if trial in first_at_rung_1:
+        if trial["trial_id"] in first_at_rung_1:
             continue
-        mine = trial["curve"][-1]
-        earlier_better = [
-            other for other in trials if other is not trial
-            for point in other["curve"]
-            if point["epoch"] == rung and point["reported_at"] < mine["reported_at"]
-            and point["val_accuracy"] > mine["val_accuracy"]]
+        at_rung = [(tid, acc) for tid, epoch, acc in ResultOrder.seen if epoch == rung]
+        mine_index = next(i for i, (tid, _) in enumerate(at_rung) if tid == trial["trial_id"])
+        mine = at_rung[mine_index][1]
+        assert mine == trial["curve"][-1]["val_accuracy"]
+        earlier_better = [tid for tid, acc in at_rung[:mine_index] if acc > mine]
         assert earlier_better, f"trial {trial['trial_id']} stopped at {rung} with nobody ahead"
 
     # the best trial is the highest accuracy any trial reached, written out whole
