@@ -38,6 +38,7 @@ def test_defaults() -> None:
     assert m.fixed_replicas == 1 and m.planned_replicas == 1
     assert m.batching.enabled and m.batching.max_batch_size == 32
     assert m.ongoing_limit == 64  # twice the batch, so a batch fills while another runs
+    assert m.batches_in_flight == 2  # one batch running on the replica, the next on its way
     assert config.http.host == "127.0.0.1"
 
 
@@ -45,6 +46,10 @@ def test_autoscaling_plans_its_maximum() -> None:
     m = serve_config_from_dict({"models": [model(autoscaling={
         "min_replicas": 1, "max_replicas": 3})]}).models[0]
     assert m.fixed_replicas is None and m.planned_replicas == 3
+    assert m.batches_in_flight == 6  # every replica autoscaling may add gets batches
+    one_at_a_time = serve_config_from_dict({"models": [model(replicas=2, batching={
+        "concurrent_batches": 1})]}).models[0]
+    assert one_at_a_time.batches_in_flight == 1
     serve = m.autoscaling.to_serve()
     assert serve["initial_replicas"] == 1 and serve["max_replicas"] == 3
 
@@ -72,6 +77,8 @@ def test_autoscaling_plans_its_maximum() -> None:
     ({"models": [model(autoscaling={"min_replicas": 3, "max_replicas": 2})]},
      "min_replicas <= initial_replicas <= max_replicas"),
     ({"models": [model(name="bad name")]}, "models.0.name"),
+    ({"models": [model(batching={"concurrent_batches": 0})]},
+     "models.0.batching.concurrent_batches"),
     ({"models": [model()], "http": {"port": 0}}, "http.port"),
     ([1, 2], "expected a mapping"),
 ])

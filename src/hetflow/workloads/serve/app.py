@@ -153,8 +153,11 @@ class Gateway:
         self._poller: asyncio.Task | None = None
         self._polled_once = asyncio.Event()
         # One @serve.batch queue per batched model, so each keeps its own size and wait.
+        # Up to ``in_flight`` batches at once, so that every replica of the model has work
+        # (Serve's default, 1, would run one batch at a time over all the replicas).
         self._batchers = {model: serve.batch(max_batch_size=int(b["max_batch_size"]),
                                              batch_wait_timeout_s=float(b["batch_wait_timeout_s"]),
+                                             max_concurrent_batches=int(b["in_flight"]),
                                              batch_size_fn=_rows_of)(self._batch_runner(model))
                           for model, b in table.batching.items() if b["enabled"]}
 
@@ -447,7 +450,8 @@ def build_application(config: ServeConfig, plans: dict[str, ModelPlan]) -> Any:
         request_timeout_s=config.limits.request_timeout_s,
         status_poll_s=config.gateway.status_poll_s,
         retries=config.gateway.retries,
-        batching={n: mp.entry.batching.model_dump() for n, mp in plans.items()},
+        batching={n: {**mp.entry.batching.model_dump(), "in_flight": mp.entry.batches_in_flight}
+                  for n, mp in plans.items()},
         describe={n: {"precision": mp.entry.precision, "batching": mp.entry.batching.model_dump(),
                       "placement": [g.describe() for g in mp.groups]}
                   for n, mp in plans.items()},

@@ -132,6 +132,11 @@ class BatchingConfig(_Section):
     batch_wait_timeout_s: float = Field(DEFAULT_BATCH_WAIT_TIMEOUT_S, ge=0)
     """How long the first request of a batch waits for others. It bounds the latency batching
     adds at low load; under load batches fill before it expires."""
+    concurrent_batches: int | None = Field(None, gt=0)
+    """Batches of this model in flight at once, over all its replicas. Default: 2 per replica
+    slot (``replicas``, or ``autoscaling.max_replicas``), so every replica has one batch
+    running and the next one on its way; 1 would run the model's batches one after another
+    however many replicas it has."""
 
 
 class ModelServeConfig(_Section):
@@ -209,6 +214,11 @@ class ModelServeConfig(_Section):
     def planned_replicas(self) -> int:
         """Replica slots planned on devices: the fixed count, or autoscaling's maximum."""
         return self.autoscaling.max_replicas if self.autoscaling else (self.replicas or 1)
+
+    @property
+    def batches_in_flight(self) -> int:
+        """``batching.concurrent_batches``, or 2 per planned replica slot."""
+        return self.batching.concurrent_batches or 2 * self.planned_replicas
 
     @property
     def ongoing_limit(self) -> int:
