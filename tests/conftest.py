@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 # Ray reads this once, on its first import: without it a multi-node test cluster on loopback is
@@ -45,8 +46,6 @@ def fixtures_dir() -> Path:
 def pytest_sessionfinish(session, exitstatus):
     session.config._hetflow_exitstatus = int(exitstatus)
     try:
-        import sys
-
         ray = sys.modules.get("ray")
         if ray is not None and ray.is_initialized():
             ray.shutdown()
@@ -59,8 +58,6 @@ def pytest_unconfigure(config):
     status = getattr(config, "_hetflow_exitstatus", None)
     if status is None or os.environ.get("HETFLOW_TESTS_NORMAL_EXIT") == "1":
         return
-    import sys
-
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(status)

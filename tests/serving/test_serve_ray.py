@@ -139,6 +139,9 @@ def test_models_by_name_behind_one_endpoint(served, held_out) -> None:
     assert listing["digits"]["fallback"] == ["digits-int8"]
     assert listing["digits-int8"]["precision"] == "int8"
     assert listing["digits"]["input"]["width"] == 64
+    # batches in flight: 2 per replica by default (digits has 2), as the listing tells clients
+    assert listing["digits"]["batching"]["in_flight"] == 4
+    assert listing["elastic"]["batching"]["in_flight"] == 4  # autoscaling's max_replicas: 2
 
 
 def test_train_if_missing_trained_the_int8_source(served) -> None:

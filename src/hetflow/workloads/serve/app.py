@@ -439,6 +439,9 @@ def build_application(config: ServeConfig, plans: dict[str, ModelPlan]) -> Any:
         batching = entry.batching.model_dump()
         handles[name] = [replica.options(**g.serve_options()).bind(mp.spec, batching)
                          for g in mp.groups]
+    # the batching settings, with the batches in flight that take effect (default resolved)
+    batching = {n: {**mp.entry.batching.model_dump(), "in_flight": mp.entry.batches_in_flight}
+                for n, mp in plans.items()}
     table = RouteTable(
         app=config.name,
         specs={n: mp.input for n, mp in plans.items()},
@@ -450,9 +453,8 @@ def build_application(config: ServeConfig, plans: dict[str, ModelPlan]) -> Any:
         request_timeout_s=config.limits.request_timeout_s,
         status_poll_s=config.gateway.status_poll_s,
         retries=config.gateway.retries,
-        batching={n: {**mp.entry.batching.model_dump(), "in_flight": mp.entry.batches_in_flight}
-                  for n, mp in plans.items()},
-        describe={n: {"precision": mp.entry.precision, "batching": mp.entry.batching.model_dump(),
+        batching=batching,
+        describe={n: {"precision": mp.entry.precision, "batching": batching[n],
                       "placement": [g.describe() for g in mp.groups]}
                   for n, mp in plans.items()},
     )
