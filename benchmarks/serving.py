@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/serving.py            # about 4-6 minutes on 2 cores
     .venv/bin/python benchmarks/serving.py --quick    # shorter steps, noisier
+    python benchmarks/serving.py --device gpu --address auto   # replicas on a hetflow GPU node
 
 One local Ray cluster, one Serve application with the digits MLP (hidden [128, 128], the
 network of examples/serve_digits.yaml; its weights do not change the cost, so they are the
@@ -64,6 +65,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpus", type=int, default=4, help="logical CPUs of the local Ray")
     parser.add_argument("--digits-only", action="store_true",
                         help="skip the wide model (half the time)")
+    parser.add_argument("--device", choices=["cpu", "gpu"], default="cpu",
+                        help="where the replicas compute (gpu: they share the node's device by "
+                             "memory, as hetflow's planner places them)")
+    parser.add_argument("--address", help="join this Ray cluster (e.g. `auto` after "
+                                          "`hetflow node start`) instead of a local one")
     args = parser.parse_args(argv)
     step_s, min_requests = (3.0, 60) if args.quick else (5.0, 150)
 
@@ -77,11 +83,15 @@ def main(argv: list[str] | None = None) -> int:
     from hetflow.workloads.serve.inference import ReplicaSpec, build_runner
     from hetflow.workloads.serve.loadgen import digits_bodies, sweep
 
-    ray.init(address="local", num_cpus=args.cpus, include_dashboard=False, log_to_driver=False)
+    if args.address:
+        ray.init(address=args.address, log_to_driver=False)
+    else:
+        ray.init(address="local", num_cpus=args.cpus, include_dashboard=False,
+                 log_to_driver=False)
     train = {"model": {"kind": "mlp", "hidden": HIDDEN}}
     model = lambda name, batching, hidden=HIDDEN, rows=32: {  # noqa: E731
         "name": name, "weights": "random", "train": {"model": {"kind": "mlp", "hidden": hidden}},
-        "device": "cpu", "replicas": 1,
+        "device": args.device, "replicas": 1,
         "batching": {"enabled": batching, "max_batch_size": rows}}
     pairs = [("unbatched", "batched")]
     models = [model("batched", True), model("unbatched", False)]
@@ -93,15 +103,17 @@ def main(argv: list[str] | None = None) -> int:
         "name": "bench", "http": {"port": _free_port()}, "models": models})
     served = deploy(config)
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    print(f"model: digits MLP hidden {HIDDEN}, 1 CPU replica each; batched: up to "
+    print(f"model: digits MLP hidden {HIDDEN}, 1 {args.device.upper()} replica each; batched: up to "
           f"{config.models[0].batching.max_batch_size} rows, "
           f"{config.models[0].batching.batch_wait_timeout_s * 1000:g} ms wait")
     bodies = digits_bodies(rows=1, count=64)
     try:
         # --- 2. single-request latency (first: the sweeps leave queues and caches warm) -----
-        runner = build_runner(ReplicaSpec("direct", {"model": train["model"]}, None, "fp32", "cpu"))
+        runner = build_runner(ReplicaSpec("direct", {"model": train["model"]}, None, "fp32",
+                                            args.device))
         row = np.asarray([[0.5] * 64], dtype=np.float32)
         direct = _timed(lambda: runner.predict(row), 300)
+        print(f"direct calls compute on {runner.device}")
         handle = serve.get_deployment_handle("bench.unbatched", "bench")
         _timed(lambda: handle.predict.remote(row).result(), 20)
         via_handle = _timed(lambda: handle.predict.remote(row).result(), 200)

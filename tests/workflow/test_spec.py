@@ -123,3 +123,27 @@ def test_spec_is_frozen(tmp_path: Path) -> None:
     spec = load_workflow(write(tmp_path, GOOD))
     with pytest.raises(Exception):
         spec.export.precision = "fp32"  # type: ignore[misc]
+
+
+def _leaves(data, prefix=()):
+    if isinstance(data, dict):
+        for key, value in data.items():
+            yield from _leaves(value, (*prefix, key))
+    else:
+        yield ".".join(prefix), data
+
+
+def test_gpu_example_is_the_cpu_example_with_only_resources_changed() -> None:
+    import yaml
+
+    cpu = dict(_leaves(yaml.safe_load(EXAMPLE.read_text())))
+    gpu_path = EXAMPLE.with_name("digits_gpu.yaml")
+    gpu = dict(_leaves(yaml.safe_load(gpu_path.read_text())))
+    changed = {k for k in cpu.keys() & gpu.keys() if cpu[k] != gpu[k]}
+    assert changed == {"name", "train.layout.dp", "train.resources.device", "export.precision",
+                       "serve.device", "serve.replicas"}
+    assert set(gpu) - set(cpu) == {"train.train.precision", "serve.memory"}
+    assert all(k.startswith("tune.") for k in set(cpu) - set(gpu))  # tuning off in both
+    spec = load_workflow(gpu_path)  # and it loads: bf16 is accepted on GPUs
+    assert (spec.train.resources.device, spec.serve.device) == ("gpu", "gpu")
+    assert spec.serve_config("export").models[0].precision == "bf16"
