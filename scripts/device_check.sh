@@ -52,7 +52,8 @@ step() {  # step NAME LIMIT_S COMMAND...: run under min(LIMIT_S, time left), rec
 
 if [ -n "${SITE:-}" ] && [ -f "$SITE" ]; then  # packages the host lacks, unpacked once
     mkdir -p /tmp/hetflow-site
-    [ -d /tmp/hetflow-site/ray ] || tar -xJf "$SITE" -C /tmp/hetflow-site
+    [ -d /tmp/hetflow-site/ray ] || tar -xJf "$SITE" -C /tmp/hetflow-site || "$PYTHON" -c \
+        "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$SITE" /tmp/hetflow-site
     sed -i "1s|^#!.*python.*|#!$(command -v "$PYTHON")|" /tmp/hetflow-site/bin/* 2>/dev/null
     export PATH="/tmp/hetflow-site/bin:$PATH" PYTHONPATH="/tmp/hetflow-site:${PYTHONPATH:-}"
 fi
