@@ -106,6 +106,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"model: digits MLP hidden {HIDDEN}, 1 {args.device.upper()} replica each; batched: up to "
           f"{config.models[0].batching.max_batch_size} rows, "
           f"{config.models[0].batching.batch_wait_timeout_s * 1000:g} ms wait")
+    for name, plan in served.plans.items():
+        infos = served.replica_infos(name, calls=2)
+        seen = sorted({f"{i['device']} CUDA_VISIBLE_DEVICES={i['visible']['CUDA_VISIBLE_DEVICES']}"
+                       for i in infos})
+        print(f"  {name}: {'; '.join(g.describe() for g in plan.groups)} -> {', '.join(seen)}")
     bodies = digits_bodies(rows=1, count=64)
     try:
         # --- 2. single-request latency (first: the sweeps leave queues and caches warm) -----
@@ -114,7 +119,9 @@ def main(argv: list[str] | None = None) -> int:
         row = np.asarray([[0.5] * 64], dtype=np.float32)
         direct = _timed(lambda: runner.predict(row), 300)
         print(f"direct calls compute on {runner.device}")
-        handle = serve.get_deployment_handle("bench.unbatched", "bench")
+        # On hetflow devices a model is one deployment per device it uses: take the first.
+        handle = serve.get_deployment_handle(served.plans["unbatched"].groups[0].deployment,
+                                             "bench")
         _timed(lambda: handle.predict.remote(row).result(), 20)
         via_handle = _timed(lambda: handle.predict.remote(row).result(), 200)
         session = requests.Session()
