@@ -21,7 +21,8 @@
 #  5. node     `hetflow node start`: this host as a hetflow node (devices as hetflow resources)
 #  6. workflow `hetflow run examples/digits_gpu.yaml --address auto`: train on a GPU rank bound by
 #              hetflow, export bf16, two bf16 replicas sharing the GPU, a load test
-#  7. serving  benchmarks/serving.py --device gpu --address auto --quick (batched vs unbatched)
+#  7. serving  benchmarks/serving.py --device gpu --address auto --quick (batched vs unbatched;
+#              SERVING_ARGS replaces --quick)
 # Output under OUT (default results/device-check): log.txt and recorded.tar.gz.
 set -u
 cd "$(dirname "$0")/.."
@@ -129,7 +130,7 @@ step tests 120 bash -c "$(declare -f unit_tests); PYTHON=$PYTHON unit_tests"
 step train 150 env PYTHON="$PYTHON" STEPS=200 scripts/gpu_check.sh
 step node 60 bash -c "$(declare -f node); node"
 step workflow 180 bash -c "$(declare -f workflow); REC=$REC workflow"
-step serving 300 "$PYTHON" benchmarks/serving.py --device gpu --address auto --quick
+step serving 300 "$PYTHON" benchmarks/serving.py --device gpu --address auto ${SERVING_ARGS:---quick}
 if [[ " ${SUMMARY[*]} " == *" node 0 "* ]]; then ray stop --force >/dev/null 2>&1; fi
 
 echo "=== summary (exit codes; total $(( $(date +%s) - START ))s)"
