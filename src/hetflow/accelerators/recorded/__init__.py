@@ -11,7 +11,7 @@ from pathlib import Path
 
 from hetflow.core.errors import InputError, ParseError
 from hetflow.core.topology import NodeTopology
-from hetflow.accelerators.recorded.base import RecordedFormat
+from hetflow.accelerators.recorded.base import RecordedFormat, strip_terminal_codes
 
 MAX_FILE_BYTES = 64 * 1024 * 1024  # recorded outputs are kilobytes; refuse to slurp a disk image
 
@@ -39,6 +39,7 @@ def detect_format(text: str, source: str) -> RecordedFormat:
 
 
 def parse_text(text: str, source: str) -> NodeTopology:
+    text = strip_terminal_codes(text)  # recorded from a terminal or a tool that styles its output
     fmt = detect_format(text, source)
     return fmt.parse(text, source)
 

@@ -14,10 +14,21 @@ input it cannot read; any other exception escaping a parser is a bug.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Callable
 
 from hetflow.core.topology import NodeTopology
+
+
+_TERMINAL_CODES = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def strip_terminal_codes(text: str) -> str:
+    """``text`` without ANSI escape sequences (bold, underline, colour), which vendor tools may
+    write even when their output is recorded to a file. They take no columns on a terminal, so
+    removing them keeps the column positions that fixed-width parsers rely on."""
+    return _TERMINAL_CODES.sub("", text) if "\x1b" in text else text
 
 
 @dataclass(frozen=True)
