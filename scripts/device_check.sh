@@ -34,6 +34,7 @@ mkdir -p "$OUT/recorded"
 REC="$OUT/recorded"
 exec > >(tee -a "$OUT/log.txt") 2>&1
 START=$(date +%s)
+touch "$OUT/.started"
 declare -a SUMMARY=()
 
 step() {  # step NAME LIMIT_S COMMAND...: run under min(LIMIT_S, time left), record its exit code
@@ -116,10 +117,10 @@ node() {
 }
 
 workflow() {
-    hetflow run examples/digits_gpu.yaml --address auto --fresh --no-progress
+    OUT=$OUT hetflow run examples/digits_gpu.yaml --address auto --fresh --no-progress
     local rc=$?
     local report
-    report=$(find results -name report.md -newer "$REC/when.txt" 2>/dev/null | head -1)
+    report=$(find results -name report.md -newer "$OUT/.started" 2>/dev/null | head -1)
     [ -n "$report" ] && cp "$report" "$REC/workflow-report.md"
     return $rc
 }
@@ -129,7 +130,7 @@ step inventory 40 bash -c "$(declare -f inventory); REC=$REC inventory"
 step tests 120 bash -c "$(declare -f unit_tests); PYTHON=$PYTHON unit_tests"
 step train 150 env PYTHON="$PYTHON" STEPS=200 scripts/gpu_check.sh
 step node 60 bash -c "$(declare -f node); node"
-step workflow 180 bash -c "$(declare -f workflow); REC=$REC workflow"
+step workflow 180 bash -c "$(declare -f workflow); OUT=$OUT REC=$REC workflow"
 step serving 300 "$PYTHON" benchmarks/serving.py --device gpu --address auto ${SERVING_ARGS:---quick}
 if [[ " ${SUMMARY[*]} " == *" node 0 "* ]]; then ray stop --force >/dev/null 2>&1; fi
 
