@@ -117,7 +117,7 @@ node() {
 }
 
 workflow() {
-    OUT=$OUT hetflow run examples/digits_gpu.yaml --address auto --fresh --no-progress
+    hetflow run examples/digits_gpu.yaml --address auto --fresh --no-progress
     local rc=$?
     local report
     report=$(find results -name report.md -newer "$OUT/.started" 2>/dev/null | head -1)
