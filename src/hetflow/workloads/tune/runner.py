@@ -307,7 +307,14 @@ def _summaries(config: TuningConfig, grid: Any) -> list[TrialSummary]:
         rows = [] if frame is None or frame.empty else frame.to_dict("records")
         # A trial interrupted between reporting an epoch and Tune registering its checkpoint
         # trains that epoch again after resume: keep the last report of each epoch.
-        rows = list({int(r["epoch"]): r for r in rows if not _missing(r.get("epoch"))}.values())
+        by_epoch = {int(r["epoch"]): r for r in rows if not _missing(r.get("epoch"))}
+        # The curve is read back from the trial's result files, which Tune's logger callbacks
+        # write after the driver has the result: a run interrupted in between (Ctrl-C right
+        # after a trial's last epoch) has that epoch in memory only. Tune's last result counts.
+        last = result.metrics or {}
+        if not _missing(last.get("epoch")) and int(last["epoch"]) not in by_epoch:
+            by_epoch[int(last["epoch"])] = last
+        rows = [by_epoch[e] for e in sorted(by_epoch)]
         curve = [{k: _plain(r[k]) for k in ("epoch", metric, "val_loss", "train_loss",
                                             "started_at", "reported_at", "resumed_from")
                   if k in r and not _missing(r[k])} for r in rows]
