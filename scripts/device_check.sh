@@ -23,6 +23,10 @@
 #              hetflow, export bf16, two bf16 replicas sharing the GPU, a load test
 #  7. serving  benchmarks/serving.py --device gpu --address auto --quick (batched vs unbatched;
 #              SERVING_ARGS replaces --quick)
+#  8. sampler  scripts/gpu_sampler_check.py: the metrics sampler (NVML/amdsmi) sees work we start
+#  9. metrics  `hetflow top --once` on the node: its agents' device readings through Ray's KV
+# 10. tune     `hetflow tune` (random + ASHA, 8 trials) with trials sharing the GPU by memory
+#              (random search: Optuna is not needed on the host)
 # Output under OUT (default results/device-check): log.txt and recorded.tar.gz.
 set -u
 cd "$(dirname "$0")/.."
@@ -112,6 +116,42 @@ unit_tests() {
     return $(( a | b ))
 }
 
+tune_gpu() {
+    local dir
+    dir=$(mktemp -d)
+    cat > "$dir/tune.yaml" <<YAML
+name: tune-gpu-check
+base:
+  model: {kind: mlp, hidden: [64]}
+  data: {dataset: digits, val_fraction: 0.2, seed: 0}
+  train: {optimizer: adamw, batch_size: 64, lr: 0.003}
+  resources: {device: gpu}
+space:
+  train: {lr: {loguniform: [1.0e-4, 0.1]}, batch_size: {choice: [32, 64, 128]}}
+search: {algorithm: random, scheduler: asha, metric: val_accuracy, seed: 0, grace_epochs: 1,
+         reduction_factor: 3, first_rung_quorum: 2}
+budget: {trials: 8, epochs: 9, time: 3m, concurrent: 4}
+trial: {cpus: 1, threads: 1, memory: 1GiB}
+output: {dir: $dir/out, live: false, plot: true}
+YAML
+    hetflow tune "$dir/tune.yaml" --address auto --quiet --json > "$dir/result.json"
+    local rc=$?
+    "$PYTHON" - "$dir/result.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+trials = r.get("trials", [])
+for t in trials:
+    print(f"  {t.get('trial_id')}: {t.get('status')} {t.get('epochs')} epochs, device "
+          f"{t.get('device')}, visible {t.get('visible_devices')!r}, units {t.get('device_units')}")
+best = r.get("best") or {}
+print(f"best {best.get('value')} ({best.get('trial_id')}); {len(trials)} trials; "
+      f"placement {r.get('placement')}")
+on_gpu = [t for t in trials if str(t.get("device", "")).startswith("cuda")]
+sys.exit(0 if trials and len(on_gpu) == len([t for t in trials if t.get("epochs")]) else 1)
+PY
+    return $(( rc | $? ))
+}
+
 node() {
     hetflow node start --print && hetflow node start --num-cpus "$(nproc)"
 }
@@ -132,6 +172,9 @@ step train 150 env PYTHON="$PYTHON" STEPS=200 scripts/gpu_check.sh
 step node 60 bash -c "$(declare -f node); node"
 step workflow 180 bash -c "$(declare -f workflow); OUT=$OUT REC=$REC workflow"
 step serving 300 "$PYTHON" benchmarks/serving.py --device gpu --address auto ${SERVING_ARGS:---quick}
+step sampler 40 "$PYTHON" scripts/gpu_sampler_check.py
+step metrics 60 bash -c "hetflow top --once --address auto && hetflow top --once --json --address auto > $REC/top.json"
+step tune 200 bash -c "$(declare -f tune_gpu); PYTHON=$PYTHON tune_gpu"
 if [[ " ${SUMMARY[*]} " == *" node 0 "* ]]; then ray stop --force >/dev/null 2>&1; fi
 
 echo "=== summary (exit codes; total $(( $(date +%s) - START ))s)"

@@ -88,6 +88,9 @@ def test_asha_stops_weak_trials_at_its_rungs(tmp_path: Path, capsys, monkeypatch
     summary = json.loads(capsys.readouterr().out)
     trials = json.loads((out / "trials.json").read_text())
     assert len(trials) == 6 and len(summary["trials"]) == 6
+    # where each trial ran, in the JSON too: here CPU processes that see no GPU
+    assert {(t["device"], t["visible_devices"]) for t in summary["trials"]} == {("cpu", "")}
+    assert all(t["device_units"] == 0 for t in summary["trials"])
     stopped = [t for t in trials if t["status"] == "stopped"]
     finished = [t for t in trials if t["status"] == "done"]
     assert stopped and finished, [(t["status"], t["epochs"]) for t in trials]

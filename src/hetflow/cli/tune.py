@@ -91,7 +91,9 @@ def summary(result: Any) -> dict[str, Any]:
                             if result.best_checkpoint_path else None),
         "plot": str(result.plot_path) if result.plot_path else None,
         "trials": [{"trial_id": t.trial_id, "status": t.status, "epochs": t.epochs,
-                    "best": t.best, "params": t.params} for t in result.trials],
+                    "best": t.best, "params": t.params, "device": t.device,
+                    "device_units": t.device_units, "visible_devices": t.visible_devices}
+                   for t in result.trials],
         "trial_epochs": result.trial_epochs,
         "wall_s": result.wall_s,
         "placement": result.placement,
