@@ -47,14 +47,9 @@ from pathlib import Path
 
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
-REPO = Path(__file__).resolve().parents[1]
-EXAMPLE = REPO / "examples" / "tune_digits.yaml"
-STRATEGIES = {
-    "random": {"algorithm": "random", "scheduler": "fifo"},
-    "asha+tpe": {"algorithm": "tpe", "scheduler": "asha"},
-}
-# search settings of asha+tpe that the command line may override (default: the example's)
-SEARCH_KEYS = ("startup_trials", "grace_epochs", "reduction_factor", "first_rung_quorum")
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # tuning_common, beside this file
+from tuning_common import (  # noqa: E402
+    EXAMPLE, SEARCH_KEYS, STRATEGIES, add_search_arguments, geomean, setup_line)
 
 
 @dataclass
@@ -114,18 +109,8 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, default=8)
     parser.add_argument("--trials", type=int, default=32, help="trial budget per run")
     parser.add_argument("--epochs", type=int, default=27, help="most epochs per trial")
-    parser.add_argument("--target", type=float, default=0.98,
-                        help="validation accuracy to reach (digits, 359 validation images)")
     parser.add_argument("--concurrent", type=int, default=2)
-    parser.add_argument("--first-seed", type=int, default=0)
-    parser.add_argument("--startup-trials", type=int, help="TPE's random trials first "
-                        "(default: the example's)")
-    parser.add_argument("--grace-epochs", type=int, help="ASHA's first rung (default: the "
-                        "example's)")
-    parser.add_argument("--reduction-factor", type=float, help="ASHA's reduction factor "
-                        "(default: the example's)")
-    parser.add_argument("--first-rung-quorum", type=int, help="trials ASHA stops at its first "
-                        "rung before it promotes any (0: Ray's ASHA; default: the example's)")
+    add_search_arguments(parser)
     args = parser.parse_args()
 
     import ray
@@ -165,13 +150,7 @@ def report(outcomes: list[Outcome], args: argparse.Namespace) -> int:
     search = yaml.safe_load(EXAMPLE.read_text())["search"]
     settings = {key: getattr(args, key) if getattr(args, key) is not None else search[key]
                 for key in SEARCH_KEYS}
-    print(f"digits MLP, space of {EXAMPLE.relative_to(REPO)}, target val accuracy "
-          f">= {args.target}, budget {args.trials} trials x {args.epochs} epochs, "
-          f"{args.concurrent} at a time, "
-          f"seeds {args.first_seed}..{args.first_seed + args.seeds - 1}"
-          f"; TPE startup {settings['startup_trials']}, ASHA grace "
-          f"{settings['grace_epochs']} reduction {settings['reduction_factor']:g} "
-          f"first-rung quorum {settings['first_rung_quorum']}")
+    print(setup_line(args, args.trials, args.epochs, args.concurrent, settings))
     for name, runs in by.items():
         print(f"{name:9s}: mean {statistics.mean(o.compute for o in runs):6.1f} trial-epochs, "
               f"{statistics.mean(o.wall_s for o in runs):6.1f} s to target; "
@@ -179,16 +158,12 @@ def report(outcomes: list[Outcome], args: argparse.Namespace) -> int:
     print("per seed asha+tpe/random: compute "
           + " ".join(f"{x:.3f}" for x in per_seed_compute)
           + "  wall " + " ".join(f"{x:.3f}" for x in per_seed_wall))
-    print(f"geometric mean of per-seed ratios: compute {_geomean(per_seed_compute):.3f}  "
-          f"wall {_geomean(per_seed_wall):.3f}")
+    print(f"geometric mean of per-seed ratios: compute {geomean(per_seed_compute):.3f}  "
+          f"wall {geomean(per_seed_wall):.3f}")
     if not all(o.reached for o in outcomes):
         print("WARNING: some runs did not reach the target; their whole budget was counted")
     print(f"RESULT asha_over_random_compute={compute:.3f} asha_over_random_wall={wall:.3f}")
     return 0
-
-
-def _geomean(values: list[float]) -> float:
-    return math.exp(statistics.mean(math.log(v) for v in values))
 
 
 if __name__ == "__main__":

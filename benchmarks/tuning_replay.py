@@ -70,14 +70,10 @@ from typing import Any, Callable, Protocol
 
 from hetflow.core.errors import InputError
 
-REPO = Path(__file__).resolve().parents[1]
-EXAMPLE = REPO / "examples" / "tune_digits.yaml"
-STRATEGIES = {
-    "random": {"algorithm": "random", "scheduler": "fifo"},
-    "asha+tpe": {"algorithm": "tpe", "scheduler": "asha"},
-}
-# search settings the command line may override (default: the example's), as in tuning.py
-SEARCH_KEYS = ("startup_trials", "grace_epochs", "reduction_factor", "first_rung_quorum")
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # tuning_common, beside this file
+from tuning_common import (  # noqa: E402
+    EXAMPLE, SEARCH_KEYS, STRATEGIES, add_search_arguments, geomean, setup_line)
+
 TARGET_METRIC = "val_accuracy"  # --target is a validation accuracy, as in benchmarks/tuning.py
 
 # Virtual time, fitted to real runs of the tuner on the 2-core development machine: an epoch
@@ -382,17 +378,7 @@ def _quiet_worker(threads: int) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=40, help="how many seeds (default 40)")
-    parser.add_argument("--first-seed", type=int, default=0)
-    parser.add_argument("--first-rung-quorum", type=int, help="trials ASHA stops at its first "
-                        "rung before it promotes any (0: Ray's ASHA; default: the example's)")
-    parser.add_argument("--startup-trials", type=int, help="TPE's random trials first "
-                        "(default: the example's)")
-    parser.add_argument("--grace-epochs", type=int, help="ASHA's first rung (default: the "
-                        "example's)")
-    parser.add_argument("--reduction-factor", type=float, help="ASHA's reduction factor "
-                        "(default: the example's)")
-    parser.add_argument("--target", type=float, default=0.98,
-                        help="validation accuracy to reach (digits, 359 validation images)")
+    add_search_arguments(parser)
     parser.add_argument("--jobs", type=int, default=1,
                         help="processes replaying seeds side by side (the result is the same)")
     parser.add_argument("--trace", action="store_true",
@@ -446,12 +432,8 @@ def _report(results: list[SeedResult], config: Any, args: argparse.Namespace,
     reported = sum(o.compute for o in asha + rand)
     trained = sum(r.epochs_trained for r in results)
     print()
-    print(f"digits MLP, space of {EXAMPLE.relative_to(REPO)}, target val accuracy >= "
-          f"{args.target}, budget {budget.trials} trials x {budget.epochs} epochs, "
-          f"{budget.concurrent} at a time, seeds {args.first_seed}.."
-          f"{args.first_seed + args.seeds - 1}; TPE startup {search.startup_trials}, ASHA "
-          f"grace {search.grace_epochs} reduction {search.reduction_factor:g} first-rung "
-          f"quorum {search.first_rung_quorum}")
+    print(setup_line(args, budget.trials, budget.epochs, budget.concurrent,
+                     {key: getattr(search, key) for key in SEARCH_KEYS}))
     for name, runs in by.items():
         computes = [o.compute for o in runs]
         spread = statistics.stdev(computes) / math.sqrt(len(computes)) if len(runs) > 1 else 0
@@ -459,7 +441,7 @@ def _report(results: list[SeedResult], config: Any, args: argparse.Namespace,
               f"(+- {spread:.1f} standard error), median {statistics.median(computes):5.1f}, "
               f"mean virtual {statistics.mean(o.virtual_s for o in runs):5.1f} s; "
               f"reached {sum(o.reached for o in runs)}/{len(runs)}")
-    print(f"geometric mean of per-seed ratios asha+tpe/random: {_geomean(per_seed):.3f}")
+    print(f"geometric mean of per-seed ratios asha+tpe/random: {geomean(per_seed):.3f}")
     print(f"replayed {reported} trial-epochs, trained {trained} "
           f"({reported - trained} shared between the strategies) in {seconds:.0f} s "
           f"with {args.jobs} process(es)")
@@ -467,10 +449,6 @@ def _report(results: list[SeedResult], config: Any, args: argparse.Namespace,
         print("WARNING: some runs did not reach the target; every epoch they ran was counted")
     print(f"RESULT replay_asha_over_random_compute={ratio:.3f} replay_seeds={len(results)}")
     return 0
-
-
-def _geomean(values: list[float]) -> float:
-    return math.exp(statistics.mean(math.log(v) for v in values))
 
 
 if __name__ == "__main__":
