@@ -75,6 +75,32 @@ def sleep_spec(name: str, count: int, seconds: float, marker: Path | None = None
     return resolve(job_from_dict(data), SLEEP_JOB.parent)
 
 
+def train_job(cluster: Path, name: str, hidden: int, steps: int, interval: int,
+              devices: dict[str, Any] | None = None) -> tuple[JobSpec, Path]:
+    """A digits training job (one CPU rank of an MLP [hidden, hidden]) checkpointing every
+    ``interval`` steps into ``cluster/<name>-ckpt``; ``devices`` None makes it a CPU job."""
+    ckpt = cluster / f"{name}-ckpt"
+    data: dict[str, Any] = {
+        "name": name, "kind": "train",
+        "train": {
+            "name": f"{name}-live", "model": {"kind": "mlp", "hidden": [hidden, hidden]},
+            "train": {"steps": steps, "batch_size": 256, "log_every": 10},
+            "checkpoint": {"dir": str(ckpt), "interval": interval},
+            "resources": {"device": "cpu", "cpus_per_rank": 1},
+        },
+    }
+    if devices is not None:
+        data["devices"] = devices
+    return resolve(job_from_dict(data), cluster), ckpt
+
+
+def assert_every_step_kept(ckpt: Path, steps: int) -> None:
+    """The newest checkpoint is the last step's and holds every step's loss: none lost."""
+    final = latest_checkpoint(ckpt)
+    assert final is not None and final.step == steps
+    assert {int(k) for k in final.meta["losses"]} == set(range(1, steps + 1))
+
+
 def wait_for(check: Callable[[], Any], timeout_s: float, what: str) -> Any:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -204,16 +230,7 @@ def test_controller_killed_and_restarted_loses_and_duplicates_nothing(cluster: P
 
 def test_preempted_training_resumes_from_its_checkpoint(cluster: Path) -> None:
     client.configure({"policy": "srtf", "round_s": 1.0})
-    ckpt = cluster / "digits-ckpt"
-    train = resolve(job_from_dict({
-        "name": "digits", "kind": "train", "devices": {"type": "MI210"},
-        "train": {
-            "name": "digits-live", "model": {"kind": "mlp", "hidden": [512, 512]},
-            "train": {"steps": 600, "batch_size": 256, "log_every": 10},
-            "checkpoint": {"dir": str(ckpt), "interval": 100},
-            "resources": {"device": "cpu", "cpus_per_rank": 1},
-        },
-    }), cluster)
+    train, ckpt = train_job(cluster, "digits", 512, 600, 100, devices={"type": "MI210"})
     job = client.submit(train)["job_id"]
     wait_for(lambda: (jobs_by_id()[job]["progress_step"] or 0) >= 30, 90, "training progress")
     # shorter remaining work on the same two devices: srtf preempts the training job for it
@@ -232,10 +249,7 @@ def test_preempted_training_resumes_from_its_checkpoint(cluster: Path) -> None:
         assert later["start_step"] == earlier["end_step"]  # resumed right after its checkpoint
     assert runs[-1]["end_step"] == 600
     assert jobs[short]["first_started_at"] < runs[1]["started_at"]  # the short job ran in between
-    final = latest_checkpoint(ckpt)
-    assert final is not None and final.step == 600
-    losses = {int(k) for k in final.meta["losses"]}
-    assert losses == set(range(1, 601))  # every step's loss is there: no completed step lost
+    assert_every_step_kept(ckpt, 600)  # no completed step lost
 
 
 def test_a_job_whose_runner_dies_restarts_from_its_checkpoint(cluster: Path) -> None:
@@ -244,16 +258,7 @@ def test_a_job_whose_runner_dies_restarts_from_its_checkpoint(cluster: Path) -> 
     newest complete checkpoint - on devices that were given back, finishing every step."""
     from hetflow.control.runner import runner_name
 
-    ckpt = cluster / "digits-lost-ckpt"
-    train = resolve(job_from_dict({
-        "name": "lost", "kind": "train", "devices": {"type": "MI210"},
-        "train": {
-            "name": "digits-lost", "model": {"kind": "mlp", "hidden": [256, 256]},
-            "train": {"steps": 800, "batch_size": 256, "log_every": 10},
-            "checkpoint": {"dir": str(ckpt), "interval": 50},
-            "resources": {"device": "cpu", "cpus_per_rank": 1},
-        },
-    }), cluster)
+    train, ckpt = train_job(cluster, "lost", 256, 800, 50, devices={"type": "MI210"})
     job = client.submit(train)["job_id"]
     wait_for(lambda: (jobs_by_id()[job]["progress_step"] or 0) >= 120, 120, "training progress")
     complete_before = latest_checkpoint(ckpt)
@@ -268,9 +273,7 @@ def test_a_job_whose_runner_dies_restarts_from_its_checkpoint(cluster: Path) -> 
     # the second attempt began at a complete checkpoint no older than the one seen at the kill
     resumed = runs[1]["start_step"]
     assert resumed % 50 == 0 and complete_before.step <= resumed < 800
-    final = latest_checkpoint(ckpt)
-    assert final is not None and final.step == 800
-    assert {int(k) for k in final.meta["losses"]} == set(range(1, 801))
+    assert_every_step_kept(ckpt, 800)
 
 
 # --- CPU jobs ----------------------------------------------------------------------------------------
@@ -324,16 +327,7 @@ def test_a_cpu_job_bigger_than_any_node_is_refused_at_submit(cluster: Path) -> N
 
 
 def test_cpu_training_ranks_run_in_the_reservation_and_checkpoint_when_stopped(cluster: Path) -> None:
-    ckpt = cluster / "digits-cpu-ckpt"
-    train = resolve(job_from_dict({
-        "name": "digits-cpu", "kind": "train",
-        "train": {
-            "name": "digits-cpu-live", "model": {"kind": "mlp", "hidden": [512, 512]},
-            "train": {"steps": 5000, "batch_size": 256, "log_every": 10},
-            "checkpoint": {"dir": str(ckpt), "interval": 1000},
-            "resources": {"device": "cpu", "cpus_per_rank": 1},
-        },
-    }), cluster)
+    train, ckpt = train_job(cluster, "digits-cpu", 512, 5000, 1000)
     assert train.cpu_only  # no devices section: resources.device cpu makes it a CPU job
     job = client.submit(train)["job_id"]
     wait_for(lambda: (jobs_by_id()[job]["progress_step"] or 0) >= 20, 90, "CPU training progress")
