@@ -25,7 +25,6 @@ from typing import Any, Callable
 
 import pytest
 import ray
-from ray.cluster_utils import Cluster
 
 from hetflow.accelerators.synthetic import synthetic_node
 from hetflow.cli.jobs import register
@@ -34,14 +33,14 @@ from hetflow.control.controller import CONTROLLER_NAME, NAMESPACE
 from hetflow.control.jobspec import JobSpec, job_from_dict, resolve
 from hetflow.control.scheduler import live_throughputs
 from hetflow.core.errors import Unschedulable
-from hetflow.runtime.binding import live_snapshot, publish_node
-from hetflow.runtime.resources import node_labels, node_resources
+from hetflow.runtime.binding import live_snapshot
 from hetflow.scheduling.policies.capacity import ClusterModel
 from hetflow.scheduling.policies.registry import make_policy
 from hetflow.scheduling.throughput import FIXED_DURATION
 from hetflow.sim.engine import SimConfig, Simulator
 from hetflow.sim.traces import Job
 from hetflow.workloads.train.checkpoint import latest_checkpoint
+from tests.ray_cluster import hetflow_cluster
 
 pytestmark = pytest.mark.ray
 
@@ -52,19 +51,11 @@ ENDED = {"SUCCEEDED", "FAILED", "CANCELLED"}
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory):
     nodes = [synthetic_node("2x MI210", "a"), synthetic_node("2x L40S", "b")]
-    c = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 1, "node_ip_address": "127.0.0.1", "include_dashboard": False})
-    for node in nodes:
-        c.add_node(num_cpus=1, num_gpus=0, resources=node_resources(node), labels=node_labels(node))
-    ray.init(address=c.address, namespace=NAMESPACE)
-    for node in nodes:
-        publish_node(node)
-    root = tmp_path_factory.mktemp("control")
-    client.controller({"policy": "fifo", "tick_s": 0.2, "log_dir": str(root / "logs"),
-                       "stop_grace_s": 30.0})
-    yield root
-    ray.shutdown()
-    c.shutdown()
+    with hetflow_cluster(nodes, head_cpus=1, namespace=NAMESPACE):
+        root = tmp_path_factory.mktemp("control")
+        client.controller({"policy": "fifo", "tick_s": 0.2, "log_dir": str(root / "logs"),
+                           "stop_grace_s": 30.0})
+        yield root
 
 
 def sleep_spec(name: str, count: int, seconds: float, marker: Path | None = None,

@@ -14,7 +14,6 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 import pytest
 import ray
-from ray.cluster_utils import Cluster
 from ray.util import placement_group_table
 
 from hetflow.accelerators.load import load_node
@@ -23,10 +22,10 @@ from hetflow.core.errors import Unschedulable
 from hetflow.core.request import ParallelLayout, PlacementRequest
 from hetflow.core.topology import Vendor
 from hetflow.core.units import parse_bytes
-from hetflow.runtime.binding import live_snapshot, publish_node, reserve, wait_removed
-from hetflow.runtime.resources import node_labels, node_resources
+from hetflow.runtime.binding import live_snapshot, reserve, wait_removed
 from hetflow.scheduling.planner import plan
 from tests.conftest import fixture_path
+from tests.ray_cluster import hetflow_cluster
 
 pytestmark = pytest.mark.ray
 
@@ -45,16 +44,8 @@ def _nodes():
 @pytest.fixture(scope="module")
 def cluster():
     nodes = _nodes()
-    c = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 1, "node_ip_address": "127.0.0.1", "include_dashboard": False})
-    for node in nodes:
-        c.add_node(num_cpus=1, num_gpus=0, resources=node_resources(node), labels=node_labels(node))
-    ray.init(address=c.address)
-    for node in nodes:
-        publish_node(node)
-    yield nodes
-    ray.shutdown()
-    c.shutdown()
+    with hetflow_cluster(nodes, head_cpus=1):
+        yield nodes
 
 
 @ray.remote(num_cpus=0)

@@ -19,7 +19,6 @@ import json
 import os
 import signal
 import socket
-import threading
 import time
 
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
@@ -28,17 +27,15 @@ import numpy as np
 import pytest
 import ray
 import requests
-from ray.cluster_utils import Cluster
 
 from hetflow.accelerators.synthetic import synthetic_node
-from hetflow.runtime.binding import publish_node
-from hetflow.runtime.resources import node_labels, node_resources
 from hetflow.workloads.serve.app import deploy
 from hetflow.workloads.serve.config import serve_config_from_dict
 from hetflow.workloads.serve.inference import ReplicaSpec, build_runner
 from hetflow.workloads.serve.loadgen import digits_bodies, run_load
 from hetflow.workloads.train.checkpoint import latest_checkpoint
 from hetflow.workloads.train.data import load_dataset
+from tests.ray_cluster import hetflow_cluster
 
 pytestmark = pytest.mark.ray
 
@@ -53,13 +50,6 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def served(digits_model, tmp_path_factory):
-    gpu_node = synthetic_node("2x L40S", "gpu-node")
-    cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 6, "node_ip_address": "127.0.0.1", "include_dashboard": False})
-    cluster.add_node(num_cpus=2, num_gpus=0, resources=node_resources(gpu_node),
-                     labels=node_labels(gpu_node))
-    ray.init(address=cluster.address, log_to_driver=False)
-    publish_node(gpu_node)
     small_ckpt = tmp_path_factory.mktemp("int8-ckpt")
     config = serve_config_from_dict({
         "name": "svc",
@@ -87,15 +77,15 @@ def served(digits_model, tmp_path_factory):
                              "upscale_delay_s": 0.0, "downscale_delay_s": 600.0}},
         ],
     })
-    app = deploy(config, timeout_s=240)
-    app.small_ckpt = small_ckpt
-    yield app
-    app.shutdown()
-    from ray import serve
+    gpu_node = synthetic_node("2x L40S", "gpu-node")
+    with hetflow_cluster([gpu_node], head_cpus=6, node_cpus=2, log_to_driver=False):
+        app = deploy(config, timeout_s=240)
+        app.small_ckpt = small_ckpt
+        yield app
+        app.shutdown()
+        from ray import serve
 
-    serve.shutdown()
-    ray.shutdown()
-    cluster.shutdown()
+        serve.shutdown()
 
 
 def post(served, path: str, body, **kw) -> requests.Response:
@@ -282,21 +272,15 @@ def test_killed_replica_under_load(served, capsys) -> None:
     pids = _replica_pids(served, "digits")
     assert len(pids) == 2
     retries_before = _retries(served)
-    outcome: dict = {}
-
-    def load() -> None:
-        outcome["result"] = run_load(served.url + "/v1/models/digits/predict",
-                                     digits_bodies(count=32), rate=25, max_requests=300,
-                                     max_duration_s=10, timeout_s=30, seed=7)
-
-    thread = threading.Thread(target=load)
-    thread.start()
-    time.sleep(3)
-    victim = sorted(pids)[0]
-    os.kill(pids[victim], signal.SIGKILL)
-    killed_at = time.monotonic()
-    thread.join(60)
-    result = outcome["result"]
+    with cf.ThreadPoolExecutor(1) as pool:  # the load runs while this thread kills a replica
+        load = pool.submit(run_load, served.url + "/v1/models/digits/predict",
+                           digits_bodies(count=32), rate=25, max_requests=300,
+                           max_duration_s=10, timeout_s=30, seed=7)
+        time.sleep(3)
+        victim = sorted(pids)[0]
+        os.kill(pids[victim], signal.SIGKILL)
+        killed_at = time.monotonic()
+        result = load.result(60)
     recovery_s = _wait_two_serving(served, set(pids), killed_at)
     retried = _retries(served) - retries_before
     with capsys.disabled():
@@ -343,23 +327,17 @@ def test_autoscaling_adds_a_replica_under_load(served, capsys) -> None:
             "running_replicas"]
 
     assert running() == 1
-    outcome: dict = {}
-
-    def load() -> None:
-        outcome["result"] = run_load(served.url + "/v1/models/elastic/predict",
-                                     digits_bodies(count=16), rate=30, max_requests=600,
-                                     max_duration_s=20, timeout_s=30, seed=11)
-
-    thread = threading.Thread(target=load)
-    started = time.monotonic()
-    thread.start()
-    scaled_after = None
-    while time.monotonic() - started < 40 and scaled_after is None:
-        if running() == 2:
-            scaled_after = time.monotonic() - started
-        time.sleep(0.5)
-    thread.join(60)
-    result = outcome["result"]
+    with cf.ThreadPoolExecutor(1) as pool:  # the load runs while this thread watches replicas
+        started = time.monotonic()
+        load = pool.submit(run_load, served.url + "/v1/models/elastic/predict",
+                           digits_bodies(count=16), rate=30, max_requests=600,
+                           max_duration_s=20, timeout_s=30, seed=11)
+        scaled_after = None
+        while time.monotonic() - started < 40 and scaled_after is None:
+            if running() == 2:
+                scaled_after = time.monotonic() - started
+            time.sleep(0.5)
+        result = load.result(60)
     with capsys.disabled():
         print(f"\nautoscaling: {result.line()}; second replica running after "
               f"{scaled_after if scaled_after is None else round(scaled_after, 1)} s")

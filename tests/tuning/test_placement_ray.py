@@ -16,15 +16,14 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 import pytest
 import ray
-from ray.cluster_utils import Cluster
 from ray.tune import Callback
 
 from hetflow.accelerators.synthetic import synthetic_node
-from hetflow.runtime.binding import live_snapshot, publish_node
-from hetflow.runtime.resources import node_labels, node_resources
+from hetflow.runtime.binding import live_snapshot
 from hetflow.workloads.tune.config import tuning_config_from_dict
 from hetflow.workloads.tune.placement import TrialSlot
 from hetflow.workloads.tune.runner import run_tuning
+from tests.ray_cluster import hetflow_cluster
 
 pytestmark = pytest.mark.ray
 
@@ -34,15 +33,8 @@ SHARE_MIB = 20 * 1024
 @pytest.fixture(scope="module")
 def gpu_node():
     node = synthetic_node("2x L40S", "gpu-node")
-    cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 1, "node_ip_address": "127.0.0.1", "include_dashboard": False})
-    cluster.add_node(num_cpus=4, num_gpus=0, resources=node_resources(node),
-                     labels=node_labels(node))
-    ray.init(address=cluster.address, log_to_driver=False)
-    publish_node(node)
-    yield node
-    ray.shutdown()
-    cluster.shutdown()
+    with hetflow_cluster([node], head_cpus=1, node_cpus=4, log_to_driver=False):
+        yield node
 
 
 class WatchDevices(Callback):

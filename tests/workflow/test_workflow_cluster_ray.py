@@ -20,32 +20,21 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 import pytest
 import ray
 import yaml
-from ray.cluster_utils import Cluster
 
 from hetflow.accelerators.synthetic import synthetic_node
-from hetflow.runtime.binding import publish_node
-from hetflow.runtime.resources import node_labels, node_resources
 from hetflow.workflow.runner import run_workflow
 from hetflow.workflow.spec import workflow_from_dict
 from tests.conftest import REPO
+from tests.ray_cluster import hetflow_cluster
 
 pytestmark = pytest.mark.ray
 
 
 @pytest.fixture(scope="module")
 def cluster():
-    gpu_node = synthetic_node("2x L40S", "gpu-node")
-    c = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 3, "node_ip_address": "127.0.0.1", "include_dashboard": False})
-    c.add_node(num_cpus=2, num_gpus=0, resources=node_resources(gpu_node),
-               labels=node_labels(gpu_node))
-    ray.init(address=c.address)
-    publish_node(gpu_node)
-    ray.shutdown()  # the workflow joins the cluster itself, as `hetflow run --address` does
-    yield c
-    if ray.is_initialized():
-        ray.shutdown()
-    c.shutdown()
+    with hetflow_cluster([synthetic_node("2x L40S", "gpu-node")], head_cpus=3, node_cpus=2) as c:
+        ray.shutdown()  # the workflow joins the cluster itself, as `hetflow run --address` does
+        yield c
 
 
 def _free_port() -> int:

@@ -21,12 +21,10 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 import pytest
 import ray
-from ray.cluster_utils import Cluster
 
 from hetflow.accelerators.synthetic import synthetic_node
 from hetflow.cli import train as train_cli
-from hetflow.runtime.binding import live_snapshot, publish_node
-from hetflow.runtime.resources import node_labels, node_resources
+from hetflow.runtime.binding import live_snapshot
 from hetflow.workloads.train.checkpoint import latest_checkpoint, list_checkpoints
 from hetflow.workloads.train.config import TrainConfig, config_from_dict
 from hetflow.workloads.train.job import (
@@ -35,6 +33,7 @@ from hetflow.workloads.train.job import (
     evaluate_checkpoint,
     run_training,
 )
+from tests.ray_cluster import hetflow_cluster
 
 pytestmark = pytest.mark.ray
 
@@ -45,15 +44,8 @@ STEPS, INTERVAL = 150, 30
 @pytest.fixture(scope="module")
 def cluster():
     gpu_node = synthetic_node("2x L40S", "gpu-node")
-    c = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 4, "node_ip_address": "127.0.0.1", "include_dashboard": False})
-    c.add_node(num_cpus=2, num_gpus=0, resources=node_resources(gpu_node),
-               labels=node_labels(gpu_node))
-    ray.init(address=c.address)
-    publish_node(gpu_node)
-    yield gpu_node
-    ray.shutdown()
-    c.shutdown()
+    with hetflow_cluster([gpu_node], head_cpus=4, node_cpus=2):
+        yield gpu_node
 
 
 def digits(tmp: Path, name: str, **sections: dict) -> TrainConfig:
