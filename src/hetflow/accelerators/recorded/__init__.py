@@ -39,7 +39,9 @@ def detect_format(text: str, source: str) -> RecordedFormat:
 
 
 def parse_text(text: str, source: str) -> NodeTopology:
-    text = strip_terminal_codes(text)  # recorded from a terminal or a tool that styles its output
+    # Terminal styling goes first, for every format: `nvidia-smi topo -m` underlines its header
+    # even into a pipe or file (ESC[4m GPU0 ... ESC[0m, seen on an H200 with driver 580).
+    text = strip_terminal_codes(text)
     fmt = detect_format(text, source)
     return fmt.parse(text, source)
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Callable, Collection, Iterable, Iterator, Mapping
 
 from hetflow.core.pci import normalize_pci_bus_id
-from hetflow.accelerators.recorded.base import RecordedFormat, strip_terminal_codes
+from hetflow.accelerators.recorded.base import RecordedFormat
 from hetflow.core.errors import InputError, ParseError
 from hetflow.core.topology import Device, Link, LinkKind, NodeTopology, PcieLevel, Vendor, pair
 from hetflow.core.units import parse_bytes
@@ -52,10 +52,8 @@ _SNIFF_LINES = 40  # sniffers look at the start of a file only: cheap on large i
 
 def _split_lines(text: str) -> list[str]:
     """Lines as editors number them. ``str.splitlines`` would also split on form feeds and
-    Unicode separators and so shift the line numbers reported in errors. Terminal styling is
-    dropped: ``nvidia-smi topo -m`` underlines its header even into a pipe or file
-    (``ESC[4m GPU0 ... ESC[0m``, seen on an H200 with driver 580)."""
-    return [line.rstrip("\r") for line in strip_terminal_codes(text).split("\n")]
+    Unicode separators and so shift the line numbers reported in errors."""
+    return [line.rstrip("\r") for line in text.split("\n")]
 
 
 def _is_command_line(line: str) -> bool:
