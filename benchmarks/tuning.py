@@ -2,10 +2,11 @@
 
     .venv/bin/python benchmarks/tuning.py                 # about 5-10 minutes on 2 cores
     .venv/bin/python benchmarks/tuning.py --seeds 5 --target 0.98 --epochs 27
+    .venv/bin/python benchmarks/tuning.py --space benchmarks/spaces/digits_wide.yaml
 
 Both strategies tune the digits MLP over the search space of ``examples/tune_digits.yaml``
-(learning rate over five decades, batch size, weight decay, hidden layers) with the same
-budget: ``--trials`` trials of at most ``--epochs`` epochs, ``--concurrent`` trials at a time,
+(learning rate over five decades, batch size, weight decay, hidden layers; ``--space`` takes
+the ``space`` section of another tuning YAML instead) with the same budget: ``--trials`` trials of at most ``--epochs`` epochs, ``--concurrent`` trials at a time,
 one CPU and one torch thread each.
 
 * **random**: Tune's random search (``BasicVariantGenerator``), every trial trained to the
@@ -44,12 +45,16 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from hetflow.core.errors import InputError
 
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tuning_common, beside this file
 from tuning_common import (  # noqa: E402
-    EXAMPLE, SEARCH_KEYS, STRATEGIES, add_search_arguments, geomean, setup_line)
+    EXAMPLE, SEARCH_KEYS, STRATEGIES, add_search_arguments, geomean, read_space,
+    setup_line)
 
 
 @dataclass
@@ -68,13 +73,16 @@ class Outcome:
     stopped_early: int
 
 
-def run_one(strategy: str, seed: int, args: argparse.Namespace, root: Path) -> Outcome:
+def tuning_config(strategy: str, seed: int, args: argparse.Namespace, root: Path) -> Any:
+    """The example's tuning config for one strategy and seed, with the command line's budget,
+    search settings and ``--space`` (InputError naming what the config refuses)."""
     import yaml
 
     from hetflow.workloads.tune.config import tuning_config_from_dict
-    from hetflow.workloads.tune.runner import run_tuning
 
     data = yaml.safe_load(EXAMPLE.read_text())
+    if args.space is not None:
+        data["space"] = read_space(args.space)
     data["name"] = f"bench-{strategy.replace('+', '-')}-{seed}"
     data["base"]["train"]["seed"] = seed
     search = {**STRATEGIES[strategy], "seed": seed}
@@ -86,8 +94,13 @@ def run_one(strategy: str, seed: int, args: argparse.Namespace, root: Path) -> O
                       "concurrent": args.concurrent, "target": args.target}
     data["trial"] = {"cpus": 1, "threads": 1}
     data["output"] = {"dir": str(root / data["name"]), "live": False, "plot": False}
-    config = tuning_config_from_dict(data, source=str(EXAMPLE))
-    result = run_tuning(config, quiet=True)
+    return tuning_config_from_dict(data, source=str(args.space or EXAMPLE))
+
+
+def run_one(strategy: str, seed: int, args: argparse.Namespace, root: Path) -> Outcome:
+    from hetflow.workloads.tune.runner import run_tuning
+
+    result = run_tuning(tuning_config(strategy, seed, args, root), quiet=True)
     reports = sorted((point["reported_at"], point["val_accuracy"], trial.trial_id)
                      for trial in result.trials for point in trial.curve)
     first_start = min(p["started_at"] for trial in result.trials for p in trial.curve)
@@ -112,6 +125,10 @@ def main() -> int:
     parser.add_argument("--concurrent", type=int, default=2)
     add_search_arguments(parser)
     args = parser.parse_args()
+    try:  # the config's own checks, before Ray starts
+        tuning_config("asha+tpe", args.first_seed, args, Path("unused"))
+    except InputError as exc:
+        parser.error(str(exc))
 
     import ray
 
@@ -150,7 +167,8 @@ def report(outcomes: list[Outcome], args: argparse.Namespace) -> int:
     search = yaml.safe_load(EXAMPLE.read_text())["search"]
     settings = {key: getattr(args, key) if getattr(args, key) is not None else search[key]
                 for key in SEARCH_KEYS}
-    print(setup_line(args, args.trials, args.epochs, args.concurrent, settings))
+    print(setup_line(args, args.trials, args.epochs, args.concurrent, settings,
+                     args.space or EXAMPLE))
     for name, runs in by.items():
         print(f"{name:9s}: mean {statistics.mean(o.compute for o in runs):6.1f} trial-epochs, "
               f"{statistics.mean(o.wall_s for o in runs):6.1f} s to target; "

@@ -9,6 +9,9 @@ import argparse
 import math
 import statistics
 from pathlib import Path
+from typing import Any
+
+from hetflow.core.errors import InputError
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "tune_digits.yaml"
@@ -21,10 +24,12 @@ SEARCH_KEYS = ("startup_trials", "grace_epochs", "reduction_factor", "first_rung
 
 
 def add_search_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--target``, ``--first-seed`` and the :data:`SEARCH_KEYS` options."""
+    """``--target``, ``--first-seed``, ``--space`` and the :data:`SEARCH_KEYS` options."""
     parser.add_argument("--target", type=float, default=0.98,
                         help="validation accuracy to reach (digits, 359 validation images)")
     parser.add_argument("--first-seed", type=int, default=0)
+    parser.add_argument("--space", type=Path, metavar="YAML",
+                        help="a tuning YAML whose space section replaces the example's")
     parser.add_argument("--startup-trials", type=int, help="TPE's random trials first "
                         "(default: the example's)")
     parser.add_argument("--grace-epochs", type=int, help="ASHA's first rung (default: the "
@@ -36,14 +41,28 @@ def add_search_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def setup_line(args: argparse.Namespace, trials: int, epochs: int, concurrent: int,
-               search: dict) -> str:
+               search: dict, space: Path = EXAMPLE) -> str:
     """One line naming what was compared: target, budget, seeds and ASHA + TPE's settings
     (``search`` holds the :data:`SEARCH_KEYS` in effect)."""
-    return (f"digits MLP, space of {EXAMPLE.relative_to(REPO)}, target val accuracy >= "
+    shown = space.resolve().relative_to(REPO) if space.resolve().is_relative_to(REPO) else space
+    return (f"digits MLP, space of {shown}, target val accuracy >= "
             f"{args.target}, budget {trials} trials x {epochs} epochs, {concurrent} at a time, "
             f"seeds {args.first_seed}..{args.first_seed + args.seeds - 1}; TPE startup "
             f"{search['startup_trials']}, ASHA grace {search['grace_epochs']} reduction "
             f"{search['reduction_factor']:g} first-rung quorum {search['first_rung_quorum']}")
+
+
+def read_space(path: Path) -> dict[str, Any]:
+    """The ``space`` section of a tuning YAML (the file's other sections are not used)."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise InputError(f"{path}: cannot read it as YAML: {exc}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("space"), dict):
+        raise InputError(f"{path}: no 'space' section (a mapping of sections to fields)")
+    return data["space"]
 
 
 def geomean(values: list[float]) -> float:

@@ -4,6 +4,9 @@
     .venv/bin/python benchmarks/tuning_replay.py --seeds 140 --jobs 2   # seeds 0-139, 2 processes
     .venv/bin/python benchmarks/tuning_replay.py --first-rung-quorum 0  # Ray's ASHA rule
     .venv/bin/python benchmarks/tuning_replay.py --startup-trials 10 --reduction-factor 4
+    .venv/bin/python benchmarks/tuning_replay.py --target 0.983 --also-at 0.969 0.98  # targets
+    .venv/bin/python benchmarks/tuning_replay.py --concurrent 4                       # workers
+    .venv/bin/python benchmarks/tuning_replay.py --space benchmarks/spaces/digits_wide.yaml
 
 ``benchmarks/tuning.py`` runs the real tuner on Ray, a few seconds of Ray and process start-up
 per run; one run's cost depends on which of its first trials happen to be good, so eight
@@ -37,7 +40,10 @@ A run stops at the first report with a validation accuracy at or above ``--targe
 including that report, as in ``benchmarks/tuning.py``. A run that never reaches the target
 counts every epoch it trained and is flagged. Each seed changes the searcher's seed and the
 models' initial weights (``train.seed``), as in ``benchmarks/tuning.py``. The figure is the
-ratio of the mean compute over the seeds (asha+tpe / random).
+ratio of the mean compute over the seeds (asha+tpe / random). ``--also-at`` reads the cost of
+lower targets from the same runs (a run's course does not depend on where it stops, so that
+is what a run stopped there would have cost); ``--concurrent`` changes the number of virtual
+workers and ``--space`` the search space (the ``space`` section of another tuning YAML).
 
 Trials are trained on demand, so a trial stopped after one epoch costs one epoch. Training is
 deterministic (no random ops, a seeded stateless batch order, one thread), so a trial's curve
@@ -72,7 +78,8 @@ from hetflow.core.errors import InputError
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tuning_common, beside this file
 from tuning_common import (  # noqa: E402
-    EXAMPLE, SEARCH_KEYS, STRATEGIES, add_search_arguments, geomean, setup_line)
+    EXAMPLE, SEARCH_KEYS, STRATEGIES, add_search_arguments, geomean, read_space,
+    setup_line)
 
 TARGET_METRIC = "val_accuracy"  # --target is a validation accuracy, as in benchmarks/tuning.py
 
@@ -198,6 +205,13 @@ class Outcome:
     reports: list[Report] = field(default_factory=list)
     trial_values: list[str] = field(default_factory=list)  # each trial's sampled values
 
+    def compute_at(self, threshold: float) -> tuple[int, bool]:
+        """Trial-epochs up to the first report at or above ``threshold`` (a val_accuracy no
+        higher than the run's target), and whether one was; all reports if none was."""
+        hit = next((i for i, r in enumerate(self.reports) if r.target_value >= threshold),
+                   None)
+        return (len(self.reports), False) if hit is None else (hit + 1, True)
+
     def trace(self) -> list[str]:
         """One line per trial: its values, epochs reported and how it ended."""
         lines = []
@@ -212,11 +226,13 @@ class Outcome:
 
 
 def tuning_config(strategy: str, seed: int, target: float,
-                  search: dict[str, Any] | None = None) -> Any:
+                  search: dict[str, Any] | None = None, concurrent: int | None = None,
+                  space: dict[str, Any] | None = None, source: Path = EXAMPLE) -> Any:
     """The example's tuning config for one strategy and seed (as benchmarks/tuning.py sets it).
 
-    ``search`` overrides keys of the ``search`` section (``first_rung_quorum`` etc.); the
-    config validates them (InputError naming the key).
+    ``search`` overrides keys of the ``search`` section (``first_rung_quorum`` etc.),
+    ``concurrent`` the trials at a time (virtual workers) and ``space`` the whole search space;
+    the config validates them (InputError naming the key, in ``source``).
     """
     import yaml
 
@@ -226,8 +242,12 @@ def tuning_config(strategy: str, seed: int, target: float,
     data["base"]["train"]["seed"] = seed
     data["search"] = {**data["search"], **STRATEGIES[strategy], "seed": seed}
     data["search"].update(search or {})
+    if space is not None:
+        data["space"] = space
     data["budget"] = {**data["budget"], "target": target, "time": None}
-    return tuning_config_from_dict(data, source=str(EXAMPLE))
+    if concurrent is not None:
+        data["budget"]["concurrent"] = concurrent
+    return tuning_config_from_dict(data, source=str(source))
 
 
 def _not_run(config: dict[str, Any]) -> None:
@@ -350,14 +370,16 @@ class SeedResult:
     seconds: float
 
 
-def replay_seed(seed: int, target: float, search: dict[str, Any]) -> SeedResult:
+def replay_seed(seed: int, target: float, search: dict[str, Any],
+                concurrent: int | None = None, space: dict[str, Any] | None = None
+                ) -> SeedResult:
     """Random search and ASHA + TPE on one seed, sharing trained curves."""
     started = time.perf_counter()
     curves = TrainedCurves()
     outcomes = []
     with tempfile.TemporaryDirectory(prefix="hetflow-tuning-replay-") as tmp:
         for strategy in STRATEGIES:
-            config = tuning_config(strategy, seed, target, search)
+            config = tuning_config(strategy, seed, target, search, concurrent, space)
             outcomes.append(replay(config, curves, target, Path(tmp), strategy, seed))
     return SeedResult(outcomes, curves.epochs_trained, time.perf_counter() - started)
 
@@ -381,14 +403,24 @@ def main() -> int:
     add_search_arguments(parser)
     parser.add_argument("--jobs", type=int, default=1,
                         help="processes replaying seeds side by side (the result is the same)")
+    parser.add_argument("--concurrent", type=int,
+                        help="trials at a time, i.e. virtual workers (default: the example's)")
+    parser.add_argument("--also-at", type=float, nargs="+", default=[], metavar="ACCURACY",
+                        help="lower validation accuracies to report the ratio at as well, "
+                        "from the same runs (the runs do not depend on where they stop)")
     parser.add_argument("--trace", action="store_true",
                         help="print every trial: its values, epochs and first accuracies")
     args = parser.parse_args()
     if args.seeds < 1 or args.jobs < 1:
         parser.error("--seeds and --jobs must be at least 1")
+    if any(t > args.target for t in args.also_at):
+        parser.error(f"--also-at takes accuracies no higher than --target ({args.target}): "
+                     "a run stops at its target")
     search = {key: getattr(args, key) for key in SEARCH_KEYS if getattr(args, key) is not None}
     try:  # the config's own checks, before any seed runs
-        config = tuning_config("asha+tpe", args.first_seed, args.target, search)
+        space = None if args.space is None else read_space(args.space)
+        config = tuning_config("asha+tpe", args.first_seed, args.target, search,
+                               args.concurrent, space, args.space or EXAMPLE)
     except InputError as exc:
         parser.error(str(exc))
     threads = config.trial.threads
@@ -397,13 +429,14 @@ def main() -> int:
     started = time.perf_counter()
     results: list[SeedResult] = []
     if args.jobs == 1:
-        runs = (replay_seed(s, args.target, search) for s in seeds)
+        runs = (replay_seed(s, args.target, search, args.concurrent, space) for s in seeds)
         _print_seeds(runs, results, args.trace)
     else:
         with ProcessPoolExecutor(args.jobs, mp_context=get_context("spawn"),
                                  initializer=_quiet_worker, initargs=(threads,)) as pool:
             runs = pool.map(replay_seed, seeds, itertools.repeat(args.target),
-                            itertools.repeat(search))
+                            itertools.repeat(search), itertools.repeat(args.concurrent),
+                            itertools.repeat(space))
             _print_seeds(runs, results, args.trace)
     return _report(results, config, args, time.perf_counter() - started)
 
@@ -433,7 +466,8 @@ def _report(results: list[SeedResult], config: Any, args: argparse.Namespace,
     trained = sum(r.epochs_trained for r in results)
     print()
     print(setup_line(args, budget.trials, budget.epochs, budget.concurrent,
-                     {key: getattr(search, key) for key in SEARCH_KEYS}))
+                     {key: getattr(search, key) for key in SEARCH_KEYS},
+                     args.space or EXAMPLE))
     for name, runs in by.items():
         computes = [o.compute for o in runs]
         spread = statistics.stdev(computes) / math.sqrt(len(computes)) if len(runs) > 1 else 0
@@ -442,6 +476,14 @@ def _report(results: list[SeedResult], config: Any, args: argparse.Namespace,
               f"mean virtual {statistics.mean(o.virtual_s for o in runs):5.1f} s; "
               f"reached {sum(o.reached for o in runs)}/{len(runs)}")
     print(f"geometric mean of per-seed ratios asha+tpe/random: {geomean(per_seed):.3f}")
+    for threshold in sorted(args.also_at):
+        costs = {name: [o.compute_at(threshold) for o in runs] for name, runs in by.items()}
+        means = {name: statistics.mean(c for c, _ in pairs) for name, pairs in costs.items()}
+        reached = {name: sum(hit for _, hit in pairs) for name, pairs in costs.items()}
+        print(f"at val accuracy >= {threshold}: random {means['random']:.1f} trial-epochs "
+              f"(reached {reached['random']}/{len(rand)}), asha+tpe {means['asha+tpe']:.1f} "
+              f"({reached['asha+tpe']}/{len(asha)}), ratio "
+              f"{means['asha+tpe'] / means['random']:.3f}")
     print(f"replayed {reported} trial-epochs, trained {trained} "
           f"({reported - trained} shared between the strategies) in {seconds:.0f} s "
           f"with {args.jobs} process(es)")

@@ -149,3 +149,48 @@ def test_a_trained_curve_does_not_depend_on_what_else_was_trained(tmp_path: Path
     assert [alone.metrics(e)["val_accuracy"] for e in (3, 2, 1)][::-1] == interleaved
     assert first.epochs_trained == 3
     assert interleaved[2] > 0.5  # it did learn: far above chance (0.1) after 3 epochs
+
+
+def test_a_lower_accuracy_costs_what_a_run_stopped_there_costs(tmp_path: Path) -> None:
+    """``--also-at``: the cost at a lower threshold, read from a run that went on to a higher
+    target, is the cost of a run that stopped at that threshold (where a run stops does not
+    change what it did before)."""
+    for strategy in ("random", "asha+tpe"):
+        high = run(strategy, None, 0.93, tmp_path / strategy / "high")
+        low = run(strategy, None, 0.90, tmp_path / strategy / "low")
+        assert high.reached and low.reached
+        assert high.compute_at(0.90) == (low.compute, True)
+        assert high.compute_at(0.93) == (high.compute, True)
+        assert high.compute > low.compute  # the higher target did cost more here
+        assert high.compute_at(0.99) == (high.compute, False)  # beyond the run: all it ran
+
+
+def test_more_concurrent_trials_mean_more_virtual_workers(tmp_path: Path) -> None:
+    config = replay_module.tuning_config("random", 0, 2.0, concurrent=4)
+    assert config.budget.concurrent == 4
+    outcome = replay_module.replay(config, ScriptedCurve, 2.0, tmp_path, "random", 0)
+    first_epochs = [r.trial for r in outcome.reports[:4]]
+    assert sorted(first_epochs) == [0, 1, 2, 3]  # four trials report before any second epoch
+    assert outcome.compute == 32 * 27
+
+
+def test_another_space_replaces_the_examples_and_bad_ones_are_refused(tmp_path: Path) -> None:
+    import pytest
+
+    from hetflow.core.errors import InputError
+
+    path = tmp_path / "space.yaml"
+    path.write_text("space:\n  train:\n    lr: {loguniform: [1.0e-4, 1.0e-1]}\n")
+    space = replay_module.read_space(path)
+    config = replay_module.tuning_config("random", 0, 2.0, space=space, source=path)
+    assert config.search_space.describe({"train": {"lr": 0.01}}) == "lr=0.01"
+    outcome = replay_module.replay(config, ScriptedCurve, 2.0, tmp_path, "random", 0)
+    assert len(outcome.trial_values) == 32
+    assert all(v.startswith("lr=") and "batch_size" not in v for v in outcome.trial_values)
+
+    (tmp_path / "none.yaml").write_text("search: {}\n")
+    with pytest.raises(InputError, match="no 'space' section"):
+        replay_module.read_space(tmp_path / "none.yaml")
+    bad = {"train": {"lrr": {"uniform": [0, 1]}}}
+    with pytest.raises(InputError, match=r"space\.yaml.*space\.train\.lrr.*did you mean 'lr'"):
+        replay_module.tuning_config("random", 0, 2.0, space=bad, source=path)
