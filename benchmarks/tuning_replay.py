@@ -7,6 +7,7 @@
     .venv/bin/python benchmarks/tuning_replay.py --target 0.983 --also-at 0.969 0.98  # targets
     .venv/bin/python benchmarks/tuning_replay.py --concurrent 4                       # workers
     .venv/bin/python benchmarks/tuning_replay.py --space benchmarks/spaces/digits_wide.yaml
+    .venv/bin/python benchmarks/tuning_replay.py --oracle      # what a perfect pick costs
 
 ``benchmarks/tuning.py`` runs the real tuner on Ray, a few seconds of Ray and process start-up
 per run; one run's cost depends on which of its first trials happen to be good, so eight
@@ -44,6 +45,8 @@ ratio of the mean compute over the seeds (asha+tpe / random). ``--also-at`` read
 lower targets from the same runs (a run's course does not depend on where it stops, so that
 is what a run stopped there would have cost); ``--concurrent`` changes the number of virtual
 workers and ``--space`` the search space (the ``space`` section of another tuning YAML).
+``--oracle`` also trains every configuration random search draws on a seed until it reaches
+the target, and prints what the fastest of them costs alone (:class:`Oracle`).
 
 Trials are trained on demand, so a trial stopped after one epoch costs one epoch. Training is
 deterministic (no random ops, a seeded stateless batch order, one thread), so a trial's curve
@@ -363,6 +366,47 @@ def replay(config: Any, curve_for: CurveSource, target: float, storage: Path,
     return outcome(False, now)
 
 
+@dataclass(frozen=True)
+class Oracle:
+    """The fastest of the configurations random search draws on a seed, trained alone: what a
+    search that knew in advance which of them to train would pay."""
+
+    epochs: int | None  # epochs it needs to reach the target; None: none of them reaches it
+    values: str  # its sampled values ("" when none reaches the target)
+    configurations: int  # how many configurations were looked at (the trial budget)
+
+
+class _Flat:
+    """A curve that never improves: lets a replay draw every configuration without training."""
+
+    steps_per_epoch = 1
+
+    def metrics(self, epoch: int) -> dict[str, float]:
+        return {"val_accuracy": 0.0, "val_loss": 1.0}
+
+
+def oracle(config: Any, curve_for: CurveSource, target: float, storage: Path) -> Oracle:
+    """:class:`Oracle` for a random-search ``config``: every configuration its whole trial
+    budget draws (random draws do not depend on results), each trained until it reaches
+    ``target``, or the last epoch, or the best one found so far (no need to train further)."""
+    drawn: list[Any] = []
+
+    def capture(train_config: Any) -> Curve:
+        drawn.append(train_config)
+        return _Flat()
+
+    run = replay(config, capture, math.inf, storage)
+    best: tuple[int, str] | None = None
+    for values, train_config in zip(run.trial_values, drawn):
+        curve = curve_for(train_config)
+        limit = config.budget.epochs if best is None else best[0] - 1
+        for epoch in range(1, limit + 1):
+            if curve.metrics(epoch)[TARGET_METRIC] >= target:
+                best = (epoch, values)
+                break
+    return Oracle(best[0] if best else None, best[1] if best else "", len(drawn))
+
+
 @dataclass
 class SeedResult:
     """Both strategies on one seed, and what replaying them cost."""
@@ -370,20 +414,26 @@ class SeedResult:
     outcomes: list[Outcome]
     epochs_trained: int  # distinct trial-epochs actually trained (shared ones once)
     seconds: float
+    oracle: Oracle | None = None
 
 
 def replay_seed(seed: int, target: float, search: dict[str, Any],
-                concurrent: int | None = None, space: dict[str, Any] | None = None
-                ) -> SeedResult:
-    """Random search and ASHA + TPE on one seed, sharing trained curves."""
+                concurrent: int | None = None, space: dict[str, Any] | None = None,
+                with_oracle: bool = False) -> SeedResult:
+    """Random search and ASHA + TPE on one seed, sharing trained curves (and the
+    :class:`Oracle` of random search's configurations, with ``with_oracle``)."""
     started = time.perf_counter()
     curves = TrainedCurves()
     outcomes = []
+    best = None
     with tempfile.TemporaryDirectory(prefix="hetflow-tuning-replay-") as tmp:
         for strategy in STRATEGIES:
             config = tuning_config(strategy, seed, target, search, concurrent, space)
             outcomes.append(replay(config, curves, target, Path(tmp), strategy, seed))
-    return SeedResult(outcomes, curves.epochs_trained, time.perf_counter() - started)
+        if with_oracle:
+            config = tuning_config("random", seed, target, search, concurrent, space)
+            best = oracle(config, curves, target, Path(tmp))
+    return SeedResult(outcomes, curves.epochs_trained, time.perf_counter() - started, best)
 
 
 def _quiet_worker(threads: int) -> None:
@@ -410,6 +460,9 @@ def main() -> int:
     parser.add_argument("--also-at", type=float, nargs="+", default=[], metavar="ACCURACY",
                         help="lower validation accuracies to report the ratio at as well, "
                         "from the same runs (the runs do not depend on where they stop)")
+    parser.add_argument("--oracle", action="store_true",
+                        help="also train every configuration random search draws, to find "
+                        "what the fastest of them alone costs (a floor for any search; slower)")
     parser.add_argument("--trace", action="store_true",
                         help="print every trial: its values, epochs and first accuracies")
     args = parser.parse_args()
@@ -431,14 +484,15 @@ def main() -> int:
     started = time.perf_counter()
     results: list[SeedResult] = []
     if args.jobs == 1:
-        runs = (replay_seed(s, args.target, search, args.concurrent, space) for s in seeds)
+        runs = (replay_seed(s, args.target, search, args.concurrent, space, args.oracle)
+                for s in seeds)
         _print_seeds(runs, results, args.trace)
     else:
         with ProcessPoolExecutor(args.jobs, mp_context=get_context("spawn"),
                                  initializer=_quiet_worker, initargs=(threads,)) as pool:
             runs = pool.map(replay_seed, seeds, itertools.repeat(args.target),
                             itertools.repeat(search), itertools.repeat(args.concurrent),
-                            itertools.repeat(space))
+                            itertools.repeat(space), itertools.repeat(args.oracle))
             _print_seeds(runs, results, args.trace)
     return _report(results, config, args, time.perf_counter() - started)
 
@@ -453,6 +507,13 @@ def _print_seeds(runs: Any, results: list[SeedResult], trace: bool) -> None:
                   f"best {o.best:.4f}{flag}", flush=True)
             if trace:
                 print("\n".join(o.trace()))
+        if result.oracle is not None:
+            best = result.oracle
+            print(f"seed {result.outcomes[0].seed:3d} oracle  : "
+                  + (f"{best.epochs:4d} epochs, the fastest of {best.configurations} random "
+                     f"configurations: {best.values}" if best.epochs is not None else
+                     f"none of {best.configurations} random configurations reaches the target"),
+                  flush=True)
         print(f"         ({result.seconds:.1f} s, {result.epochs_trained} epochs trained)",
               flush=True)
 
@@ -486,8 +547,20 @@ def _report(results: list[SeedResult], config: Any, args: argparse.Namespace,
               f"(reached {reached['random']}/{len(rand)}), asha+tpe {means['asha+tpe']:.1f} "
               f"({reached['asha+tpe']}/{len(asha)}), ratio "
               f"{means['asha+tpe'] / means['random']:.3f}")
-    print(f"replayed {reported} trial-epochs, trained {trained} "
-          f"({reported - trained} shared between the strategies) in {seconds:.0f} s "
+    oracles = [r.oracle for r in results if r.oracle is not None]
+    if oracles:
+        epochs = [o.epochs if o.epochs is not None else budget.epochs for o in oracles]
+        floor = statistics.mean(epochs)
+        mean_random = statistics.mean(o.compute for o in rand)
+        print(f"oracle  : the fastest of random search's {oracles[0].configurations} "
+              f"configurations, trained alone, reaches the target in {floor:.1f} epochs on "
+              f"average (reached {sum(o.epochs is not None for o in oracles)}/{len(oracles)}): "
+              f"{floor / mean_random:.3f} of random search's mean alone, "
+              f"{budget.concurrent * floor / mean_random:.3f} if the other "
+              f"{budget.concurrent - 1} worker(s) trained as many epochs beside it")
+    shared = ("the oracle's included" if oracles else
+              f"{reported - trained} shared between the strategies")
+    print(f"replayed {reported} trial-epochs, trained {trained} ({shared}) in {seconds:.0f} s "
           f"with {args.jobs} process(es)")
     if not all(o.reached for o in asha + rand):
         print("WARNING: some runs did not reach the target; every epoch they ran was counted")

@@ -194,3 +194,21 @@ def test_another_space_replaces_the_examples_and_bad_ones_are_refused(tmp_path: 
     bad = {"train": {"lrr": {"uniform": [0, 1]}}}
     with pytest.raises(InputError, match=r"space\.yaml.*space\.train\.lrr.*did you mean 'lr'"):
         replay_module.tuning_config("random", 0, 2.0, space=bad, source=path)
+
+
+def test_the_oracle_is_the_fastest_of_random_searchs_configurations(tmp_path: Path) -> None:
+    config = replay_module.tuning_config("random", 0, 0.85)
+    best = replay_module.oracle(config, ScriptedCurve, 0.85, tmp_path / "oracle")
+    # the same 32 configurations, every one trained to the end by an unreachable target
+    full = run("random", None, 2.0, tmp_path / "full")
+    first_hit: dict[int, int] = {}
+    for report in full.reports:
+        if report.target_value >= 0.85:
+            first_hit.setdefault(report.trial, report.epoch)
+    assert first_hit, "no scripted configuration reaches 0.85: the test needs one"
+    fastest = min(first_hit, key=lambda t: (first_hit[t], t))
+    assert best.configurations == 32
+    assert best.epochs == first_hit[fastest]
+    assert best.values == full.trial_values[fastest]
+    nothing = replay_module.oracle(config, ScriptedCurve, 0.999, tmp_path / "none")
+    assert nothing.epochs is None and nothing.values == ""
