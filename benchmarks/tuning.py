@@ -6,8 +6,9 @@
 
 Both strategies tune the digits MLP over the search space of ``examples/tune_digits.yaml``
 (learning rate over five decades, batch size, weight decay, hidden layers; ``--space`` takes
-the ``space`` section of another tuning YAML instead) with the same budget: ``--trials`` trials of at most ``--epochs`` epochs, ``--concurrent`` trials at a time,
-one CPU and one torch thread each.
+the ``space`` section of another tuning YAML instead) with the same budget: ``--trials``
+trials of at most ``--epochs`` epochs, ``--concurrent`` trials at a time, one CPU and one
+torch thread each.
 
 * **random**: Tune's random search (``BasicVariantGenerator``), every trial trained to the
   end (FIFO): what a user gets without early stopping.
