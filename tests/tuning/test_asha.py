@@ -109,3 +109,24 @@ def test_the_config_takes_the_quorum_and_refuses_a_negative_one() -> None:
     assert "greater than or equal to 0" in str(info.value)
     with pytest.raises(ValueError):
         scheduler(-1)
+
+
+@pytest.mark.parametrize("mode", ["min", "max"])
+@pytest.mark.parametrize("quorum", [0, 3])
+def test_a_trial_whose_metric_is_nan_stops_at_once(mode: str, quorum: int) -> None:
+    """A diverged trial (NaN loss: its weights are NaN and stay so) is stopped at its next
+    report, rung or not; Ray's ASHA lets it on, since NaN is never below a cutoff."""
+    nan = float("nan")
+    sched = scheduler(quorum, mode=mode)
+    rays = ASHAScheduler(time_attr="epoch", metric="acc", mode=mode, max_t=27, grace_period=1,
+                         reduction_factor=3, brackets=1)
+    good, bad = (0.1, 0.9) if mode == "min" else (0.9, 0.1)
+    for name, value in (("a", good), ("b", bad), ("c", good), ("d", bad)):
+        feed(sched, name, 1, value)
+        feed(rays, name, 1, value)
+    assert feed(rays, "e", 1, nan) == GO  # what this scheduler changes
+    assert feed(sched, "e", 1, nan) == STOP  # at a rung
+    assert feed(sched, "f", 1, good) == GO
+    assert feed(sched, "f", 2, nan) == STOP  # between rungs
+    # a NaN is not recorded at the rung: later arrivals are judged as before
+    assert feed(sched, "g", 1, good) == GO

@@ -15,10 +15,15 @@ rung from the start - works as in Ray: a trial goes on only if its metric is in 
 of Optuna's ``SuccessiveHalvingPruner``, applied to the first rung only: at the later rungs
 stopping the first arrivals would stop good trials after many epochs of work. What it saves is
 measured by ``benchmarks/tuning_replay.py`` (docs/tuning.md, "Benchmark").
+
+And one change at every epoch: a result whose metric is NaN (a diverged trial, whose weights
+are NaN and stay so) stops the trial at once. Ray's ASHA lets such a trial on to its last
+epoch, since NaN is below no cutoff.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -48,7 +53,13 @@ class _QuorumRungs:
                                       (1 - 1 / self.reduction_factor) * 100))
 
     def on_result(self, trial: Any, cur_iter: float, cur_rew: float | None) -> str:
-        """File the result at the highest rung it reached for the first time; stop or go on."""
+        """File the result at the highest rung it reached for the first time; stop or go on.
+
+        A NaN stops the trial at once, rung or not, and is not filed: a diverged trial's
+        weights are NaN and stay so (Ray's rule would let it on: NaN is below no cutoff).
+        """
+        if cur_rew is not None and math.isnan(cur_rew):
+            return TrialScheduler.STOP
         first_milestone = self._rungs[-1][0] if self._rungs else None
         for milestone, recorded in self._rungs:
             if cur_iter < milestone or trial.trial_id in recorded:
@@ -70,11 +81,12 @@ class _QuorumRungs:
 
 
 class QuorumASHAScheduler(ASHAScheduler):
-    """Ray's ASHA (one bracket) whose first rung promotes nothing before ``quorum`` results.
+    """Ray's ASHA (one bracket) whose first rung promotes nothing before ``quorum`` results,
+    and which stops a trial as soon as its metric is NaN.
 
-    ``quorum=0`` (or 1) behaves like ``ASHAScheduler(brackets=1)``. Everything else - metric
-    and mode from ``TuneConfig``, stopping at ``max_t``, saving its state with the run - is
-    Ray's.
+    ``quorum=0`` (or 1) behaves like ``ASHAScheduler(brackets=1)`` but for NaN. Everything
+    else - metric and mode from ``TuneConfig``, stopping at ``max_t``, saving its state with
+    the run - is Ray's.
     """
 
     def __init__(self, *, time_attr: str, max_t: int, grace_period: int,
