@@ -16,8 +16,8 @@ of Optuna's ``SuccessiveHalvingPruner``, applied to the first rung only: at the 
 stopping the first arrivals would stop good trials after many epochs of work. What it saves is
 measured by ``benchmarks/tuning_replay.py`` (docs/tuning.md, "Benchmark").
 
-And one change at every epoch: a result whose metric is NaN (a diverged trial, whose weights
-are NaN and stay so) stops the trial at once. Ray's ASHA lets such a trial on to its last
+And one change at every epoch: a result whose metric is NaN (a diverged trial: NaN weights
+stay NaN, and a loss that overflowed is no basis to go on) stops the trial at once. Ray's ASHA lets such a trial on to its last
 epoch, since NaN is below no cutoff.
 """
 
@@ -55,8 +55,8 @@ class _QuorumRungs:
     def on_result(self, trial: Any, cur_iter: float, cur_rew: float | None) -> str:
         """File the result at the highest rung it reached for the first time; stop or go on.
 
-        A NaN stops the trial at once, rung or not, and is not filed: a diverged trial's
-        weights are NaN and stay so (Ray's rule would let it on: NaN is below no cutoff).
+        A NaN stops the trial at once, rung or not, and is not filed: the trial diverged
+        (Ray's rule would let it on: NaN is below no cutoff).
         """
         if cur_rew is not None and math.isnan(cur_rew):
             return TrialScheduler.STOP
