@@ -462,7 +462,7 @@ def main() -> int:
                         "from the same runs (the runs do not depend on where they stop)")
     parser.add_argument("--oracle", action="store_true",
                         help="also train every configuration random search draws, to find "
-                        "what the fastest of them alone costs (a floor for any search; slower)")
+                        "what the fastest of them alone costs (a perfect pick among them; slower)")
     parser.add_argument("--trace", action="store_true",
                         help="print every trial: its values, epochs and first accuracies")
     args = parser.parse_args()

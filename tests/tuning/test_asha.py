@@ -114,8 +114,8 @@ def test_the_config_takes_the_quorum_and_refuses_a_negative_one() -> None:
 @pytest.mark.parametrize("mode", ["min", "max"])
 @pytest.mark.parametrize("quorum", [0, 3])
 def test_a_trial_whose_metric_is_nan_stops_at_once(mode: str, quorum: int) -> None:
-    """A diverged trial (NaN loss: its weights are NaN and stay so) is stopped at its next
-    report, rung or not; Ray's ASHA lets it on, since NaN is never below a cutoff."""
+    """A diverged trial (its metric is NaN) is stopped at its next report, rung or not; Ray's
+    ASHA lets it on, since NaN is never below a cutoff."""
     nan = float("nan")
     sched = scheduler(quorum, mode=mode)
     rays = ASHAScheduler(time_attr="epoch", metric="acc", mode=mode, max_t=27, grace_period=1,

@@ -17,8 +17,8 @@ stopping the first arrivals would stop good trials after many epochs of work. Wh
 measured by ``benchmarks/tuning_replay.py`` (docs/tuning.md, "Benchmark").
 
 And one change at every epoch: a result whose metric is NaN (a diverged trial: NaN weights
-stay NaN, and a loss that overflowed is no basis to go on) stops the trial at once. Ray's ASHA lets such a trial on to its last
-epoch, since NaN is below no cutoff.
+stay NaN, and a loss that overflowed is no basis to go on) stops the trial at once. Ray's ASHA
+lets such a trial on to its last epoch, since NaN is below no cutoff.
 """
 
 from __future__ import annotations
