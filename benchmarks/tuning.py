@@ -54,8 +54,8 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tuning_common, beside this file
 from tuning_common import (  # noqa: E402
-    EXAMPLE, SEARCH_KEYS, STRATEGIES, add_search_arguments, geomean, read_space,
-    setup_line)
+    EXAMPLE, SEARCH_KEYS, STRATEGIES, add_search_arguments, example_data, geomean,
+    read_space, setup_line)
 
 
 @dataclass
@@ -77,20 +77,12 @@ class Outcome:
 def tuning_config(strategy: str, seed: int, args: argparse.Namespace, root: Path) -> Any:
     """The example's tuning config for one strategy and seed, with the command line's budget,
     search settings and ``--space`` (InputError naming what the config refuses)."""
-    import yaml
-
     from hetflow.workloads.tune.config import tuning_config_from_dict
 
-    data = yaml.safe_load(EXAMPLE.read_text())
-    if args.space is not None:
-        data["space"] = read_space(args.space)
+    search = {key: getattr(args, key) for key in SEARCH_KEYS if getattr(args, key) is not None}
+    data = example_data(strategy, seed, search,
+                        None if args.space is None else read_space(args.space))
     data["name"] = f"bench-{strategy.replace('+', '-')}-{seed}"
-    data["base"]["train"]["seed"] = seed
-    search = {**STRATEGIES[strategy], "seed": seed}
-    for key in SEARCH_KEYS:
-        if getattr(args, key) is not None:
-            search[key] = getattr(args, key)
-    data["search"] = {**data["search"], **search}
     data["budget"] = {"trials": args.trials, "epochs": args.epochs,
                       "concurrent": args.concurrent, "target": args.target}
     data["trial"] = {"cpus": 1, "threads": 1}

@@ -1,6 +1,7 @@
 """What benchmarks/tuning.py (real runs on Ray) and benchmarks/tuning_replay.py (replays) share:
 the example whose space both tune, the two strategies, the search settings a command line may
-override, the line that describes a run's settings, and the geometric mean of per-seed ratios.
+override, the example's config for one strategy and seed, another space read from a file, the
+line that describes a run's settings, and the geometric mean of per-seed ratios.
 """
 
 from __future__ import annotations
@@ -50,6 +51,21 @@ def setup_line(args: argparse.Namespace, trials: int, epochs: int, concurrent: i
             f"seeds {args.first_seed}..{args.first_seed + args.seeds - 1}; TPE startup "
             f"{search['startup_trials']}, ASHA grace {search['grace_epochs']} reduction "
             f"{search['reduction_factor']:g} first-rung quorum {search['first_rung_quorum']}")
+
+
+def example_data(strategy: str, seed: int, search: dict[str, Any] | None = None,
+                 space: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The example's tuning YAML as data for one strategy and seed: the searcher's seed and the
+    models' (``train.seed``) set, ``search`` overriding keys of its search section (the
+    :data:`SEARCH_KEYS`) and ``space`` replacing its space. The caller sets the budget."""
+    import yaml
+
+    data = yaml.safe_load(EXAMPLE.read_text())
+    data["base"]["train"]["seed"] = seed
+    data["search"] = {**data["search"], **STRATEGIES[strategy], "seed": seed, **(search or {})}
+    if space is not None:
+        data["space"] = space
+    return data
 
 
 def read_space(path: Path) -> dict[str, Any]:

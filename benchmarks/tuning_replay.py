@@ -81,8 +81,8 @@ from hetflow.core.errors import InputError
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tuning_common, beside this file
 from tuning_common import (  # noqa: E402
-    EXAMPLE, SEARCH_KEYS, STRATEGIES, add_search_arguments, geomean, read_space,
-    setup_line)
+    EXAMPLE, SEARCH_KEYS, STRATEGIES, add_search_arguments, example_data, geomean,
+    read_space, setup_line)
 
 TARGET_METRIC = "val_accuracy"  # --target is a validation accuracy, as in benchmarks/tuning.py
 
@@ -239,16 +239,9 @@ def tuning_config(strategy: str, seed: int, target: float,
     ``concurrent`` the trials at a time (virtual workers) and ``space`` the whole search space;
     the config validates them (InputError naming the key, in ``source``).
     """
-    import yaml
-
     from hetflow.workloads.tune.config import tuning_config_from_dict
 
-    data = yaml.safe_load(EXAMPLE.read_text())
-    data["base"]["train"]["seed"] = seed
-    data["search"] = {**data["search"], **STRATEGIES[strategy], "seed": seed}
-    data["search"].update(search or {})
-    if space is not None:
-        data["space"] = space
+    data = example_data(strategy, seed, search, space)
     data["budget"] = {**data["budget"], "target": target, "time": None}
     if concurrent is not None:
         data["budget"]["concurrent"] = concurrent
