@@ -1,6 +1,6 @@
 """ASHA + Optuna TPE against plain random search: the compute and time to reach a target.
 
-    .venv/bin/python benchmarks/tuning.py                 # about 5-10 minutes on 2 cores
+    .venv/bin/python benchmarks/tuning.py                 # seeds 0-7, about 2 minutes on 2 cores
     .venv/bin/python benchmarks/tuning.py --seeds 5 --target 0.98 --epochs 27
     .venv/bin/python benchmarks/tuning.py --space benchmarks/spaces/digits_wide.yaml
 
@@ -13,9 +13,9 @@ torch thread each.
 * **random**: Tune's random search (``BasicVariantGenerator``), every trial trained to the
   end (FIFO): what a user gets without early stopping.
 * **asha+tpe**: Optuna's TPE (``--startup-trials`` random trials first) with hetflow's ASHA
-  (grace 1 epoch, reduction factor 3, so rungs at 1, 3, 9, 27 epochs; the first 3 trials to
-  reach the first rung stop there, ``--first-rung-quorum 0`` is Ray's ASHA). All as in the
-  example unless overridden on the command line.
+  (grace 1 epoch, reduction factor 4, so rungs at 1, 4 and 16 of at most 27 epochs; the first
+  3 trials to reach the first rung stop there, ``--first-rung-quorum 0`` is Ray's ASHA). All as
+  in the example unless overridden on the command line.
 
 A run stops as soon as any trial reports a validation accuracy of at least ``--target``
 (``budget.target``). Measured from the trials' own reports (each carries its wall time):

@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/tuning_replay.py                        # seeds 0-39
     .venv/bin/python benchmarks/tuning_replay.py --seeds 140 --jobs 2   # seeds 0-139, 2 processes
     .venv/bin/python benchmarks/tuning_replay.py --first-rung-quorum 0  # Ray's ASHA rule
-    .venv/bin/python benchmarks/tuning_replay.py --startup-trials 10 --reduction-factor 4
+    .venv/bin/python benchmarks/tuning_replay.py --startup-trials 10 --reduction-factor 3
     .venv/bin/python benchmarks/tuning_replay.py --target 0.983 --also-at 0.969 0.98  # targets
     .venv/bin/python benchmarks/tuning_replay.py --concurrent 4                       # workers
     .venv/bin/python benchmarks/tuning_replay.py --space benchmarks/spaces/digits_wide.yaml

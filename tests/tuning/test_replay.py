@@ -69,7 +69,9 @@ def test_the_asha_strategy_gets_the_tuners_quorum_scheduler(tmp_path: Path) -> N
     config = replay_module.tuning_config("asha+tpe", 0, 0.98)
     _, scheduler = replay_module.tune_components(config, tmp_path)
     assert isinstance(scheduler, QuorumASHAScheduler)
-    assert scheduler.milestones == [1, 3, 9]  # grace 1, factor 3, 27 epochs
+    search = config.search
+    assert (search.grace_epochs, search.reduction_factor) == (1, 4)  # the example's
+    assert scheduler.milestones == [1, 4, 16]  # grace x factor^k below 27 epochs
 
 
 def test_with_a_quorum_the_first_three_arrivals_at_rung_one_stop(tmp_path: Path) -> None:
@@ -90,7 +92,7 @@ def test_with_quorum_zero_the_replay_stops_the_trials_rays_asha_stops(tmp_path: 
     outcome = run("asha+tpe", 0, 2.0, tmp_path)
     assert rung_one_arrivals(outcome)[0].decision == GO  # nothing to compare it with
     rays = ASHAScheduler(time_attr="training_iteration", metric="val_accuracy", mode="max",
-                         max_t=27, grace_period=1, reduction_factor=3, brackets=1)
+                         max_t=27, grace_period=1, reduction_factor=4, brackets=1)
     seen: set[int] = set()
     for report in outcome.reports:
         trial = TrialRecord(f"trial-{report.trial}")
@@ -156,11 +158,11 @@ def test_a_lower_accuracy_costs_what_a_run_stopped_there_costs(tmp_path: Path) -
     target, is the cost of a run that stopped at that threshold (where a run stops does not
     change what it did before)."""
     for strategy in ("random", "asha+tpe"):
-        high = run(strategy, None, 0.93, tmp_path / strategy / "high")
-        low = run(strategy, None, 0.90, tmp_path / strategy / "low")
+        high = run(strategy, None, 0.90, tmp_path / strategy / "high")
+        low = run(strategy, None, 0.85, tmp_path / strategy / "low")
         assert high.reached and low.reached
-        assert high.compute_at(0.90) == (low.compute, True)
-        assert high.compute_at(0.93) == (high.compute, True)
+        assert high.compute_at(0.85) == (low.compute, True)
+        assert high.compute_at(0.90) == (high.compute, True)
         assert high.compute > low.compute  # the higher target did cost more here
         assert high.compute_at(0.99) == (high.compute, False)  # beyond the run: all it ran
 
