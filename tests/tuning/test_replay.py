@@ -91,8 +91,10 @@ def test_with_a_quorum_the_first_three_arrivals_at_rung_one_stop(tmp_path: Path)
 def test_with_quorum_zero_the_replay_stops_the_trials_rays_asha_stops(tmp_path: Path) -> None:
     outcome = run("asha+tpe", 0, 2.0, tmp_path)
     assert rung_one_arrivals(outcome)[0].decision == GO  # nothing to compare it with
+    search = replay_module.tuning_config("asha+tpe", 0, 2.0).search  # the example's rungs
     rays = ASHAScheduler(time_attr="training_iteration", metric="val_accuracy", mode="max",
-                         max_t=27, grace_period=1, reduction_factor=4, brackets=1)
+                         max_t=27, grace_period=search.grace_epochs,
+                         reduction_factor=search.reduction_factor, brackets=1)
     seen: set[int] = set()
     for report in outcome.reports:
         trial = TrialRecord(f"trial-{report.trial}")
