@@ -53,3 +53,26 @@ def test_an_epoch_trained_again_after_resume_keeps_its_last_report(tmp_path: Pat
 def test_a_trial_with_no_result_is_not_run(tmp_path: Path) -> None:
     one = summary(tmp_path, [], last={})
     assert one.status == "not run" and one.epochs == 0 and one.best is None
+
+
+def test_tunes_warning_about_trials_that_never_reported_is_dropped_and_others_kept() -> None:
+    """A trial still pending when the target ends the run has no result files; Tune warns
+    about it (in this format) and the summary already lists it as ``not run``."""
+    import logging
+
+    from hetflow.workloads.tune.runner import _TrialsWithoutResults
+
+    def record(message: str) -> logging.LogRecord:
+        return logging.LogRecord("ray.tune.analysis.experiment_analysis", logging.WARNING,
+                                 __file__, 1, message, None, None)
+
+    def missing(trial: str) -> str:
+        return (f"- {trial}: FileNotFoundError('Could not fetch metrics for {trial}: both "
+                f"result.json and progress.csv were not found at /tmp/x/{trial}')")
+
+    keep = _TrialsWithoutResults().filter
+    assert not keep(record("Failed to fetch metrics for 2 trial(s):\n"
+                           + missing("run_trial_a") + "\n" + missing("run_trial_b")))
+    assert keep(record("Failed to fetch metrics for 2 trial(s):\n" + missing("run_trial_a")
+                       + "\n- run_trial_b: ParserError('Error tokenizing data')"))
+    assert keep(record("Some other warning"))

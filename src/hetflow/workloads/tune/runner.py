@@ -219,6 +219,19 @@ class _StagingRace(logging.Filter):
                     and record.getMessage().startswith("Saving experiment state"))
 
 
+class _TrialsWithoutResults(logging.Filter):
+    """Drop Tune's warning about trials that have no result files when every trial it names
+    merely never reported (a trial still pending when the target or the time budget ended the
+    run): the summary lists those as ``not run``. Any other failure to read results is kept."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        lines = record.getMessage().splitlines()
+        if not lines or not lines[0].startswith("Failed to fetch metrics for"):
+            return True
+        return not all("FileNotFoundError" in line and "were not found at" in line
+                       for line in lines[1:])
+
+
 def _fit(tuner: Any) -> tuple[Any, bool]:
     """``tuner.fit()``, and whether a stop signal (Ctrl-C) ended it before its budget.
 
@@ -227,9 +240,11 @@ def _fit(tuner: Any) -> tuple[Any, bool]:
     tells an interrupted run from a finished one (Tune's result reports the interrupted trials
     as terminated). The previous handler is restored either way.
     """
-    race = _StagingRace()
+    race, unreported = _StagingRace(), _TrialsWithoutResults()
     state_logger = logging.getLogger("ray.tune.execution.experiment_state")
+    analysis_logger = logging.getLogger("ray.tune.analysis.experiment_analysis")
     state_logger.addFilter(race)
+    analysis_logger.addFilter(unreported)
     try:
         if threading.current_thread() is not threading.main_thread():
             return tuner.fit(), False  # Tune catches no signal off the main thread
@@ -241,6 +256,7 @@ def _fit(tuner: Any) -> tuple[Any, bool]:
             signal.signal(signal.SIGINT, previous)
     finally:
         state_logger.removeFilter(race)
+        analysis_logger.removeFilter(unreported)
 
 
 def _target_stopper(metric: str, mode: str, target: float | None) -> Any:
