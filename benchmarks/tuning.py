@@ -1,19 +1,19 @@
 """ASHA + Optuna TPE against plain random search: the compute and time to reach a target.
 
     .venv/bin/python benchmarks/tuning.py                 # seeds 0-7, about 2 minutes on 2 cores
-    .venv/bin/python benchmarks/tuning.py --seeds 5 --target 0.98 --epochs 27
+    .venv/bin/python benchmarks/tuning.py --seeds 5 --target 0.98 --epochs 27   # 27 epochs per trial
     .venv/bin/python benchmarks/tuning.py --space benchmarks/spaces/digits_wide.yaml
 
 Both strategies tune the digits MLP over the search space of ``examples/tune_digits.yaml``
 (learning rate over five decades, batch size, weight decay, hidden layers; ``--space`` takes
 the ``space`` section of another tuning YAML instead) with the same budget: ``--trials``
-trials of at most ``--epochs`` epochs, ``--concurrent`` trials at a time, one CPU and one
-torch thread each.
+trials of at most ``--epochs`` epochs (default: the example's 64), ``--concurrent`` trials at a
+time, one CPU and one torch thread each.
 
 * **random**: Tune's random search (``BasicVariantGenerator``), every trial trained to the
   end (FIFO): what a user gets without early stopping.
 * **asha+tpe**: Optuna's TPE (``--startup-trials`` random trials first) with hetflow's ASHA
-  (grace 1 epoch, reduction factor 4, so rungs at 1, 4 and 16 of at most 27 epochs; the first
+  (grace 1 epoch, reduction factor 4, so rungs at 1, 4 and 16 of at most 64 epochs; the first
   3 trials to reach the first rung stop there, ``--first-rung-quorum 0`` is Ray's ASHA). All as
   in the example unless overridden on the command line.
 
@@ -83,7 +83,7 @@ def tuning_config(strategy: str, seed: int, args: argparse.Namespace, root: Path
     data = example_data(strategy, seed, search,
                         None if args.space is None else read_space(args.space))
     data["name"] = f"bench-{strategy.replace('+', '-')}-{seed}"
-    data["budget"] = {"trials": args.trials, "epochs": args.epochs,
+    data["budget"] = {"trials": args.trials, "epochs": args.epochs or data["budget"]["epochs"],
                       "concurrent": args.concurrent, "target": args.target}
     data["trial"] = {"cpus": 1, "threads": 1}
     data["output"] = {"dir": str(root / data["name"]), "live": False, "plot": False}
@@ -114,12 +114,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=8)
     parser.add_argument("--trials", type=int, default=32, help="trial budget per run")
-    parser.add_argument("--epochs", type=int, default=27, help="most epochs per trial")
     parser.add_argument("--concurrent", type=int, default=2)
     add_search_arguments(parser)
     args = parser.parse_args()
     try:  # the config's own checks, before Ray starts
-        search = tuning_config("asha+tpe", args.first_seed, args, Path("unused")).search
+        checked = tuning_config("asha+tpe", args.first_seed, args, Path("unused"))
     except InputError as exc:
         parser.error(str(exc))
 
@@ -144,11 +143,12 @@ def main() -> int:
                           f"(run {time.time() - t0:.0f} s){flag}", flush=True)
     finally:
         ray.shutdown()
-    return report(outcomes, args, search)
+    return report(outcomes, args, checked)
 
 
-def report(outcomes: list[Outcome], args: argparse.Namespace, search: Any) -> int:
-    """Print the comparison; ``search`` is ASHA + TPE's search settings in effect."""
+def report(outcomes: list[Outcome], args: argparse.Namespace, config: Any) -> int:
+    """Print the comparison; ``config`` is ASHA + TPE's config (search settings and budget in
+    effect)."""
     by = {s: [o for o in outcomes if o.strategy == s] for s in STRATEGIES}
     asha, rand = by["asha+tpe"], by["random"]
     compute = sum(o.compute for o in asha) / sum(o.compute for o in rand)
@@ -156,7 +156,8 @@ def report(outcomes: list[Outcome], args: argparse.Namespace, search: Any) -> in
     per_seed_compute = [a.compute / r.compute for a, r in zip(asha, rand)]
     per_seed_wall = [a.wall_s / r.wall_s for a, r in zip(asha, rand)]
     print()
-    print(setup_line(args, args.trials, args.epochs, args.concurrent,
+    search, budget = config.search, config.budget
+    print(setup_line(args, budget.trials, budget.epochs, budget.concurrent,
                      {key: getattr(search, key) for key in SEARCH_KEYS}, args.space or EXAMPLE))
     for name, runs in by.items():
         print(f"{name:9s}: mean {statistics.mean(o.compute for o in runs):6.1f} trial-epochs, "

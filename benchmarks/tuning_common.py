@@ -25,7 +25,8 @@ SEARCH_KEYS = ("startup_trials", "grace_epochs", "reduction_factor", "first_rung
 
 
 def add_search_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--target``, ``--first-seed``, ``--space`` and the :data:`SEARCH_KEYS` options."""
+    """``--target``, ``--first-seed``, ``--space``, the :data:`SEARCH_KEYS` options and
+    ``--epochs`` (the per-trial budget of both strategies)."""
     parser.add_argument("--target", type=float, default=0.98,
                         help="validation accuracy to reach (digits, 359 validation images)")
     parser.add_argument("--first-seed", type=int, default=0)
@@ -39,6 +40,8 @@ def add_search_arguments(parser: argparse.ArgumentParser) -> None:
                         "(default: the example's)")
     parser.add_argument("--first-rung-quorum", type=int, help="trials ASHA stops at its first "
                         "rung before it promotes any (0: Ray's ASHA; default: the example's)")
+    parser.add_argument("--epochs", type=int, help="most epochs per trial, for both strategies "
+                        "(ASHA's max_t; default: the example's)")
 
 
 def setup_line(args: argparse.Namespace, trials: int, epochs: int, concurrent: int,

@@ -6,6 +6,7 @@
     .venv/bin/python benchmarks/tuning_replay.py --startup-trials 10 --reduction-factor 3
     .venv/bin/python benchmarks/tuning_replay.py --target 0.983 --also-at 0.969 0.98  # targets
     .venv/bin/python benchmarks/tuning_replay.py --concurrent 4                       # workers
+    .venv/bin/python benchmarks/tuning_replay.py --epochs 27              # per-trial budget
     .venv/bin/python benchmarks/tuning_replay.py --space benchmarks/spaces/digits_wide.yaml
     .venv/bin/python benchmarks/tuning_replay.py --oracle      # what a perfect pick costs
 
@@ -16,7 +17,7 @@ fast enough for a hundred seeds, with the tuner's own searchers, scheduler and t
 only time is modelled:
 
 * **the same pieces as the tuner**: the config is ``examples/tune_digits.yaml`` parsed by
-  hetflow's own config code (space, budget: 32 trials of at most 27 epochs, 2 at a time); the
+  hetflow's own config code (space, budget: 32 trials of at most 64 epochs, 2 at a time); the
   searcher and the scheduler are the objects the tuner builds
   (``hetflow.workloads.tune.runner.build_tune_config``: Tune's ``BasicVariantGenerator`` for random
   search, Ray's ``OptunaSearch`` over Optuna's TPE with the config's startup trials, hetflow's
@@ -44,7 +45,8 @@ models' initial weights (``train.seed``), as in ``benchmarks/tuning.py``. The fi
 ratio of the mean compute over the seeds (asha+tpe / random). ``--also-at`` reads the cost of
 lower targets from the same runs (a run's course does not depend on where it stops, so that
 is what a run stopped there would have cost); ``--concurrent`` changes the number of virtual
-workers and ``--space`` the search space (the ``space`` section of another tuning YAML).
+workers, ``--space`` the search space (the ``space`` section of another tuning YAML) and
+``--epochs`` the per-trial budget of both strategies.
 ``--oracle`` also trains every configuration random search draws on a seed until it reaches
 the target, and prints what the fastest of them costs alone (:class:`Oracle`).
 
@@ -232,12 +234,14 @@ class Outcome:
 
 def tuning_config(strategy: str, seed: int, target: float,
                   search: dict[str, Any] | None = None, concurrent: int | None = None,
-                  space: dict[str, Any] | None = None, source: Path = EXAMPLE) -> Any:
+                  space: dict[str, Any] | None = None, source: Path = EXAMPLE,
+                  epochs: int | None = None) -> Any:
     """The example's tuning config for one strategy and seed (as benchmarks/tuning.py sets it).
 
     ``search`` overrides keys of the ``search`` section (``first_rung_quorum`` etc.),
-    ``concurrent`` the trials at a time (virtual workers) and ``space`` the whole search space;
-    the config validates them (InputError naming the key, in ``source``).
+    ``concurrent`` the trials at a time (virtual workers), ``space`` the whole search space and
+    ``epochs`` the most epochs per trial (both strategies; ASHA's max_t); the config validates
+    them (InputError naming the key, in ``source``).
     """
     from hetflow.workloads.tune.config import tuning_config_from_dict
 
@@ -245,6 +249,8 @@ def tuning_config(strategy: str, seed: int, target: float,
     data["budget"] = {**data["budget"], "target": target, "time": None}
     if concurrent is not None:
         data["budget"]["concurrent"] = concurrent
+    if epochs is not None:
+        data["budget"]["epochs"] = epochs
     return tuning_config_from_dict(data, source=str(source))
 
 
@@ -412,7 +418,7 @@ class SeedResult:
 
 def replay_seed(seed: int, target: float, search: dict[str, Any],
                 concurrent: int | None = None, space: dict[str, Any] | None = None,
-                with_oracle: bool = False) -> SeedResult:
+                with_oracle: bool = False, epochs: int | None = None) -> SeedResult:
     """Random search and ASHA + TPE on one seed, sharing trained curves (and the
     :class:`Oracle` of random search's configurations, with ``with_oracle``)."""
     started = time.perf_counter()
@@ -421,10 +427,12 @@ def replay_seed(seed: int, target: float, search: dict[str, Any],
     best = None
     with tempfile.TemporaryDirectory(prefix="hetflow-tuning-replay-") as tmp:
         for strategy in STRATEGIES:
-            config = tuning_config(strategy, seed, target, search, concurrent, space)
+            config = tuning_config(strategy, seed, target, search, concurrent, space,
+                                   epochs=epochs)
             outcomes.append(replay(config, curves, target, Path(tmp), strategy, seed))
         if with_oracle:
-            config = tuning_config("random", seed, target, search, concurrent, space)
+            config = tuning_config("random", seed, target, search, concurrent, space,
+                                   epochs=epochs)
             best = oracle(config, curves, target, Path(tmp))
     return SeedResult(outcomes, curves.epochs_trained, time.perf_counter() - started, best)
 
@@ -468,7 +476,7 @@ def main() -> int:
     try:  # the config's own checks, before any seed runs
         space = None if args.space is None else read_space(args.space)
         config = tuning_config("asha+tpe", args.first_seed, args.target, search,
-                               args.concurrent, space, args.space or EXAMPLE)
+                               args.concurrent, space, args.space or EXAMPLE, args.epochs)
     except InputError as exc:
         parser.error(str(exc))
     threads = config.trial.threads
@@ -477,15 +485,16 @@ def main() -> int:
     started = time.perf_counter()
     results: list[SeedResult] = []
     if args.jobs == 1:
-        runs = (replay_seed(s, args.target, search, args.concurrent, space, args.oracle)
-                for s in seeds)
+        runs = (replay_seed(s, args.target, search, args.concurrent, space, args.oracle,
+                            args.epochs) for s in seeds)
         _print_seeds(runs, results, args.trace)
     else:
         with ProcessPoolExecutor(args.jobs, mp_context=get_context("spawn"),
                                  initializer=_quiet_worker, initargs=(threads,)) as pool:
             runs = pool.map(replay_seed, seeds, itertools.repeat(args.target),
                             itertools.repeat(search), itertools.repeat(args.concurrent),
-                            itertools.repeat(space), itertools.repeat(args.oracle))
+                            itertools.repeat(space), itertools.repeat(args.oracle),
+                            itertools.repeat(args.epochs))
             _print_seeds(runs, results, args.trace)
     return _report(results, config, args, time.perf_counter() - started)
 

@@ -71,7 +71,18 @@ def test_the_asha_strategy_gets_the_tuners_quorum_scheduler(tmp_path: Path) -> N
     assert isinstance(scheduler, QuorumASHAScheduler)
     search = config.search
     assert (search.grace_epochs, search.reduction_factor) == (1, 4)  # the example's
-    assert scheduler.milestones == [1, 4, 16]  # grace x factor^k below 27 epochs
+    assert config.budget.epochs == 64
+    assert scheduler.milestones == [1, 4, 16]  # grace x factor^k below 64 epochs
+
+
+def test_the_per_trial_budget_can_be_overridden_for_both_strategies(tmp_path: Path) -> None:
+    """``--epochs``: ASHA's max_t, and how far random search trains each trial."""
+    asha = replay_module.tuning_config("asha+tpe", 0, 2.0, epochs=16)
+    _, scheduler = replay_module.tune_components(asha, tmp_path / "asha")
+    assert asha.budget.epochs == 16 and scheduler.milestones == [1, 4]
+    random = replay_module.tuning_config("random", 0, 2.0, epochs=5)
+    outcome = replay_module.replay(random, ScriptedCurve, 2.0, tmp_path / "random", "random", 0)
+    assert outcome.compute == 32 * 5  # every trial trained its 5 epochs, no more
 
 
 def test_with_a_quorum_the_first_three_arrivals_at_rung_one_stop(tmp_path: Path) -> None:
@@ -91,9 +102,10 @@ def test_with_a_quorum_the_first_three_arrivals_at_rung_one_stop(tmp_path: Path)
 def test_with_quorum_zero_the_replay_stops_the_trials_rays_asha_stops(tmp_path: Path) -> None:
     outcome = run("asha+tpe", 0, 2.0, tmp_path)
     assert rung_one_arrivals(outcome)[0].decision == GO  # nothing to compare it with
-    search = replay_module.tuning_config("asha+tpe", 0, 2.0).search  # the example's rungs
+    config = replay_module.tuning_config("asha+tpe", 0, 2.0)  # the example's rungs
+    search = config.search
     rays = ASHAScheduler(time_attr="training_iteration", metric="val_accuracy", mode="max",
-                         max_t=27, grace_period=search.grace_epochs,
+                         max_t=config.budget.epochs, grace_period=search.grace_epochs,
                          reduction_factor=search.reduction_factor, brackets=1)
     seen: set[int] = set()
     for report in outcome.reports:
@@ -109,6 +121,7 @@ def test_with_quorum_zero_the_replay_stops_the_trials_rays_asha_stops(tmp_path: 
 
 def test_random_search_runs_every_trial_to_the_end_until_the_target(tmp_path: Path) -> None:
     outcome = run("random", None, 0.90, tmp_path)
+    epochs_per_trial = replay_module.tuning_config("random", 0, 0.90).budget.epochs
     assert outcome.reached
     last = outcome.reports[-1]
     assert last.decision == "TARGET" and last.target_value >= 0.90
@@ -118,18 +131,19 @@ def test_random_search_runs_every_trial_to_the_end_until_the_target(tmp_path: Pa
     for report in outcome.reports:
         assert report.decision in (GO, "TARGET")  # FIFO stops nothing
         epochs[report.trial] = report.epoch
-    finished = [t for t in epochs if t != last.trial and t not in _running_at_end(outcome)]
-    assert all(epochs[t] == 27 for t in finished)
+    running = _running_at_end(outcome, epochs_per_trial)
+    finished = [t for t in epochs if t != last.trial and t not in running]
+    assert finished and all(epochs[t] == epochs_per_trial for t in finished)
     # two trials at a time: while one trains, the other does too
-    assert len(_running_at_end(outcome)) == 2
+    assert len(running) == 2
 
 
-def _running_at_end(outcome: Any) -> set[int]:
-    """Trials that had reported an epoch but not their 27th when the run ended."""
+def _running_at_end(outcome: Any, epochs_per_trial: int) -> set[int]:
+    """Trials that had reported an epoch but not their last when the run ended."""
     last_epoch: dict[int, int] = {}
     for report in outcome.reports:
         last_epoch[report.trial] = report.epoch
-    return {t for t, e in last_epoch.items() if e < 27}
+    return {t for t, e in last_epoch.items() if e < epochs_per_trial}
 
 
 def test_a_trained_curve_does_not_depend_on_what_else_was_trained(tmp_path: Path) -> None:
@@ -175,7 +189,7 @@ def test_more_concurrent_trials_mean_more_virtual_workers(tmp_path: Path) -> Non
     outcome = replay_module.replay(config, ScriptedCurve, 2.0, tmp_path, "random", 0)
     first_epochs = [r.trial for r in outcome.reports[:4]]
     assert sorted(first_epochs) == [0, 1, 2, 3]  # four trials report before any second epoch
-    assert outcome.compute == 32 * 27
+    assert outcome.compute == 32 * config.budget.epochs
 
 
 def test_another_space_replaces_the_examples_and_bad_ones_are_refused(tmp_path: Path) -> None:

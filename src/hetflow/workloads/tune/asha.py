@@ -4,8 +4,8 @@ Ray Tune's ``ASHAScheduler`` judges a trial that reaches a rung against the tria
 that rung before it; the first one to arrive has nothing to be judged against and always goes
 on. With few trials at a time that is where most of ASHA's wasted epochs go: on the digits
 benchmark the first trials of a run were often promoted through every rung to the last epoch
-(27 epochs for a trial at chance-level accuracy), because they arrived first, not because they
-were good.
+(all 27 epochs of the budget then, for a trial at chance-level accuracy), because they arrived
+first, not because they were good.
 
 :class:`QuorumASHAScheduler` is Ray's ASHA with one change at the first rung: until
 ``quorum`` trials have reached it, a trial that arrives there is stopped (its result is still
