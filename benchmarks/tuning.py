@@ -83,8 +83,9 @@ def tuning_config(strategy: str, seed: int, args: argparse.Namespace, root: Path
     data = example_data(strategy, seed, search,
                         None if args.space is None else read_space(args.space))
     data["name"] = f"bench-{strategy.replace('+', '-')}-{seed}"
-    data["budget"] = {"trials": args.trials, "epochs": args.epochs or data["budget"]["epochs"],
-                      "concurrent": args.concurrent, "target": args.target}
+    epochs = data["budget"]["epochs"] if args.epochs is None else args.epochs
+    data["budget"] = {"trials": args.trials, "epochs": epochs, "concurrent": args.concurrent,
+                      "target": args.target}
     data["trial"] = {"cpus": 1, "threads": 1}
     data["output"] = {"dir": str(root / data["name"]), "live": False, "plot": False}
     return tuning_config_from_dict(data, source=str(args.space or EXAMPLE))
