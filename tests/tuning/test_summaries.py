@@ -56,8 +56,9 @@ def test_a_trial_with_no_result_is_not_run(tmp_path: Path) -> None:
 
 
 def test_tunes_warning_about_trials_that_never_reported_is_dropped_and_others_kept() -> None:
-    """A trial still pending when the target ends the run has no result files; Tune warns
-    about it (in this format) and the summary already lists it as ``not run``."""
+    """A trial whose first report ended the run has its result in Tune's memory but no result
+    file yet; Tune warns about it (in this format), and the summary counts that result from
+    memory (``test_last_epoch_known_only_in_memory_still_counts``)."""
     import logging
 
     from hetflow.workloads.tune.runner import _TrialsWithoutResults

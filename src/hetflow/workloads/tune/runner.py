@@ -220,9 +220,10 @@ class _StagingRace(logging.Filter):
 
 
 class _TrialsWithoutResults(logging.Filter):
-    """Drop Tune's warning about trials that have no result files when every trial it names
-    merely never reported (a trial still pending when the target or the time budget ended the
-    run): the summary lists those as ``not run``. Any other failure to read results is kept."""
+    """Drop Tune's end-of-run warning about trials with no result files when that is all it
+    reports: Tune has such a trial's result in memory, but the run ended (a trial whose first
+    report reached the target) before its loggers wrote the file. The summary takes that last
+    result from memory (:func:`_summaries`). Any other failure to read results still warns."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         lines = record.getMessage().splitlines()
