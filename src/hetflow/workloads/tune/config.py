@@ -63,7 +63,8 @@ class SearchConfig(_Section):
     reduction_factor: float = Field(4.0, gt=1.0)
     """ASHA only: rungs are at grace_epochs * factor^k, and at each rung only the best
     1/factor of the trials that reached it go on. 4 is Ray's default too; on the digits
-    example it needed ~8% fewer trial-epochs than 3 (docs/tuning.md)."""
+    example (27 epochs per trial then) it needed ~8% fewer trial-epochs than 3
+    (docs/tuning.md)."""
     first_rung_quorum: int = Field(3, ge=0)
     """ASHA only: the first this-many trials to reach the first rung stop there; no trial goes
     past the first rung before that many results exist to judge it against. ``0`` is Ray's
@@ -81,8 +82,9 @@ class BudgetConfig(_Section):
     trials: int = Field(16, gt=0)
     """Trials in total (a resumed run counts the trials it already has)."""
     epochs: int = Field(10, gt=0)
-    """Most epochs one trial trains (the last ASHA rung). An epoch is one pass over the
-    training split at the trial's batch size."""
+    """Most epochs one trial trains (ASHA's ``max_t``; its rungs lie below it, and it can be
+    generous: only the trials ASHA keeps use it). An epoch is one pass over the training split
+    at the trial's batch size."""
     time: float | str | None = None
     """Wall-clock limit for the whole run: seconds, or text such as ``90s``, ``10m``, ``1h``.
     When it runs out, running trials are stopped and the best so far is written out."""
