@@ -1,7 +1,7 @@
 """ASHA + Optuna TPE against plain random search: the compute and time to reach a target.
 
     .venv/bin/python benchmarks/tuning.py                 # seeds 0-7, about 2 minutes on 2 cores
-    .venv/bin/python benchmarks/tuning.py --seeds 5 --target 0.98 --epochs 27   # 27 epochs per trial
+    .venv/bin/python benchmarks/tuning.py --seeds 5 --epochs 27   # 27 epochs per trial
     .venv/bin/python benchmarks/tuning.py --space benchmarks/spaces/digits_wide.yaml
 
 Both strategies tune the digits MLP over the search space of ``examples/tune_digits.yaml``

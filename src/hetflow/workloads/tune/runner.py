@@ -222,8 +222,9 @@ class _StagingRace(logging.Filter):
 class _TrialsWithoutResults(logging.Filter):
     """Drop Tune's end-of-run warning about trials with no result files when that is all it
     reports: Tune has such a trial's result in memory, but the run ended (at the target, with
-    that trial's first report or just after it) before its loggers wrote the file. The summary takes that last
-    result from memory (:func:`_summaries`). Any other failure to read results still warns."""
+    that trial's first report or just after it) before its loggers wrote the file. The summary
+    takes that last result from memory (:func:`_summaries`). Any other failure to read results
+    still warns."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         lines = record.getMessage().splitlines()
