@@ -15,7 +15,7 @@ from hetflow import __version__
 from hetflow.core.errors import HetflowError
 
 # Verb modules, in the order `hetflow --help` lists them.
-COMMAND_MODULES = ["inventory", "plan", "node", "simulate", "train", "tune", "serve", "run", "jobs", "top",
+COMMAND_MODULES = ["inventory", "plan", "node", "simulate", "train", "launch", "tune", "serve", "run", "jobs", "top",
                    "k8s"]
 
 

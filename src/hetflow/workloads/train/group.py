@@ -32,7 +32,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from hetflow.core.errors import HetflowError, Unschedulable
 from hetflow.core.request import ParallelLayout, PlacementRequest, parse_vendor
 from hetflow.core.units import parse_bytes
-from hetflow.workloads.train.config import TrainConfig
+from hetflow.workloads.train.config import ResourcesConfig, TrainConfig
 from hetflow.workloads.train.loop import RankResult
 from hetflow.workloads.train.worker import TrainWorker
 
@@ -54,17 +54,27 @@ class Placed:
     options: list[dict[str, Any]]
     release: Callable[[], None]
     how: str  # one line for the user: which path and which devices
+    devices: str = "cpu"  # "hetflow" (planned devices), "ray-gpu" (Ray's first fit) or "cpu"
 
 
 def place_ranks(config: TrainConfig, job_id: str) -> Placed:
     """Reserve resources for every rank of ``config.layout`` (see the module docstring)."""
-    res = config.resources
-    world = config.layout.world_size
+    return place_layout(config.layout.parallel, config.resources, job_id)
+
+
+def place_layout(layout: ParallelLayout, res: ResourcesConfig, job_id: str) -> Placed:
+    """Reserve one rank per position of ``layout`` with ``res``'s devices and CPUs: the shared
+    placement path of ``hetflow train`` and ``hetflow launch`` (see the module docstring).
+
+    A request that this cluster can never hold is refused at once (Unschedulable) instead of
+    waiting ``placement_timeout_s`` for a group Ray would leave pending forever.
+    """
+    world = layout.world_size
     if res.device != "cpu":
         from hetflow.runtime.binding import published_nodes
 
         if published_nodes():
-            return _place_on_hetflow_nodes(config, job_id)
+            return _place_on_hetflow_nodes(layout, res, job_id)
     gpus = ray.cluster_resources().get("GPU", 0) if res.device != "cpu" else 0
     if res.device == "gpu" and not gpus:
         raise Unschedulable(
@@ -72,6 +82,15 @@ def place_ranks(config: TrainConfig, job_id: str) -> Placed:
             "nodes and no Ray GPUs; start the GPU nodes with `hetflow node` (or `ray start "
             "--num-gpus N`), or set resources.device: cpu"
         )
+    total = ray.cluster_resources()
+    if gpus and world > gpus:
+        raise Unschedulable(f"job {job_id}: {world} ranks need one GPU each, the Ray cluster has "
+                            f"{gpus:g} GPUs in all; use fewer ranks or add GPU nodes")
+    if world * res.cpus_per_rank > total.get("CPU", 0) + 1e-9:
+        raise Unschedulable(
+            f"job {job_id}: {world} ranks x {res.cpus_per_rank:g} CPUs = "
+            f"{world * res.cpus_per_rank:g} CPUs, the Ray cluster has {total.get('CPU', 0):g} in "
+            "all; use fewer ranks, fewer CPUs per rank, or add nodes")
     bundle = {"CPU": res.cpus_per_rank, **({"GPU": 1.0} if gpus else {})}
     group = placement_group([dict(bundle) for _ in range(world)], strategy="PACK",
                             name=f"hetflow-{job_id}")
@@ -84,7 +103,8 @@ def place_ranks(config: TrainConfig, job_id: str) -> Placed:
     } for rank in range(world)]
     kind = "one Ray GPU each (Ray chooses which)" if gpus else f"{res.cpus_per_rank:g} CPU each"
     return Placed(options, lambda: remove_placement_group(group),
-                  f"{world} ranks, {kind}, no hetflow-managed nodes in this cluster")
+                  f"{world} ranks, {kind}, no hetflow-managed nodes in this cluster",
+                  devices="ray-gpu" if gpus else "cpu")
 
 
 def _wait_committed(group: Any, timeout_s: float, job_id: str, world: int,
@@ -99,15 +119,14 @@ def _wait_committed(group: Any, timeout_s: float, job_id: str, world: int,
         )
 
 
-def _place_on_hetflow_nodes(config: TrainConfig, job_id: str) -> Placed:
+def _place_on_hetflow_nodes(layout: ParallelLayout, res: ResourcesConfig, job_id: str) -> Placed:
     from hetflow.runtime.binding import live_snapshot, reserve
     from hetflow.scheduling.planner import plan
 
-    res, layout = config.resources, config.layout
     snapshot = live_snapshot()
     request = PlacementRequest(
         job_id,
-        layout=ParallelLayout(dp=layout.dp, pp=layout.pp, tp=layout.tp),
+        layout=layout,
         memory_bytes=parse_bytes(res.memory) if res.memory else None,
         vendor=parse_vendor(res.vendor),
         model=res.accelerator,
@@ -116,7 +135,7 @@ def _place_on_hetflow_nodes(config: TrainConfig, job_id: str) -> Placed:
     bound = reserve(placement, snapshot, cpus_per_rank=res.cpus_per_rank,
                     timeout_s=res.placement_timeout_s)
     options = [bound.actor_options(rank) for rank in range(placement.world_size)]
-    return Placed(options, bound.release, placement.explain())
+    return Placed(options, bound.release, placement.explain(), devices="hetflow")
 
 
 class WorkerGroup:
@@ -229,4 +248,4 @@ def _cause_text(exc: Exception) -> str:
     return str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
 
 
-__all__ = ["Placed", "TrainingCodeError", "WorkerFailure", "WorkerGroup", "place_ranks"]
+__all__ = ["Placed", "TrainingCodeError", "WorkerFailure", "WorkerGroup", "place_layout", "place_ranks"]
