@@ -173,6 +173,11 @@ class Launcher:
     def run(self) -> LaunchResult:
         t0 = time.time()
         target = resolve_target(self.spec)
+        # Before Ray reads its configuration (on import): without it Ray rewrites a loopback
+        # address to the host's and can hang (../shared/RAY-NOTES.md). Token authentication
+        # follows Ray's own rule: a driver joining by explicit address sends the token only
+        # with RAY_AUTH_MODE=token (a `ray start` cluster's default mode).
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
         import ray
 
         started_ray = self._connect(ray, target)
@@ -198,7 +203,6 @@ class Launcher:
     # -- Ray and placement -----------------------------------------------------------------------
 
     def _connect(self, ray: Any, target: Target) -> bool:
-        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
         # Ray uploads a local working_dir only for a whole job (ray.init), not per actor.
         job_env = {"working_dir": target.working_dir} if target.working_dir else None
         if ray.is_initialized():
