@@ -19,6 +19,7 @@ import os
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 import argparse
+import json
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -331,3 +332,57 @@ def test_cpu_training_ranks_run_in_the_reservation_and_checkpoint_when_stopped(c
     final = latest_checkpoint(ckpt)
     assert final is not None and final.step == run["end_step"] and 20 <= final.step < 5000
     assert job not in cpu_groups()  # its CPUs were given back
+
+
+# --- launch jobs (an unchanged torchrun script as N ranks) ------------------------------------------
+
+LAUNCH_EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "launch"
+
+
+def launch_spec(name: str, script: Path, args: list[str], nproc: int, seconds: float,
+                devices: dict[str, Any] | None = None, **launch: Any) -> JobSpec:
+    data = {"name": name, "kind": "launch",
+            "launch": {"script": str(script), "args": args, "nproc": nproc, **launch},
+            "devices": devices or {}, "work": {"seconds": seconds}}
+    return resolve(job_from_dict(data), script.parent)
+
+
+def test_a_launch_job_runs_its_ranks_on_the_policys_devices(cluster: Path) -> None:
+    out = cluster / "launch-env"
+    env_dump = Path(__file__).resolve().parents[1] / "launch" / "scripts" / "env_dump.py"
+    job = client.submit(launch_spec("ranks", env_dump, [str(out), "--init"], 2, 5,
+                                    devices={"type": "MI210"}))["job_id"]
+    record = wait_for(lambda: all_ended([job]), 90, "the launch job to end")[job]
+    assert record["status"] == "SUCCEEDED", record["reason"]
+    records = {p.name: json.loads(p.read_text()) for p in out.glob("rank-*.json")}
+    assert sorted(records) == ["rank-0-attempt-0.json", "rank-1-attempt-0.json"]
+    for rank in (0, 1):
+        env = records[f"rank-{rank}-attempt-0.json"]
+        assert env["RANK"] == env["LOCAL_RANK"] == str(rank) and env["WORLD_SIZE"] == "2"
+        assert env["TORCHELASTIC_RUN_ID"] == job
+        assert env["HIP_VISIBLE_DEVICES"] == "0,1"  # node a's two MI210s, in local-rank order
+        assert env["allreduce"] == 3.0
+    logs = client.logs(job)
+    assert "[rank 1] rank 1 attempt 0 wrote its environment" in logs
+
+
+def test_a_preempted_launch_job_restarts_its_group_and_the_script_resumes(cluster: Path) -> None:
+    client.configure({"policy": "srtf", "round_s": 1.0})
+    snapshot = cluster / "launch-snap.pt"
+    args = ["--steps", "1200", "--save-every", "20", "--log-every", "50", "--step-sleep", "0.01",
+            "--snapshot", str(snapshot)]
+    job = client.submit(launch_spec("torchrun", LAUNCH_EXAMPLES / "ddp_snapshot.py", args, 2, 60,
+                                    devices={"type": "MI210"}))["job_id"]
+    wait_for(lambda: snapshot.exists(), 90, "the script's first snapshot")
+    # shorter remaining work on the same two devices: srtf preempts the launch job for it
+    short = client.submit(sleep_spec("short2", 2, 2, devices={"type": "MI210"}))["job_id"]
+    jobs = wait_for(lambda: all_ended([job, short]), 240, "both jobs to end")
+    client.configure({"policy": "fifo"})
+    record = jobs[job]
+    assert record["status"] == "SUCCEEDED", record["reason"]
+    assert jobs[short]["status"] == "SUCCEEDED"
+    runs = record["runs"]
+    assert runs[0]["outcome"] == "preempted" and runs[-1]["outcome"] == "succeeded"
+    assert jobs[short]["first_started_at"] < runs[1]["started_at"]
+    logs = client.logs(job)
+    assert "resumed from step" in logs and "[rank 0] final loss" in logs

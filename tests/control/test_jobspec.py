@@ -41,7 +41,7 @@ PY = {"script": "run.py"}
      "give work.steps or work.seconds, not both"),
     ({"kind": "python", "python": PY}, "name: missing"),
     ({"name": "a b", "kind": "python", "python": PY}, "name: String should match pattern"),
-    ({"name": "a", "kind": "serve", "python": PY}, "kind: Input should be 'train', 'tune' or 'python'"),
+    ({"name": "a", "kind": "serve", "python": PY}, "kind: Input should be 'train', 'tune', 'python' or 'launch'"),
 ])
 def test_bad_job_files_say_which_key_and_what_to_write(doc: dict, message: str) -> None:
     with pytest.raises(InputError) as exc:
@@ -130,3 +130,25 @@ def test_cpu_training_job_needs_a_cpu_training_config(tmp_path: Path) -> None:
                           "devices": {"count": 0}})
     with pytest.raises(InputError, match="devices.count 0 runs the training on CPUs; set resources.device: cpu"):
         resolve(spec, tmp_path)
+
+
+def test_launch_jobs_take_a_device_per_rank_or_a_cpu_per_rank(tmp_path: Path) -> None:
+    base = {"name": "l", "kind": "launch", "launch": {"script": "train.py", "nproc": 4, "tp": 2}}
+    spec = resolve(job_from_dict(base), tmp_path)
+    assert spec.num_devices == 4 and spec.num_ranks == 4 and not spec.cpu_only
+    assert spec.launch.script == str(tmp_path / "train.py") and spec.launch.workdir == str(tmp_path)
+    cpu = resolve(job_from_dict({**base, "devices": {"count": 0}}), tmp_path)
+    assert cpu.cpu_only and cpu.job_cpus == 4.0 and cpu.num_ranks == 4
+    with pytest.raises(InputError, match="devices.count 2 must equal launch.nproc 4"):
+        resolve(job_from_dict({**base, "devices": {"count": 2}}), tmp_path)
+
+
+@pytest.mark.parametrize("launch, message", [
+    ({"nproc": 2}, "give exactly one of launch.script or launch.module"),
+    ({"script": "a.py", "module": "m"}, "give exactly one of launch.script or launch.module"),
+    ({"script": "a.py", "nproc": 6, "tp": 4}, "must divide launch.nproc 6"),
+    ({"script": "a.py", "nprocs": 2}, "launch.nprocs: unknown key (did you mean 'nproc'?"),
+])
+def test_bad_launch_sections_say_what_to_write(launch: dict, message: str) -> None:
+    with pytest.raises(InputError, match=message.replace("(", r"\(").replace(")", r"\)").replace("?", r"\?")):
+        job_from_dict({"name": "l", "kind": "launch", "launch": launch})

@@ -3,10 +3,10 @@
     from hetflow.control.jobspec import load_job
     spec = load_job("examples/jobs/digits-train.yaml")
 
-Three kinds of job, each with a device request the policy schedules (or none: a CPU job)::
+Four kinds of job, each with a device request the policy schedules (or none: a CPU job)::
 
     name: digits                 # job name (the controller adds a number: digits-3)
-    kind: train                  # train | tune | python
+    kind: train                  # train | tune | python | launch
     train: ../train_digits.yaml  # train: a training config file, or the config inline
     devices: {count: 2, type: L40S, memory: 20GiB}
     preemptible: true            # may the policy checkpoint it and move it
@@ -20,7 +20,11 @@ gives no ``devices`` section is a CPU job by default, with ``cpus`` = world size
 ``cpus_per_rank``. (A ``devices`` section - any count, type, vendor or memory - keeps it a
 device job, as before.)
 
-``python`` runs ``entrypoint: "pkg.module:function"`` (called with no arguments, ``args`` in
+``launch`` runs an unchanged torchrun script as ``nproc`` ranks, one device each (``launch:
+{script: train.py, args: [...], nproc: 4, max_restarts: 1}``; ``devices.count`` defaults to
+``nproc``, 0 makes it a CPU job of ``nproc`` CPUs), exactly as ``hetflow launch`` does on the
+devices the policy chose; a preemption sends SIGTERM to every rank (the script checkpoints as
+under torchrun) and the group starts again later. ``python`` runs ``entrypoint: "pkg.module:function"`` (called with no arguments, ``args`` in
 ``sys.argv``) or ``script: path.py`` with ``args``; ``tune`` runs ``hetflow tune`` on a tuning
 config. Paths are taken relative to the job file and resolved at submit time: a training config
 is read then and sent to the cluster inline, so the cluster never reads the submitter's files
@@ -124,19 +128,54 @@ class PythonJob(_Section):
         return self
 
 
+class LaunchJob(_Section):
+    """An unchanged torchrun script (or module) as ``nproc`` ranks, as ``hetflow launch`` runs it."""
+
+    script: str | None = None
+    """The script (relative to the job file); must be readable on the job's nodes."""
+    module: str | None = None
+    """A module to run instead (``python -m``), importable from ``workdir`` on the job's nodes."""
+    args: tuple[str, ...] = ()
+    """The script's own arguments."""
+    nproc: int = Field(1, gt=0)
+    """Ranks, one device each (or one CPU bundle each for a CPU job)."""
+    tp: int = Field(1, gt=0)
+    """Layout hint: ranks per tensor-parallel group."""
+    pp: int = Field(1, gt=0)
+    """Layout hint: pipeline stages."""
+    max_restarts: int = Field(0, ge=0)
+    """Inside one attempt, restart the whole group after a rank fails up to this many times (as
+    torchrun's ``--max-restarts``); the controller's ``max_attempts`` counts whole attempts."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """Extra environment variables for every rank."""
+    workdir: str | None = None
+    """The ranks' working directory (default: the job file's directory)."""
+
+    @model_validator(mode="after")
+    def _one(self) -> "LaunchJob":
+        if (self.script is None) == (self.module is None):
+            raise ValueError("give exactly one of launch.script or launch.module")
+        if self.nproc % (self.tp * self.pp):
+            raise ValueError(f"launch.tp x launch.pp = {self.tp * self.pp} must divide launch.nproc {self.nproc}")
+        return self
+
+
 class JobSpec(_Section):
     """One job for the cluster controller (``hetflow submit JOB.yaml``)."""
 
     name: str = Field(..., min_length=1, max_length=40, pattern=NAME_PATTERN)
     """Job name; the job id is the name and a number (``digits-3``)."""
-    kind: Literal["train", "tune", "python"]
-    """``train`` (a hetflow training job), ``tune`` (``hetflow tune``) or ``python``."""
+    kind: Literal["train", "tune", "python", "launch"]
+    """``train`` (a hetflow training job), ``tune`` (``hetflow tune``), ``python`` (one process)
+    or ``launch`` (a torchrun script as ``nproc`` ranks, as ``hetflow launch``)."""
     train: dict[str, Any] | str | None = None
     """kind train: a training config file (relative to the job file) or the config inline."""
     tune: str | None = None
     """kind tune: a tuning config file (must be readable on the job's node)."""
     python: PythonJob | None = None
     """kind python: what to run."""
+    launch: LaunchJob | None = None
+    """kind launch: the script and its ranks."""
     devices: DeviceRequest = Field(default_factory=DeviceRequest)
     """The devices it needs."""
     cpus: float | None = Field(None, ge=0)
@@ -175,7 +214,7 @@ class JobSpec(_Section):
 
     @model_validator(mode="after")
     def _kind_fields(self) -> "JobSpec":
-        given = {k for k in ("train", "tune", "python") if getattr(self, k) is not None}
+        given = {k for k in ("train", "tune", "python", "launch") if getattr(self, k) is not None}
         if self.kind not in given:
             raise ValueError(f"kind {self.kind} needs the {self.kind} key")
         extra = given - {self.kind}
@@ -203,6 +242,8 @@ class JobSpec(_Section):
             if config.resources.device == "cpu" and self.devices.is_default:
                 return 0
             return config.layout.world_size
+        if self.kind == "launch" and self.launch is not None:
+            return self.launch.nproc
         return 1
 
     @property
@@ -214,6 +255,8 @@ class JobSpec(_Section):
         """Worker processes: a training job's world size, else one process."""
         if self.kind == "train" and isinstance(self.train, dict):
             return self.train_config().layout.world_size
+        if self.kind == "launch" and self.launch is not None:
+            return self.launch.nproc
         return 1
 
     @property
@@ -224,6 +267,8 @@ class JobSpec(_Section):
         if self.kind == "train" and isinstance(self.train, dict):
             config = self.train_config()
             return config.layout.world_size * config.resources.cpus_per_rank
+        if self.kind == "launch" and self.launch is not None:
+            return float(self.launch.nproc)  # one CPU per rank
         return 1.0
 
     @property
@@ -293,6 +338,16 @@ def resolve(spec: JobSpec, base: Path) -> JobSpec:
         changes["train"] = data
     if spec.kind == "tune":
         changes["tune"] = str(_absolute(spec.tune or "", base))
+    if spec.kind == "launch" and spec.launch is not None:
+        job = spec.launch
+        if spec.devices.count not in (None, 0, job.nproc):
+            raise InputError(f"job {spec.name}: devices.count {spec.devices.count} must equal "
+                             f"launch.nproc {job.nproc} (one device per rank), 0 for CPU ranks, "
+                             "or be left out")
+        changes["launch"] = job.model_copy(update={
+            "script": str(_absolute(job.script, base)) if job.script else None,
+            "workdir": str(_absolute(job.workdir, base)) if job.workdir else str(base.absolute()),
+        })
     if spec.kind == "python" and spec.python is not None:
         py = spec.python
         changes["python"] = py.model_copy(update={
@@ -311,7 +366,7 @@ def job_from_dict(data: Any, source: str = "job") -> JobSpec:
     """Validate a parsed job document; every error names its key path."""
     if not isinstance(data, dict):
         raise InputError(f"{source}: expected a mapping with name, kind and the kind's key "
-                         f"(train, tune or python); got {type(data).__name__}")
+                         f"(train, tune, python or launch); got {type(data).__name__}")
     try:
         return JobSpec.model_validate(data)
     except ValidationError as exc:
@@ -326,4 +381,4 @@ def load_job(path: str | Path) -> JobSpec:
     return resolve(spec, path.parent.absolute())
 
 
-__all__ = ["DeviceRequest", "JobSpec", "PythonJob", "WorkEstimate", "job_from_dict", "load_job", "resolve"]
+__all__ = ["DeviceRequest", "JobSpec", "LaunchJob", "PythonJob", "WorkEstimate", "job_from_dict", "load_job", "resolve"]

@@ -15,15 +15,17 @@ restart leaves running jobs alone. Its steps, each reported to the key-value sto
    :func:`~hetflow.runtime.binding.reserve_cpus` its CPUs on its node (one bundle per rank,
    pinned by the node's ``ray.io/node-id``; no device visible);
 2. ``running``: run the job - ``train``: one rank actor per device on its bundle (the training
-   actor group), with ``HETFLOW_STOP_FILE`` in their environment; ``python``/``tune``: one
+   actor group), with ``HETFLOW_STOP_FILE`` in their environment; ``launch``: ``hetflow
+   launch``'s launcher on the reserved bundles (one process per rank, the torchrun environment,
+   its ``max_restarts``; rank output to the log with ``[rank k]``); ``python``/``tune``: one
    process on this node, seeing this node's devices of the job, stdout and stderr to the log;
 3. ``done`` with an outcome: succeeded, failed (``fatal`` when the job's own code raised),
    preempted (stopped on request after a checkpoint), cancelled, or unplaced (the devices were
    not committed in time; nothing ran).
 
 Stopping (preemption or cancel): the stop file is created; training ranks checkpoint at the
-current step and return; a process gets SIGTERM (it should checkpoint and exit) and SIGKILL
-after ``stop_grace_s``.
+current step and return; a process - and every rank of a launch job - gets SIGTERM (it should
+checkpoint and exit) and SIGKILL after ``stop_grace_s``.
 """
 
 from __future__ import annotations
@@ -156,6 +158,8 @@ class JobRunner:
             self._set(phase="running")
             if self.spec.kind == "train":
                 outcome, message, fatal = self._run_training(bound)
+            elif self.spec.kind == "launch":
+                outcome, message, fatal = self._run_launch(bound)
             else:
                 outcome, message, fatal = self._run_process()
         except Exception as exc:  # noqa: BLE001
@@ -273,6 +277,31 @@ class JobRunner:
             return "preempted", f"checkpointed at step {rank0.end_step} in {rank0.checkpoint}", False
         return "succeeded", f"{rank0.end_step} steps; final checkpoint {rank0.checkpoint}", False
 
+    def _run_launch(self, bound: Any) -> tuple[str, str, bool]:
+        """``hetflow launch``'s launcher on the devices (or CPUs) reserved here."""
+        from hetflow.workloads.launch.launcher import Launcher
+        from hetflow.workloads.launch.spec import LaunchSpec
+        from hetflow.workloads.train.group import Placed
+
+        job = self.spec.launch
+        assert job is not None
+        spec = LaunchSpec(script=job.script, module=job.module, args=job.args, nproc=job.nproc,
+                          tp=job.tp, pp=job.pp, max_restarts=job.max_restarts,
+                          env={**self._job_env(), **job.env}, run_id=self.job_id,
+                          log_dir=str(self.log_path.parent / "ranks"),
+                          stop_grace_s=float(self.settings["stop_grace_s"]))
+        how = self.placement.explain() if self.placement is not None else f"the controller reserved {self._where()}"
+        placed = Placed([bound.actor_options(rank) for rank in range(job.nproc)], lambda: None,
+                        how, devices="cpu" if self.placement is None else "hetflow")
+        writer = _LogWriter(self._log)
+        result = Launcher(spec, out=writer, err=writer, placed=placed, cwd=Path(job.workdir or "."),
+                          stop=self._stop).run()
+        if result.exit_code == 0 and not self._stop.is_set():
+            restarts = f" after {result.restarts} restart(s)" if result.restarts else ""
+            return "succeeded", f"all {job.nproc} ranks exited 0{restarts}", False
+        return "failed", f"exit code {result.exit_code}" + (
+            f" ({result.failures[-1]})" if result.failures else ""), False
+
     def _kill(self) -> None:
         """The stop grace ran out: end the job the hard way."""
         proc = self._proc
@@ -301,6 +330,20 @@ class JobRunner:
         self.store.save_log_tail(self.job_id, tail)
         self.stop_file.unlink(missing_ok=True)
         self._set(phase="done", outcome=outcome, message=message, fatal=fatal)
+
+
+class _LogWriter:
+    """A text stream into the job's log (the launcher's rank output and its own lines)."""
+
+    def __init__(self, log: Any) -> None:
+        self._log = log
+
+    def write(self, text: str) -> int:
+        self._log(text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
 
 
 def _reserved_group_class() -> type:

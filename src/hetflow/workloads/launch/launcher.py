@@ -154,8 +154,18 @@ class Launcher:
     """One ``hetflow launch`` run; :meth:`run` blocks until it ends."""
 
     def __init__(self, spec: LaunchSpec, out: IO[str] | None = None, err: IO[str] | None = None,
-                 quiet: bool = False) -> None:
+                 quiet: bool = False, placed: Any | None = None, cwd: Path | None = None,
+                 stop: threading.Event | None = None) -> None:
+        """``placed``: a placement reserved by the caller (a
+        :class:`~hetflow.workloads.train.group.Placed`, e.g. the cluster controller's; it is not
+        released here and a lost rank is not placed again: the attempt fails). ``cwd``: the
+        directory the script path is taken from (default: this process's). ``stop``: when set,
+        every rank is stopped (SIGTERM, then SIGKILL after ``stop_grace_s``) and the run ends
+        with 143, as on SIGTERM."""
         self.spec = spec
+        self._given = placed
+        self._cwd = cwd
+        self._stop_event = stop
         self.out = out or sys.stdout
         self.err = err or sys.stderr
         self.quiet = quiet
@@ -172,7 +182,7 @@ class Launcher:
 
     def run(self) -> LaunchResult:
         t0 = time.time()
-        target = resolve_target(self.spec)
+        target = resolve_target(self.spec, self._cwd)
         # Before Ray reads its configuration (on import): without it Ray rewrites a loopback
         # address to the host's and can hang (../shared/RAY-NOTES.md). Token authentication
         # follows Ray's own rule: a driver joining by explicit address sends the token only
@@ -244,7 +254,12 @@ class Launcher:
         from hetflow.workloads.launch.rank import RankProcess
         from hetflow.workloads.train.group import place_layout
 
-        self._placed = place_layout(self.spec.layout, self._resources(), f"{self.run_id}-{attempt}")
+        if self._given is not None:
+            if attempt and self._placed is None:
+                raise HetflowError("a rank of the reserved placement was lost; its devices are gone")
+            self._placed = self._given
+        else:
+            self._placed = place_layout(self.spec.layout, self._resources(), f"{self.run_id}-{attempt}")
         remote = ray.remote(max_restarts=0, max_concurrency=4)(RankProcess)
         self._actors = []
         for options in self._placed.options:  # the job's working_dir (ray.init) is inherited
@@ -265,9 +280,9 @@ class Launcher:
             except Exception:  # already gone
                 pass
         self._actors, self._where = [], []
-        if self._placed is not None:
+        if self._placed is not None and self._placed is not self._given:
             self._placed.release()
-            self._placed = None
+        self._placed = None
 
     # -- attempts --------------------------------------------------------------------------------
 
@@ -454,6 +469,8 @@ class Launcher:
             signal.signal(signal.SIGTERM, previous)
 
     def _check_signal(self) -> None:
+        if self._signalled is None and self._stop_event is not None and self._stop_event.is_set():
+            self._signalled = signal.SIGTERM
         if self._signalled is not None:
             raise LaunchInterrupted(self._signalled)
 
