@@ -8,8 +8,9 @@ Steps:
 
 1. **Check the target** before anything starts: the script exists (inside ``working_dir`` when
    one is given), or the module can be found; a bad one is one line and exit 2.
-2. **Ray**: join ``address`` (or ``RAY_ADDRESS``); else start an embedded local Ray for this run
-   (the machine's cores, shared by the ranks - like ``torchrun --standalone``).
+2. **Ray** (:func:`hetflow.runtime.session.connect`): join ``address`` (or ``RAY_ADDRESS``);
+   else start an embedded local Ray for this run (the machine's cores, shared by the ranks -
+   like ``torchrun --standalone``).
 3. **Place** the ranks through the same path as ``hetflow train``
    (:func:`~hetflow.workloads.train.group.place_layout`): on hetflow-managed nodes the planner
    places the layout ``dp x pp x tp`` (tp ranks on the fastest links) and binds each rank to
@@ -32,10 +33,8 @@ Steps:
 from __future__ import annotations
 
 import importlib.util
-import logging
 import os
 import signal
-import socket
 import sys
 import threading
 import time
@@ -44,11 +43,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from hetflow.core.errors import HetflowError, InputError, Unschedulable
+from hetflow.core.errors import HetflowError, InputError
 from hetflow.workloads.launch.env import torchrun_env
 from hetflow.workloads.launch.spec import LaunchSpec
 
-RANKS_PER_CORE = 8  # an embedded local Ray runs at most this many ranks per CPU core
 LOST_AFTER_S = 30.0  # a rank whose actor has not answered a poll for this long is lost
 POLL_WAIT_S = 1.0
 
@@ -138,18 +136,6 @@ def resolve_target(spec: LaunchSpec, cwd: Path | None = None) -> Target:
                   None if wd is not None else str(cwd), str(wd) if wd else None)
 
 
-def _check_reachable(address: str) -> None:
-    """A ``host:port`` that nothing answers on fails now, with one line, not after Ray's retries."""
-    host, sep, port = address.rpartition(":")
-    if not sep or "://" in address or not port.isdigit():
-        return
-    try:
-        socket.create_connection((host or "127.0.0.1", int(port)), timeout=5).close()
-    except OSError as exc:
-        raise InputError(f"cannot reach a Ray cluster at {address} ({exc.strerror or exc}); "
-                         "check --address / RAY_ADDRESS, or leave both unset for a local Ray") from None
-
-
 class Launcher:
     """One ``hetflow launch`` run; :meth:`run` blocks until it ends."""
 
@@ -183,14 +169,11 @@ class Launcher:
     def run(self) -> LaunchResult:
         t0 = time.time()
         target = resolve_target(self.spec, self._cwd)
-        # Before Ray reads its configuration (on import): without it Ray rewrites a loopback
-        # address to the host's and can hang (../shared/RAY-NOTES.md). Token authentication
-        # follows Ray's own rule: a driver joining by explicit address sends the token only
-        # with RAY_AUTH_MODE=token (a `ray start` cluster's default mode).
-        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-        import ray
+        from hetflow.runtime.session import connect  # join or start Ray (its rules)
 
-        started_ray = self._connect(ray, target)
+        session = connect(self.spec.address, self.spec.nproc,
+                          {"working_dir": target.working_dir} if target.working_dir else None)
+        self._embedded_cores = session.embedded_cores
         previous = self._install_signal_handlers()
         try:
             return self._run(target, t0)
@@ -207,43 +190,17 @@ class Launcher:
             self._shutdown_group()
             for log in self._logs:
                 log.close()
-            if started_ray:
-                ray.shutdown()
+            session.close()
 
     # -- Ray and placement -----------------------------------------------------------------------
-
-    def _connect(self, ray: Any, target: Target) -> bool:
-        # Ray uploads a local working_dir only for a whole job (ray.init), not per actor.
-        job_env = {"working_dir": target.working_dir} if target.working_dir else None
-        if ray.is_initialized():
-            if job_env:
-                raise InputError("working_dir needs a driver of its own: give it to ray.init's "
-                                 "runtime_env, or run `hetflow launch --working-dir` on its own")
-            return False
-        address = self.spec.address or os.environ.get("RAY_ADDRESS") or None
-        if address:
-            _check_reachable(address)
-            ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR,
-                     runtime_env=job_env)
-            return True
-        cores = os.cpu_count() or 1
-        if self.spec.nproc > RANKS_PER_CORE * cores:
-            raise Unschedulable(
-                f"--nproc {self.spec.nproc}: this machine has {cores} CPU cores and an embedded "
-                f"local Ray runs at most {RANKS_PER_CORE} ranks per core ({RANKS_PER_CORE * cores}); "
-                "lower --nproc, or join a cluster with --address")
-        self._embedded_cores = cores
-        ray.init(address="local", num_cpus=cores, include_dashboard=False,
-                 log_to_driver=False, logging_level=logging.ERROR, runtime_env=job_env)
-        return True
 
     def _resources(self) -> Any:
         from hetflow.workloads.train.config import ResourcesConfig
 
         spec = self.spec
-        cpus = spec.cpus_per_rank
-        if cpus is None:
-            cpus = 1.0 if self._embedded_cores is None else min(1.0, self._embedded_cores / spec.nproc)
+        from hetflow.runtime.session import Session
+
+        cpus = Session(False, self._embedded_cores).cpus_per_rank(spec.nproc, spec.cpus_per_rank)
         return ResourcesConfig(device=spec.device, cpus_per_rank=cpus, vendor=spec.vendor,
                                accelerator=spec.model, memory=spec.memory,
                                placement_timeout_s=spec.placement_timeout_s)
