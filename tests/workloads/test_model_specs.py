@@ -135,13 +135,14 @@ def test_what_a_spec_lacks_is_refused_with_a_fix(tmp_path) -> None:
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """The user's model in one world of processes: one process, its TP plan (tp 2), DDP
-    (dp 2), and one process on the loader's split."""
+    """The user's model in one world of processes: one process, its TP plan (tp 2), DDP and
+    FSDP (dp 2), and one process on the loader's split."""
     root = tmp_path_factory.mktemp("blobs")
     configs = {
         "single": blobs_job(root / "single"),
         "tp2": blobs_job(root / "tp2", {"tp": 2}),
         "dp2": blobs_job(root / "dp2", {"dp": 2}),
+        "fsdp2": blobs_job(root / "fsdp2", {"dp": 2, "data_parallel": "fsdp"}),
         "loader": blobs_job(root / "loader", data={"loader": "user_pkg.data:load_one_class"},
                             train={"steps": 30}),
     }
@@ -149,7 +150,7 @@ def trained(tmp_path_factory):
     return configs, dict(zip(configs, outcomes))
 
 
-@pytest.mark.parametrize("layout", ["tp2", "dp2"])
+@pytest.mark.parametrize("layout", ["tp2", "dp2", "fsdp2"])
 def test_the_user_model_trains_the_same_in_every_layout(trained, layout) -> None:
     configs, outcomes = trained
     got, ref = outcomes[layout], outcomes["single"]
@@ -158,12 +159,15 @@ def test_the_user_model_trains_the_same_in_every_layout(trained, layout) -> None
     assert abs(ref.losses[6] - ref.losses[1]) > 0.01  # the steps moved the weights
     for step in range(1, 7):
         assert got.losses[step] == pytest.approx(ref.losses[step], abs=1e-4), step
-    # tp 2 sharded the layers its plan names (two shards each, along the plan's dim); the
-    # other layouts hold whole tensors.
+    # tp 2 sharded the layers its plan names (two shards each, along the plan's dim); DDP holds
+    # whole tensors; FSDP shards every parameter over dp along dim 0.
     chunks = _chunks(configs[layout])
     if layout == "tp2":
         assert chunks["model.fc1.weight"] == [(0, 0), (8, 0)]  # column-wise: output rows
         assert chunks["model.fc2.weight"] == [(0, 0), (0, 8)]  # row-wise: input columns
+    elif layout == "fsdp2":
+        assert chunks["model.fc1.weight"] == [(0, 0), (8, 0)]
+        assert chunks["model.fc2.weight"] == [(0, 0), (2, 0)]  # 3 classes: rows 0-1 and 2
     else:
         assert chunks["model.fc1.weight"] == [(0, 0)] and chunks["model.fc2.weight"] == [(0, 0)]
     # The sharded checkpoint loads into the plain single-device model and scores the same.

@@ -87,10 +87,12 @@ def pipeline_split(model: nn.Module, stage: int, num_stages: int) -> nn.Module:
 
 
 def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, dtype: torch.dtype | None) -> nn.Module:
-    """FSDP2: each block is one all-gather unit, the root holds the rest."""
+    """FSDP2: each block is one all-gather unit, the root holds the rest (a model without a
+    ``layers`` ModuleDict of blocks is one unit)."""
     policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype \
         else MixedPrecisionPolicy()
-    for block in model.layers.values():
+    blocks = getattr(model, "layers", None)
+    for block in blocks.values() if isinstance(blocks, nn.ModuleDict) else ():
         fully_shard(block, mesh=dp_mesh, mp_policy=policy)
     fully_shard(model, mesh=dp_mesh, mp_policy=policy)
     return model
