@@ -14,11 +14,15 @@ Example (``examples/train_digits.yaml``)::
     checkpoint: {interval: 100}
     resources: {device: cpu, max_failures: 2}
 
+The ``model:`` section is read by the model spec it names (``kind`` a built-in, ``spec`` an
+import path: :mod:`hetflow.workloads.models.spec`); so is what the rules below ask of the model.
+
 Cross-field rules (checked in :meth:`TrainConfig._check_combinations`): the dataset matches the
-model; the global batch splits evenly over dp replicas and pipeline microbatches; tensor
-parallelism divides the widths it shards; DDP is not combined with tensor parallelism (DDP does
-not take DTensor parameters; use ``data_parallel: fsdp``); fp16 loss scaling is not combined
-with pipeline parallelism (the pipeline schedule runs backward itself).
+model; the global batch splits evenly over dp replicas and pipeline microbatches; pp > 1 and
+tp > 1 need a spec with a pipeline split and a tensor-parallel plan, and the spec's own checks
+(tensor parallelism divides the widths it shards); DDP is not combined with tensor parallelism
+(DDP does not take DTensor parameters; use ``data_parallel: fsdp``); fp16 loss scaling is not
+combined with pipeline parallelism (the pipeline schedule runs backward itself).
 """
 
 from __future__ import annotations
