@@ -124,9 +124,10 @@ class TrainedCurve:
 
         from hetflow.workloads.train.data import StepOrder
         from hetflow.workloads.train.loop import build_optimizer
-        from hetflow.workloads.train.models import build_model
+        from hetflow.workloads.train.models import build_model, model_spec
 
         self._config = config
+        self._spec = model_spec(config)
         self._dataset = dataset
         self._device = torch.device("cpu")
         self._model = build_model(config)
@@ -142,9 +143,9 @@ class TrainedCurve:
 
         while len(self._metrics) < epoch:
             train_epoch(self._model, self._optimizer, self._scaler, self._dataset, self._order,
-                         len(self._metrics), self._device, self._config.train.precision)
-            self._metrics.append(evaluate(self._model, self._dataset, self._device,
-                                          self._config.model.kind))
+                         len(self._metrics), self._device, self._config.train.precision,
+                         self._spec)
+            self._metrics.append(evaluate(self._model, self._dataset, self._device, self._spec))
         return self._metrics[epoch - 1]
 
     @property
@@ -176,14 +177,12 @@ class TrainedCurves:
         return sum(curve.epochs_trained for curve in self._curves.values())
 
     def _dataset(self, config: Any) -> Any:
-        from hetflow.workloads.train.data import load_dataset
+        from hetflow.workloads.train.data import load_split
 
-        seq_len = getattr(config.model, "seq_len", 64)  # as run_trial loads it
-        key = (config.dataset, config.data.val_fraction, config.data.seed, seq_len)
+        # as run_trial loads it; the model section is in the key (the gpt's seq_len shapes it)
+        key = (config.data.model_dump_json(), config.model.model_dump_json())
         if key not in self._datasets:
-            self._datasets[key] = load_dataset(config.dataset,
-                                               val_fraction=config.data.val_fraction,
-                                               seed=config.data.seed, seq_len=seq_len)
+            self._datasets[key] = load_split(config)
         return self._datasets[key]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -147,3 +148,27 @@ def test_gpu_example_is_the_cpu_example_with_only_resources_changed() -> None:
     spec = load_workflow(gpu_path)  # and it loads: bf16 is accepted on GPUs
     assert (spec.train.resources.device, spec.serve.device) == ("gpu", "gpu")
     assert spec.serve_config("export").models[0].precision == "bf16"
+
+
+def test_the_served_model_must_be_a_classifier_by_its_spec(tmp_path: Path) -> None:
+    """The workflow scores and serves accuracy: it asks the model's spec, not its name. The
+    gpt (token accuracy, next-token output) is refused; a user's classifier spec loads, and
+    its split depends on the spec (the stage keys hash its model section)."""
+    gpt = GOOD.replace("{kind: mlp, hidden: [32]}", "{kind: gpt}")
+    message = error_of(tmp_path, gpt)
+    assert "train.model: the workflow serves a classifier" in message
+    assert "model.kind gpt is not one (it reports val_loss, val_token_accuracy and serves " \
+           "sequence_logits" in message
+    fixtures = str(Path(__file__).parents[1] / "fixtures")
+    sys.path.insert(0, fixtures)
+    try:
+        user = GOOD.replace("{kind: mlp, hidden: [32]}",
+                            '{spec: "user_pkg.blobs:SPEC", hidden: 16}')
+        spec = load_workflow(write(tmp_path, user))
+        settings = spec.prepare_settings()
+        assert settings["dataset"] == "blobs" and settings["model"]["hidden"] == 16
+        assert spec.train_config().model.hidden == 16
+    finally:
+        sys.path.remove(fixtures)
+    mlp = load_workflow(write(tmp_path, GOOD)).prepare_settings()
+    assert mlp == {"dataset": "digits", "val_fraction": 0.25, "seed": 0}  # keys as before

@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     p99 = "-" if result.load.p99_ms is None else f"{result.load.p99_ms:.1f} ms"
     print(f"served model {spec.name} ({result.exported['precision']}): accuracy "
           f"{result.served_accuracy:.4f} on {result.prepared['val_samples']} "
-          f"held-out images, P99 latency {p99} at {result.load.rate:g} req/s "
+          f"held-out samples, P99 latency {p99} at {result.load.rate:g} req/s "
           f"({result.load.ok}/{result.load.sent} ok)")
     if result.report_html is not None:
         print(f"report: {result.report_html}")

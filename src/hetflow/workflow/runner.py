@@ -122,19 +122,21 @@ def ray_session(spec: WorkflowSpec, address: str | None) -> Iterator[bool]:
             ray.shutdown()
 
 
-def _prepare_arrays(dataset: str, val_fraction: float, seed: int, cached: str | None,
+def _prepare_arrays(train: dict[str, Any], cached: str | None,
                     out: str) -> tuple[dict[str, np.ndarray], str]:
     """The prepare stage's task: the split as numpy arrays (from the cache file when given,
-    else from the bundled dataset, then saved) and their content hash. Runs in a Ray worker
+    else the train stage's split - its model spec's dataset or ``data.loader`` - then saved)
+    and their content hash. Runs in a Ray worker
     with two return values: the arrays go into the object store as one object that every
     later stage maps, the hash is small and keys the later stages."""
     if cached is not None:
         with np.load(cached) as f:
             arrays = {k: np.ascontiguousarray(f[k]) for k in f.files}
     else:
-        from hetflow.workloads.train.data import load_dataset, split_arrays
+        from hetflow.workloads.train.config import config_from_dict
+        from hetflow.workloads.train.data import load_split, split_arrays
 
-        arrays = split_arrays(load_dataset(dataset, val_fraction=val_fraction, seed=seed))
+        arrays = split_arrays(load_split(config_from_dict(train, source="train")))
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         tmp = out + ".tmp.npz"
         np.savez(tmp, **arrays)
@@ -223,13 +225,13 @@ class _Run:
         import ray
 
         t0 = time.time()
-        p = self.spec.prepare
-        key = stage_key("prepare", p.model_dump(mode="json"), [])
+        settings = self.spec.prepare_settings()
+        key = stage_key("prepare", settings, [])
         record = self.cache.load("prepare", key)
         out = self.cache.dir("prepare", key) / "data.npz"
         self.bars.start("prepare", 1)
         task = ray.remote(num_cpus=0.1, num_returns=2)(_prepare_arrays)
-        ref, hash_ref = task.remote(p.dataset, p.val_fraction, p.seed,
+        ref, hash_ref = task.remote(self.spec.train_config().model_dump(mode="json"),
                                     str(out) if record is not None and out.exists() else None,
                                     str(out))
         # The arrays stay in the object store (the task's first return value); later stages -
@@ -237,7 +239,7 @@ class _Run:
         arrays, content_hash = ray.get([ref, hash_ref])
         status = "skipped" if record is not None else "ran"
         if record is None or record.get("content_hash") != content_hash:
-            record = {"content_hash": content_hash, "dataset": p.dataset,
+            record = {"content_hash": content_hash, "dataset": settings["dataset"],
                       "train_samples": len(arrays["train_targets"]),
                       "val_samples": len(arrays["val_targets"])}
             self.cache.save("prepare", key, record)
@@ -251,7 +253,7 @@ class _Run:
 
         t0 = time.time()
         settings = {"train": self.spec.train.model_dump(mode="json"),
-                    "prepare": self.spec.prepare.model_dump(mode="json")}
+                    "prepare": self.spec.prepare_settings()}
         key = stage_key("train", settings, [prepared["content_hash"]])
         record = self.cache.load("train", key)
         total = self.spec.train.train.steps
@@ -299,7 +301,7 @@ class _Run:
         settings = {"tune": self.spec.tune.model_dump(mode="json"),
                     "train": self.spec.train.model_dump(mode="json",
                                                         exclude={"layout", "checkpoint"}),
-                    "prepare": self.spec.prepare.model_dump(mode="json")}
+                    "prepare": self.spec.prepare_settings()}
         key = stage_key("tune", settings, [prepared["content_hash"]])
         record = self.cache.load("tune", key)
         trials = self.spec.tune.budget.trials

@@ -29,6 +29,7 @@ from hetflow.core.errors import InputError
 from hetflow.core.validation import field_errors
 from hetflow.core.yamlfile import read_user_text
 from hetflow.workloads.serve.config import BatchingConfig, GatewayConfig, HTTPConfig, LimitsConfig
+from hetflow.workloads.models.spec import spec_label, spec_of
 from hetflow.workloads.train.config import TrainConfig
 from hetflow.workloads.tune.config import BudgetConfig, SearchConfig, TrialConfig
 
@@ -43,9 +44,13 @@ class PrepareStage(_Section):
     """The data: which dataset and how it is split. Its arrays go to the later stages through
     Ray's object store; its content hash keys every stage after it."""
 
-    dataset: Literal["digits"] = "digits"
-    """The dataset (scikit-learn's bundled 8x8 digits; nothing is downloaded). The served model
-    is a classifier, so the workflow reports its accuracy."""
+    dataset: str | None = None
+    """The dataset; default: the train stage model's own (``digits``, scikit-learn's bundled
+    8x8 digits, for the mlp; nothing is downloaded). The served model is a classifier, so the
+    workflow reports its accuracy."""
+    loader: str | None = None
+    """Import path of your function that returns the split (``"package.module:load"``, as
+    ``data.loader`` of a training YAML), instead of the model's own dataset."""
     val_fraction: float = Field(0.2, gt=0.0, lt=1.0)
     """Share of samples held out: the export stage and the served model are scored on them."""
     seed: int = 0
@@ -176,9 +181,13 @@ class WorkflowSpec(_Section):
                           "under prepare instead")
         if "dir" in self.train.checkpoint.model_fields_set:
             errors.append("train.checkpoint.dir: set by the workflow (under cache_dir); remove it")
-        if self.train.model.kind != "mlp":
-            errors.append(f"train.model.kind: the workflow serves a digits classifier; expected "
-                          f"mlp, got {self.train.model.kind}")
+        spec = spec_of(self.train.model)
+        output = spec.serving.output if spec.serving is not None else None
+        if spec.accuracy != "val_accuracy" or output != "logits":
+            errors.append(f"train.model: the workflow serves a classifier and reports its "
+                          f"accuracy; {spec_label(self.train.model)} is not one (it reports "
+                          f"{', '.join(spec.metrics)} and serves {output or 'nothing'}; a "
+                          "classifier's spec reports val_accuracy and serves logits)")
         if self.export.source == "tune" and not self.tune.enabled:
             errors.append("export.source: tune needs tune.enabled: true (or use best or train)")
         if self.tune.enabled and not self.tune.space:
@@ -192,8 +201,8 @@ class WorkflowSpec(_Section):
         """The train stage's job with the workflow's data (and checkpoint directory)."""
         data = self.train.model_dump(mode="json")
         data["name"] = self.name
-        data["data"] = {"dataset": self.prepare.dataset, "val_fraction": self.prepare.val_fraction,
-                        "seed": self.prepare.seed}
+        data["data"] = {"dataset": self.prepare.dataset, "loader": self.prepare.loader,
+                        "val_fraction": self.prepare.val_fraction, "seed": self.prepare.seed}
         if checkpoint_dir is not None:
             data["checkpoint"] = {**data["checkpoint"], "dir": checkpoint_dir}
         if self.ray.address is not None:
@@ -201,6 +210,19 @@ class WorkflowSpec(_Section):
         from hetflow.workloads.train.config import config_from_dict
 
         return config_from_dict(data, source="train")
+
+    def prepare_settings(self) -> dict[str, Any]:
+        """What the prepared split depends on (the stage keys hash it): the dataset's name, the
+        split, and - for your own model or loader - the model section and the loader."""
+        config = self.train_config()
+        settings: dict[str, Any] = {"dataset": config.dataset,
+                                    "val_fraction": self.prepare.val_fraction,
+                                    "seed": self.prepare.seed}
+        if self.prepare.loader is not None:
+            settings["loader"] = self.prepare.loader
+        if config.model._spec_path is not None:
+            settings["model"] = config.model.model_dump(mode="json")
+        return settings
 
     def tuning_config(self, output_dir: str) -> Any:
         """The tune stage as a ``TuningConfig`` (its base: the train stage, one process)."""

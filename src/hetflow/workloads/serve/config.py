@@ -357,9 +357,27 @@ def serve_config_from_dict(data: Any, source: str = "config",
         data = {**data, "models": [_absolute_train_path(m, Path(base_dir))
                                    for m in data["models"]]}
     try:
-        return ServeConfig.model_validate(data)
+        config = ServeConfig.model_validate(data)
     except ValidationError as exc:
         raise InputError(describe(exc, ServeConfig, source)) from None
+    _read_training_configs(config, source)
+    return config
+
+
+def _read_training_configs(config: ServeConfig, source: str) -> None:
+    """Read each model's training config now, before any Ray or Serve start: a bad file or a
+    model spec that does not import is one line here, not a failed deployment later."""
+    from hetflow.workloads.serve.inference import serving_info, train_config_of
+
+    for entry in config.models:
+        try:
+            train = train_config_of(entry)  # its errors name models[<name>].train or the file
+        except InputError as exc:
+            raise InputError(f"{source}: {exc}") from None
+        try:
+            serving_info(train)
+        except InputError as exc:
+            raise InputError(f"{source}: models[{entry.name}]: {exc}") from None
 
 
 def _absolute_train_path(entry: Any, base: Path) -> Any:

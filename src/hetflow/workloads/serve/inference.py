@@ -30,7 +30,8 @@ from torch import nn
 
 from hetflow.core.errors import InputError
 from hetflow.workloads.serve.protocol import InputSpec
-from hetflow.workloads.train.config import MLPConfig, TrainConfig, config_from_dict, load_config
+from hetflow.workloads.models.spec import ServingInfo, spec_label, spec_of
+from hetflow.workloads.train.config import TrainConfig, config_from_dict, load_config
 
 PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 BYTES_PER_PARAM = {"fp32": 4, "bf16": 2, "fp16": 2, "int8": 1}
@@ -60,16 +61,18 @@ def train_config_of(entry: Any) -> TrainConfig:
     return config_from_dict(entry.train, source=f"models[{entry.name}].train")
 
 
-def input_spec(config: TrainConfig) -> InputSpec:
-    """What one request row is for this model."""
-    from hetflow.workloads.train.models import BYTE_VOCAB, DIGITS_CLASSES, DIGITS_FEATURES
+def serving_info(config: TrainConfig) -> ServingInfo:
+    """What the model's spec says serving needs; InputError when it cannot be served."""
+    info = spec_of(config.model).serving
+    if info is None:
+        raise InputError(f"{spec_label(config.model)} cannot be served: its ModelSpec gives no "
+                         "serving (ServingInfo: the request row and the output)")
+    return info
 
-    if isinstance(config.model, MLPConfig):
-        return InputSpec("float", DIGITS_FEATURES, low=0.0, high=1.0, outputs=DIGITS_CLASSES,
-                         description="64 pixel values of an 8x8 digit, each in 0..1")
-    seq = config.model.seq_len
-    return InputSpec("int", seq, low=0, high=BYTE_VOCAB - 1, outputs=BYTE_VOCAB,
-                     description=f"{seq} byte tokens (0..255); predicts the next byte")
+
+def input_spec(config: TrainConfig) -> InputSpec:
+    """What one request row is for this model (its spec's ``serving.input``)."""
+    return serving_info(config).input(config.model)
 
 
 def apply_precision(model: nn.Module, precision: str, device: torch.device) -> nn.Module:
@@ -107,23 +110,24 @@ class ModelRunner:
     """One model on one device at one precision; ``predict`` is safe for any valid batch."""
 
     def __init__(self, model: nn.Module, spec: InputSpec, precision: str,
-                 device: torch.device, kind: str) -> None:
+                 device: torch.device, output: str = "logits") -> None:
         self.model = model
         self.spec = spec
         self.precision = precision
         self.device = device
-        self.kind = kind  # "mlp" | "gpt"
+        self.output = output  # ServingInfo.output: "logits" | "sequence_logits"
         self.input_dtype = (PRECISION_DTYPES.get(precision, torch.float32)
                             if spec.kind == "float" else torch.long)
 
     @torch.inference_mode()
     def logits(self, rows: np.ndarray) -> torch.Tensor:
-        """fp32 logits on CPU, one row per input row (the next byte's, for the text model)."""
+        """fp32 logits on CPU, one row per input row (the last position's - the next token's -
+        for a model whose output is ``sequence_logits``)."""
         if not rows.flags.writeable:  # Ray hands arrays over read-only (zero-copy)
             rows = rows.copy()
         x = torch.from_numpy(np.ascontiguousarray(rows)).to(self.device, self.input_dtype)
         out = self.model(x)
-        if self.kind == "gpt":
+        if self.output == "sequence_logits":
             out = out[:, -1, :]
         return out.float().cpu()
 
@@ -168,7 +172,8 @@ def build_runner(spec: ReplicaSpec) -> ModelRunner:
         load_model_weights(info, model)
     device = torch.device("cpu") if spec.precision == "int8" else resolve_device(spec.device)
     prepared = apply_precision(model, spec.precision, device)
-    return ModelRunner(prepared, input_spec(config), spec.precision, device, config.model.kind)
+    return ModelRunner(prepared, input_spec(config), spec.precision, device,
+                       serving_info(config).output)
 
 
 def estimate_memory_bytes(config: TrainConfig, precision: str) -> int:
@@ -191,4 +196,5 @@ def accuracy(runner: ModelRunner, inputs: np.ndarray, targets: np.ndarray,
 
 
 __all__ = ["ModelRunner", "ReplicaSpec", "accuracy", "apply_precision", "build_runner",
-           "estimate_memory_bytes", "input_spec", "resolve_device", "train_config_of"]
+           "estimate_memory_bytes", "input_spec", "resolve_device", "serving_info",
+           "train_config_of"]

@@ -14,71 +14,76 @@ Example (``examples/train_digits.yaml``)::
     checkpoint: {interval: 100}
     resources: {device: cpu, max_failures: 2}
 
+The ``model:`` section is read by the model spec it names (``kind`` a built-in, ``spec`` an
+import path: :mod:`hetflow.workloads.models.spec`); so is what the rules below ask of the model.
+
 Cross-field rules (checked in :meth:`TrainConfig._check_combinations`): the dataset matches the
-model; the global batch splits evenly over dp replicas and pipeline microbatches; tensor
-parallelism divides the widths it shards; DDP is not combined with tensor parallelism (DDP does
-not take DTensor parameters; use ``data_parallel: fsdp``); fp16 loss scaling is not combined
-with pipeline parallelism (the pipeline schedule runs backward itself).
+model; the global batch splits evenly over dp replicas and pipeline microbatches; pp > 1 and
+tp > 1 need a spec with a pipeline split and a tensor-parallel plan, and the spec's own checks
+(tensor parallelism divides the widths it shards); DDP is not combined with tensor parallelism
+(DDP does not take DTensor parameters; use ``data_parallel: fsdp``); fp16 loss scaling is not
+combined with pipeline parallelism (the pipeline schedule runs backward itself).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from hetflow.core.errors import InputError
 from hetflow.core.request import ParallelLayout
 from hetflow.core.validation import describe
 from hetflow.core.yamlfile import read_yaml
+from hetflow.workloads.models.gpt.model import GPTConfig
+from hetflow.workloads.models.mlp.model import MLPConfig
+from hetflow.workloads.models.spec import (
+    ModelSection,
+    read_model_section,
+    resolve_callable,
+    spec_label,
+    spec_of,
+)
 
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
-class MLPConfig(_Section):
-    """A multi-layer perceptron for scikit-learn's 8x8 digits (64 inputs, 10 classes)."""
-
-    kind: Literal["mlp"] = "mlp"
-    """Model family: ``mlp`` (digits classifier) or ``gpt`` (character-level transformer)."""
-    hidden: tuple[Annotated[int, Field(gt=0)], ...] = (128, 128)
-    """Widths of the hidden layers, input side first. Tensor parallelism shards them in
-    (column, row) pairs, so each width must divide by ``layout.tp``."""
-
-
-class GPTConfig(_Section):
-    """A small GPT-style decoder: token + position embeddings, pre-norm blocks, no dropout."""
-
-    kind: Literal["gpt"] = "gpt"
-    """Model family: ``mlp`` (digits classifier) or ``gpt`` (character-level transformer)."""
-    layers: int = Field(2, gt=0)
-    """Transformer blocks. Pipeline parallelism gives each stage a contiguous run of them
-    (earlier stages take any remainder), so ``layout.pp`` may not exceed it."""
-    heads: int = Field(4, gt=0)
-    """Attention heads per block; ``layout.tp`` must divide it (heads are sharded)."""
-    dim: int = Field(64, gt=0)
-    """Width of the residual stream; must divide by ``heads``."""
-    ffn_mult: int = Field(4, gt=0)
-    """Hidden width of each block's MLP, as a multiple of ``dim``."""
-    seq_len: int = Field(64, gt=1)
-    """Tokens per training sample (the context length)."""
-
-
-ModelConfig = Annotated[MLPConfig | GPTConfig, Field(discriminator="kind")]
+# The built-in model sections live with their models (hetflow.workloads.models.<name>.model);
+# a user's spec brings its own. ``model:`` is read by the spec it names (read_model_section).
+ModelConfig = ModelSection
 
 
 class DataConfig(_Section):
     """Where samples come from. Both datasets ship with the installation: nothing is downloaded."""
 
-    dataset: Literal["digits", "python-source"] | None = None
-    """Default: the model's own (``digits`` for mlp, ``python-source`` for gpt). ``digits``: scikit-learn's 1797 8x8 digit images. ``python-source``: the source of a fixed
-    list of modules of the running Python's standard library, as byte tokens (vocabulary 256)."""
+    dataset: str | None = None
+    """Default: the model's own (``digits`` for mlp, ``python-source`` for gpt, a user spec's
+    ``dataset_name``); naming it only confirms it. ``digits``: scikit-learn's 1797 8x8 digit
+    images. ``python-source``: the source of a fixed list of modules of the running Python's
+    standard library, as byte tokens (vocabulary 256)."""
+    loader: str | None = None
+    """Import path of a function that returns the split instead of the model's own dataset,
+    ``"package.module:load"``: called as ``load(model_section, data_section)``, it returns a
+    ``Dataset`` or a mapping of the arrays ``train_inputs``, ``train_targets``, ``val_inputs``,
+    ``val_targets`` (deterministic: every rank calls it)."""
     val_fraction: float = Field(0.2, gt=0.0, lt=1.0)
     """Share of the samples held out for validation (the split is fixed by ``seed``)."""
     seed: int = 0
     """Seed of the train/validation split and of the per-epoch shuffle."""
+
+    @field_validator("loader")
+    @classmethod
+    def _resolve_loader(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                resolve_callable(value)
+            except InputError as exc:
+                raise PydanticCustomError("import_path", "{message}", {"message": str(exc)})
+        return value
 
 
 class LayoutConfig(_Section):
@@ -181,8 +186,10 @@ class TrainConfig(_Section):
 
     name: str = Field("train", min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     """Job name: names the Ray placement group and the default run directory."""
-    model: ModelConfig = Field(default_factory=MLPConfig)
-    """The model (``kind: mlp`` or ``kind: gpt``), written for one device."""
+    model: Any = Field(default_factory=MLPConfig)
+    """The model, written for one device: a built-in (``kind: mlp`` or ``kind: gpt`` and its
+    keys) or your own (``spec: "package.module:SPEC"`` and its keys); see
+    :mod:`hetflow.workloads.models.spec`."""
     data: DataConfig = Field(default_factory=DataConfig)
     """The dataset."""
     layout: LayoutConfig = Field(default_factory=LayoutConfig)
@@ -194,6 +201,11 @@ class TrainConfig(_Section):
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
     """Devices, CPUs, failures."""
 
+    @field_validator("model", mode="before")
+    @classmethod
+    def _read_model(cls, value: Any) -> ModelSection:
+        return read_model_section(value)
+
     @model_validator(mode="after")
     def _check_combinations(self) -> "TrainConfig":
         errors = combination_errors(self)
@@ -203,8 +215,9 @@ class TrainConfig(_Section):
 
     @property
     def dataset(self) -> str:
-        """The dataset to train on (``data.dataset``, or the model's own)."""
-        return self.data.dataset or ("digits" if self.model.kind == "mlp" else "python-source")
+        """The name of the split it trains on (``data.dataset``, ``data.loader``, or the
+        model's own)."""
+        return self.data.dataset or self.data.loader or spec_of(self.model).dataset_name
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -225,10 +238,13 @@ def combination_errors(config: TrainConfig) -> list[str]:
     """Rules that tie several fields together; each message says how to fix the file."""
     errors: list[str] = []
     model, layout, train = config.model, config.layout, config.train
-    wanted = "digits" if model.kind == "mlp" else "python-source"
-    if config.data.dataset not in (None, wanted):
-        errors.append(f"model.kind {model.kind} trains on data.dataset {wanted}, "
-                      f"not {config.data.dataset}")
+    spec, label = spec_of(model), spec_label(model)
+    if config.data.dataset is not None and config.data.loader is not None:
+        errors.append("data: give dataset (the model's own split) or loader (your function), "
+                      "not both")
+    elif config.data.dataset not in (None, spec.dataset_name):
+        errors.append(f"{label} trains on data.dataset {spec.dataset_name}, "
+                      f"not {config.data.dataset} (or give data.loader)")
     if train.batch_size % layout.dp:
         errors.append(f"train.batch_size {train.batch_size} must split evenly over layout.dp "
                       f"{layout.dp} replicas")
@@ -240,40 +256,29 @@ def combination_errors(config: TrainConfig) -> list[str]:
         if layout.pipeline_schedule == "1f1b" and layout.microbatches < layout.pp:
             errors.append(f"1f1b needs layout.microbatches >= pp ({layout.pp}); "
                           f"got {layout.microbatches}")
-        blocks = model.layers if model.kind == "gpt" else len(model.hidden)
-        if blocks < layout.pp:
+        if spec.pipeline_blocks is None:
+            errors.append(f"layout.pp {layout.pp}: {label} has no pipeline split (its spec "
+                          "gives no pipeline_blocks); use layout.pp 1")
+        elif (blocks := spec.pipeline_blocks(model)) < layout.pp:
             errors.append(f"layout.pp {layout.pp} is more stages than the model's {blocks} "
                           "blocks")
         if train.precision == "fp16":
             errors.append("fp16 loss scaling does not combine with pipeline parallelism "
                           "(the schedule runs backward itself); use precision bf16")
     if layout.tp > 1:
-        errors.extend(_tp_errors(model, layout.tp))
+        if spec.parallelize is None:
+            errors.append(f"layout.tp {layout.tp}: {label} has no tensor-parallel plan (its "
+                          "spec gives no parallelize); use layout.tp 1")
         if layout.dp > 1 and layout.data_parallel == "ddp":
             errors.append("dp > 1 with tp > 1 needs layout.data_parallel: fsdp (DDP does not take "
                           "tensor-parallel DTensor parameters)")
-    if model.kind == "gpt" and model.dim % model.heads:
-        errors.append(f"model.dim {model.dim} must divide by model.heads {model.heads}")
+    if spec.check is not None:
+        errors.extend(spec.check(model, layout))
     if config.resources.memory is not None:
         from hetflow.core.units import parse_bytes
 
         parse_bytes(config.resources.memory)  # raises InputError with the accepted forms
     return errors
-
-
-def _tp_errors(model: MLPConfig | GPTConfig, tp: int) -> list[str]:
-    if model.kind == "gpt":
-        errs = []
-        if model.heads % tp:
-            errs.append(f"layout.tp {tp} must divide model.heads {model.heads}")
-        if (model.dim * model.ffn_mult) % tp:
-            errs.append(f"layout.tp {tp} must divide the MLP width {model.dim * model.ffn_mult}")
-        return errs
-    if len(model.hidden) < 2:
-        return [f"tensor parallelism shards the MLP's hidden layers in pairs; model.hidden "
-                f"{list(model.hidden)} has fewer than 2"]
-    bad = [w for w in model.hidden if w % tp]
-    return [f"layout.tp {tp} must divide every hidden width; {bad} do not"] if bad else []
 
 
 def config_from_dict(data: Any, source: str = "config") -> TrainConfig:

@@ -19,7 +19,7 @@ import warnings
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping
 
 import numpy as np
 import torch
@@ -69,6 +69,41 @@ def load_dataset(name: str, *, val_fraction: float, seed: int, seq_len: int = 64
 
 
 SPLIT_KEYS = ("train_inputs", "train_targets", "val_inputs", "val_targets")
+
+
+def load_split(config: Any) -> Dataset:
+    """The split a training config trains on: ``data.loader``'s when given, else its model
+    spec's ``dataset`` (each called as ``fn(model_section, data_section)``)."""
+    from hetflow.workloads.models.spec import resolve_callable, spec_of
+
+    if config.data.loader is not None:
+        source, load = f"data.loader {config.data.loader!r}", resolve_callable(config.data.loader)
+    else:
+        spec = spec_of(config.model)
+        source, load = f"the {spec.name} spec's dataset", spec.dataset
+    return as_dataset(config.dataset, load(config.model, config.data), source)
+
+
+def as_dataset(name: str, value: Any, source: str = "the dataset function") -> Dataset:
+    """A :class:`Dataset` from what a dataset function returned: a Dataset, or a mapping of
+    the :data:`SPLIT_KEYS` arrays (numpy arrays or tensors)."""
+    if isinstance(value, Dataset):
+        return value
+    if isinstance(value, Mapping):
+        if all(isinstance(value.get(k), np.ndarray) for k in SPLIT_KEYS):
+            return dataset_from_arrays(name, value)
+        if all(isinstance(value.get(k), torch.Tensor) for k in SPLIT_KEYS):
+            t = {k: value[k] for k in SPLIT_KEYS}
+            return Dataset(name, Split(t["train_inputs"], t["train_targets"]),
+                           Split(t["val_inputs"], t["val_targets"]))
+        missing = [k for k in SPLIT_KEYS if k not in value]
+        if missing:
+            raise InputError(f"{source} returned a mapping without {', '.join(missing)}; "
+                             f"return the arrays {', '.join(SPLIT_KEYS)}")
+        raise InputError(f"{source} returned a mapping whose {', '.join(SPLIT_KEYS)} are not "
+                         "all numpy arrays or all tensors")
+    raise InputError(f"{source} returned a {type(value).__name__}; return a "
+                     f"hetflow Dataset or a mapping of the arrays {', '.join(SPLIT_KEYS)}")
 
 
 def split_arrays(dataset: Dataset) -> dict[str, np.ndarray]:
@@ -162,5 +197,5 @@ class StepOrder:
         return self.global_batch(step)[dp_index * share:(dp_index + 1) * share]
 
 
-__all__ = ["CORPUS_MODULES", "Dataset", "SPLIT_KEYS", "Split", "StepOrder", "corpus_bytes",
-           "dataset_from_arrays", "load_dataset", "split_arrays"]
+__all__ = ["CORPUS_MODULES", "Dataset", "SPLIT_KEYS", "Split", "StepOrder", "as_dataset",
+           "corpus_bytes", "dataset_from_arrays", "load_dataset", "load_split", "split_arrays"]

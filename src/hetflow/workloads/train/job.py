@@ -16,7 +16,7 @@ with fewer data-parallel replicas instead: the global batch and its order stay t
 the loss curve continues as before, only slower.
 
 At the end the final checkpoint is loaded into a single-device model in this process and
-evaluated on the validation split (accuracy for digits, loss for the text model): this also
+evaluated on the validation split (the metrics its model spec reports): this also
 checks that the checkpoint is whole. The checkpoint directory must therefore be reachable from
 this process and every worker (as DCP needs anyway on several nodes).
 """
@@ -226,35 +226,19 @@ def evaluate_checkpoint(config: TrainConfig, info: CheckpointInfo,
                         data: Any | None = None) -> dict[str, float]:
     """Validation metrics of a checkpoint, on one CPU device in this process (over the first
     ``max_samples`` validation samples when given; on ``data``'s split arrays when given)."""
-    import torch
-
     from hetflow.workloads.train.checkpoint import load_model_weights
-    from hetflow.workloads.train.data import dataset_from_arrays, load_dataset
-    from hetflow.workloads.train.models import build_model, loss_fn
+    from hetflow.workloads.train.data import dataset_from_arrays, load_split
+    from hetflow.workloads.train.models import build_model, model_spec
 
     model = build_model(config)
     load_model_weights(info, model)
     model.eval()
     dataset = (dataset_from_arrays(config.dataset, data) if data is not None else
-               load_dataset(config.dataset, val_fraction=config.data.val_fraction,
-                            seed=config.data.seed, seq_len=getattr(config.model, "seq_len", 64)))
+               load_split(config))
     val = dataset.val
     count_limit = len(val) if max_samples is None else min(len(val), max_samples)
-    total_loss, correct, count = 0.0, 0, 0
-    with torch.no_grad():
-        for start in range(0, count_limit, 256):
-            end = min(start + 256, count_limit)
-            inputs, targets = val.inputs[start:end], val.targets[start:end]
-            output = model(inputs)
-            total_loss += float(loss_fn(output, targets)) * targets.numel()
-            correct += int((output.argmax(-1) == targets).sum())
-            count += targets.numel()
-    metrics = {"val_loss": total_loss / count}
-    if config.model.kind == "mlp":
-        metrics["val_accuracy"] = correct / count
-    else:
-        metrics["val_token_accuracy"] = correct / count
-    return metrics
+    return model_spec(config).evaluate(model, val.inputs[:count_limit], val.targets[:count_limit],
+                                       batch=256)
 
 
 def run_training(config: TrainConfig, on_progress: ProgressCallback | None = None,

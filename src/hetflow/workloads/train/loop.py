@@ -40,8 +40,8 @@ from hetflow.workloads.train.checkpoint import (
     save_checkpoint,
 )
 from hetflow.workloads.train.config import TrainConfig
-from hetflow.workloads.train.data import StepOrder, dataset_from_arrays, load_dataset
-from hetflow.workloads.train.models import build_model, loss_fn
+from hetflow.workloads.train.data import StepOrder, dataset_from_arrays, load_split
+from hetflow.workloads.train.models import build_model, model_spec
 from hetflow.workloads.train.parallelize import ParallelModel, build_mesh, parallelize
 
 Report = Callable[[list[dict[str, Any]]], None]
@@ -140,7 +140,7 @@ def train_rank(config: TrainConfig, rank: int, world_size: int, init_method: str
     Every rank of the world calls this with the same config. ``report`` (rank 0 only) receives
     ``{"step", "loss", "time", "attempt"}`` records at each loss flush. ``data``: the split's
     arrays prepared elsewhere (:func:`~hetflow.workloads.train.data.dataset_from_arrays`, used
-    without a copy); None loads ``config.dataset`` here.
+    without a copy); None loads the config's split here (``data.load_split``).
     """
     assert world_size == config.layout.world_size, "world size must be dp * pp * tp"
     torch.set_num_threads(config.resources.threads_per_rank)
@@ -161,16 +161,15 @@ def _train(config: TrainConfig, rank: int, device: torch.device, report: Report 
     layout, train = config.layout, config.train
     mesh = build_mesh(config, device.type)
     dp_index = mesh[MeshAxis.DP.value].get_local_rank()
+    loss_fn = model_spec(config).loss
     model = parallelize(build_model(config), config, mesh, device)
     optimizer = build_optimizer(config, model.module)
     state = {"model": ModelState(model.module), "optim": OptimizerState(model.module, optimizer)}
     book = _LossBook(layout.dp * layout.tp, device)
     start = _resume(config, rank, state, book)
 
-    seq_len = getattr(config.model, "seq_len", 64)
     dataset = (dataset_from_arrays(config.dataset, data) if data is not None else
-               load_dataset(config.dataset, val_fraction=config.data.val_fraction,
-                            seed=config.data.seed, seq_len=seq_len))
+               load_split(config))
     order = StepOrder(len(dataset.train), train.batch_size, config.data.seed)
     scaler = torch.amp.GradScaler(device.type) if train.precision == "fp16" else None
     result = RankResult(rank=rank, start_step=start, end_step=start, device=str(device),
@@ -186,7 +185,8 @@ def _train(config: TrainConfig, rank: int, device: torch.device, report: Report 
             _sync(device)
             t_start = time.perf_counter()
         inputs, targets = dataset.train.take(order.replica_batch(step, dp_index, layout.dp))
-        loss = _step(model, optimizer, scaler, inputs.to(device), targets.to(device), device)
+        loss = _step(model, optimizer, scaler, inputs.to(device), targets.to(device), device,
+                     loss_fn)
         done = step + 1
         book.add(done, loss)
         stop_now = stop_file is not None and done < train.steps and _stop_agreed(stop_file, device)
@@ -251,9 +251,12 @@ def _resume(config: TrainConfig, rank: int, state: dict[str, Any], book: _LossBo
     return info.step
 
 
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
 def _step(model: ParallelModel, optimizer: torch.optim.Optimizer,
           scaler: torch.amp.GradScaler | None, inputs: torch.Tensor, targets: torch.Tensor,
-          device: torch.device) -> torch.Tensor:
+          device: torch.device, loss_fn: LossFn) -> torch.Tensor:
     """One optimizer step; returns this rank's loss (zero on pipeline stages that have none)."""
     autocast = (torch.autocast(device.type, dtype=model.autocast_dtype)
                 if model.autocast_dtype is not None else contextlib.nullcontext())

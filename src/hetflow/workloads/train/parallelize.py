@@ -5,10 +5,10 @@ Order, per rank (each step needs the one before it):
 1. **Pipeline split** (``pp > 1``): keep this stage's contiguous run of ``layers`` and drop
    the modules of the other stages (``FIRST_STAGE`` / ``LAST_STAGE`` become ``None``). Names are
    unchanged, so checkpoints from any layout hold the same keys.
-2. **Tensor parallel** (``tp > 1``), with ``torch.distributed.tensor.parallel`` on the ``tp``
-   mesh axis: in each GPT block wq/wk/wv and the MLP's w1 are column-sharded, wo and w2
-   row-sharded (one all-reduce after attention, one after the MLP); in the digits MLP hidden
-   layers are sharded in (column, row) pairs. Embeddings, norms and the head stay replicated.
+2. **Tensor parallel** (``tp > 1``) on the ``tp`` mesh axis: the model spec's own plan
+   (``ModelSpec.parallelize``, beside the model: ``models/gpt/parallelize.py`` shards attention
+   and the MLP Megatron-style, ``models/mlp/parallelize.py`` hidden layers in (column, row)
+   pairs). A spec without a plan cannot take tp > 1 (the config refuses it).
 3. **Data parallel** (``dp > 1``) on the ``dp`` axis: FSDP2 ``fully_shard`` per block then the
    root (mixed precision by its policy), or DDP on the ``dp`` process group. DDP does not take
    DTensor parameters, so ``dp x tp`` needs FSDP (the config refuses the other combination).
@@ -27,16 +27,11 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
-from torch.distributed.tensor.parallel import (
-    ColwiseParallel,
-    RowwiseParallel,
-    parallelize_module,
-)
 from torch.nn.parallel import DistributedDataParallel
 
 from hetflow.core.request import MeshAxis
 from hetflow.workloads.train.config import TrainConfig
-from hetflow.workloads.train.models import GPT, MLP, loss_fn
+from hetflow.workloads.models.spec import spec_of
 
 DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
@@ -91,34 +86,13 @@ def pipeline_split(model: nn.Module, stage: int, num_stages: int) -> nn.Module:
     return model
 
 
-def apply_tp(model: nn.Module, tp_mesh: DeviceMesh) -> None:
-    """Shard attention and MLP weights over ``tp_mesh`` (see the module docstring)."""
-    if isinstance(model, GPT):
-        plan = {
-            "attention.wq": ColwiseParallel(),
-            "attention.wk": ColwiseParallel(),
-            "attention.wv": ColwiseParallel(),
-            "attention.wo": RowwiseParallel(),
-            "feed_forward.w1": ColwiseParallel(),
-            "feed_forward.w2": RowwiseParallel(),
-        }
-        for block in model.layers.values():
-            parallelize_module(block, tp_mesh, plan)
-        return
-    assert isinstance(model, MLP), f"no tensor-parallel plan for {type(model).__name__}"
-    keys = list(model.layers.keys())
-    # Pairs inside this stage: the first layer's output stays sharded through the ReLU and is
-    # the second's sharded input, so each pair costs one all-reduce. An odd last layer stays whole.
-    for first, second in zip(keys[0::2], keys[1::2]):
-        parallelize_module(model.layers[first], tp_mesh, {"linear": ColwiseParallel()})
-        parallelize_module(model.layers[second], tp_mesh, {"linear": RowwiseParallel()})
-
-
 def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, dtype: torch.dtype | None) -> nn.Module:
-    """FSDP2: each block is one all-gather unit, the root holds the rest."""
+    """FSDP2: each block is one all-gather unit, the root holds the rest (a model without a
+    ``layers`` ModuleDict of blocks is one unit)."""
     policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype \
         else MixedPrecisionPolicy()
-    for block in model.layers.values():
+    blocks = getattr(model, "layers", None)
+    for block in blocks.values() if isinstance(blocks, nn.ModuleDict) else ():
         fully_shard(block, mesh=dp_mesh, mp_policy=policy)
     fully_shard(model, mesh=dp_mesh, mp_policy=policy)
     return model
@@ -142,6 +116,7 @@ def parallelize(model: nn.Module, config: TrainConfig, mesh: DeviceMesh,
                 device: torch.device) -> ParallelModel:
     """Split, shard and wrap ``model`` (built identically on every rank) for this rank."""
     layout = config.layout
+    spec = spec_of(config.model)
     dtype = DTYPES[config.train.precision]
     pp_index = mesh[MeshAxis.PP.value].get_local_rank()
     first, last = pp_index == 0, pp_index == layout.pp - 1
@@ -149,7 +124,8 @@ def parallelize(model: nn.Module, config: TrainConfig, mesh: DeviceMesh,
         model = pipeline_split(model, pp_index, layout.pp)
     model.to(device)
     if layout.tp > 1:
-        apply_tp(model, mesh[MeshAxis.TP.value])
+        assert spec.parallelize is not None, "the config refuses tp > 1 without a plan"
+        spec.parallelize(model, mesh[MeshAxis.TP.value])
     autocast_dtype = dtype
     if layout.dp > 1 and layout.data_parallel == "fsdp":
         model = apply_fsdp(model, mesh[MeshAxis.DP.value], dtype)
@@ -161,9 +137,9 @@ def parallelize(model: nn.Module, config: TrainConfig, mesh: DeviceMesh,
         stage = PipelineStage(model, pp_index, layout.pp, device,
                               group=mesh[MeshAxis.PP.value].get_group())
         schedule = SCHEDULES[layout.pipeline_schedule](
-            stage, n_microbatches=layout.microbatches, loss_fn=loss_fn, scale_grads=True)
+            stage, n_microbatches=layout.microbatches, loss_fn=spec.loss, scale_grads=True)
     return ParallelModel(model, schedule, first, last, autocast_dtype)
 
 
-__all__ = ["ParallelModel", "apply_ddp", "apply_fsdp", "apply_tp", "build_mesh", "parallelize",
+__all__ = ["ParallelModel", "apply_ddp", "apply_fsdp", "build_mesh", "parallelize",
            "pipeline_split", "stage_blocks", "DTYPES"]

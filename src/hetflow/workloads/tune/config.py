@@ -31,10 +31,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from hetflow.core.errors import InputError
 from hetflow.core.validation import describe
 from hetflow.core.yamlfile import read_yaml
+from hetflow.workloads.models.spec import BUILTIN_SPECS, builtin_spec, spec_label, spec_of
 from hetflow.workloads.train.config import TrainConfig, load_config
 from hetflow.workloads.tune.space import SearchSpace, parse_space
 
-METRIC_MODES = {"val_accuracy": "max", "val_loss": "min"}
+METRIC_MODES = {"val_accuracy": "max", "val_token_accuracy": "max", "val_loss": "min"}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h)?\s*$")
 
 
@@ -51,9 +52,11 @@ class SearchConfig(_Section):
     scheduler: Literal["asha", "fifo"] = "asha"
     """``asha``: Asynchronous Successive Halving stops trials whose metric falls behind at each
     rung. ``fifo``: every trial runs all ``budget.epochs`` epochs."""
-    metric: Literal["val_accuracy", "val_loss"] = "val_accuracy"
-    """What trials are judged by (after each epoch, on the validation split). ``val_accuracy``
-    (higher is better) needs the mlp model; ``val_loss`` (lower is better) works for both."""
+    metric: Literal["val_accuracy", "val_token_accuracy", "val_loss"] = "val_accuracy"
+    """What trials are judged by (after each epoch, on the validation split): one of the
+    metrics the model's spec reports. ``val_accuracy`` (higher is better) for a classifier such
+    as the mlp, ``val_token_accuracy`` for the gpt; ``val_loss`` (lower is better) for every
+    model."""
     seed: int = 0
     """Seed of the searcher (and of Ray's random sampling), so a run is repeatable."""
     startup_trials: int = Field(5, ge=1)
@@ -149,6 +152,14 @@ class OutputConfig(_Section):
     """Write ``curves.png``: every trial's validation curve, the best one highlighted."""
 
 
+def _metric_error(metric: str, model: Any, reported: tuple[str, ...]) -> str:
+    by = next((n for n in BUILTIN_SPECS if metric in builtin_spec(n).metrics), None)
+    needs = f"needs the {by} model or another model that reports it" if by else \
+        "needs a model that reports it"
+    return (f"search.metric {metric} {needs}; {spec_label(model)} reports "
+            f"{', '.join(reported)}: use one of those")
+
+
 class TuningConfig(_Section):
     """One tuning run."""
 
@@ -174,9 +185,9 @@ class TuningConfig(_Section):
         if self.base.layout.world_size != 1:
             errors.append(f"base.layout: a trial trains in one process; got "
                           f"{self.base.layout.parallel.describe()} (remove the layout section)")
-        if self.search.metric == "val_accuracy" and self.base.model.kind != "mlp":
-            errors.append("search.metric val_accuracy needs the mlp model (digits); "
-                          "use val_loss for the gpt model")
+        reported = spec_of(self.base.model).metrics
+        if self.search.metric not in reported:
+            errors.append(_metric_error(self.search.metric, self.base.model, reported))
         if self.search.scheduler == "asha" and self.search.grace_epochs >= self.budget.epochs:
             errors.append(f"search.grace_epochs {self.search.grace_epochs} must be below "
                           f"budget.epochs {self.budget.epochs}, or ASHA never stops a trial early")

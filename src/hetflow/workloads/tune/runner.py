@@ -441,16 +441,14 @@ def _write_outputs(config: TuningConfig, experiment: Path, grid: Any, how: str,
 
 def _write_best_config(config: TuningConfig, best: TrialSummary, path: Path) -> Path:
     """The base config with the best trial's values, training exactly its epochs."""
-    from hetflow.workloads.train.data import StepOrder, load_dataset
+    from hetflow.workloads.train.data import StepOrder, load_split
 
     sections: dict[str, dict[str, Any]] = {}
     for name, value in best.params.items():
         section, key = name.split(".", 1)
         sections.setdefault(section, {})[key] = value
     train_config = config.base.with_overrides(**sections)
-    dataset = load_dataset(train_config.dataset, val_fraction=train_config.data.val_fraction,
-                           seed=train_config.data.seed,
-                           seq_len=getattr(train_config.model, "seq_len", 64))
+    dataset = load_split(train_config)
     per_epoch = StepOrder(len(dataset.train), train_config.train.batch_size,
                           train_config.data.seed).steps_per_epoch
     train_config = train_config.with_overrides(

@@ -1,15 +1,16 @@
 """One tuning trial: train the base config with the sampled values, one epoch at a time.
 
 The trial is a single process (no process group) built from the training package's own
-pieces: :func:`~hetflow.workloads.train.models.build_model`,
-:func:`~hetflow.workloads.train.data.load_dataset` and its stateless
+pieces: :func:`~hetflow.workloads.train.models.build_model` (the model spec's ``build``),
+:func:`~hetflow.workloads.train.data.load_split` and its stateless
 :class:`~hetflow.workloads.train.data.StepOrder`, the optimizer of
 :func:`~hetflow.workloads.train.loop.build_optimizer`, and the atomic checkpoints of
 :mod:`~hetflow.workloads.train.checkpoint`. An epoch is ``StepOrder.steps_per_epoch`` steps
 at the trial's batch size.
 
 After every epoch the trial evaluates the whole validation split and reports to Tune
-``epoch``, ``val_loss``, ``val_accuracy`` (mlp) or ``val_token_accuracy`` (gpt),
+``epoch``, the model spec's validation metrics (``val_loss``, and ``val_accuracy`` for the mlp,
+``val_token_accuracy`` for the gpt, a user spec's ``accuracy``),
 ``train_loss`` (the epoch's mean), ``started_at`` / ``reported_at`` (wall times),
 ``resumed_from`` (the epoch its weights were restored from, 0 for a fresh start), ``device``
 (``node:index``, or ``cpu``), ``device_units`` (its share of the hetflow device resource, MiB)
@@ -42,9 +43,10 @@ from hetflow.workloads.train.checkpoint import (
     save_checkpoint,
 )
 from hetflow.workloads.train.config import TrainConfig, config_from_dict
-from hetflow.workloads.train.data import Dataset, StepOrder, dataset_from_arrays, load_dataset
+from hetflow.workloads.models.spec import ModelSpec
+from hetflow.workloads.train.data import Dataset, StepOrder, dataset_from_arrays, load_split
 from hetflow.workloads.train.loop import build_optimizer, select_device
-from hetflow.workloads.train.models import build_model, loss_fn
+from hetflow.workloads.train.models import build_model, model_spec
 from hetflow.workloads.tune.space import SearchSpace
 
 EVAL_BATCH = 512
@@ -72,7 +74,7 @@ def run_trial(sampled: dict[str, Any], setup: TrialSetup,
     ``data``: the split's arrays prepared elsewhere (a workflow's prepare stage). Given to
     ``tune.with_parameters`` as an ObjectRef, Tune keeps the reference (no second copy) and
     resolves it here to read-only views of the object store; the trial trains on them instead
-    of loading ``config.dataset``.
+    of loading the config's split.
     """
     from ray import tune
 
@@ -85,22 +87,22 @@ def run_trial(sampled: dict[str, Any], setup: TrialSetup,
     torch.set_num_threads(setup.threads)
     config = setup.trial_config(sampled)
     device = select_device(config.resources.device)
+    spec = model_spec(config)
     model = build_model(config).to(device)
     optimizer = build_optimizer(config, model)
     state = {"model": ModelState(model), "optim": OptimizerState(model, optimizer)}
     if data is not None:
         dataset = dataset_from_arrays(config.dataset, data)
     else:
-        dataset = load_dataset(config.dataset, val_fraction=config.data.val_fraction,
-                               seed=config.data.seed, seq_len=getattr(config.model, "seq_len", 64))
+        dataset = load_split(config)
     order = StepOrder(len(dataset.train), config.train.batch_size, config.data.seed)
     start_epoch = _restore(tune.get_checkpoint(), state)
     scaler = torch.amp.GradScaler(device.type) if config.train.precision == "fp16" else None
     for epoch in range(start_epoch, setup.epochs):
         train_loss = train_epoch(model, optimizer, scaler, dataset, order, epoch, device,
-                                  config.train.precision)
+                                  config.train.precision, spec)
         metrics = {"epoch": epoch + 1, "train_loss": train_loss,
-                   **evaluate(model, dataset, device, config.model.kind),
+                   **evaluate(model, dataset, device, spec),
                    "resumed_from": start_epoch, "device": bound.where,
                    "device_units": bound.units, "host": socket.gethostname(),
                    "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
@@ -132,7 +134,7 @@ def _autocast(device: torch.device, precision: str) -> Any:
 
 def train_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  scaler: torch.amp.GradScaler | None, dataset: Dataset, order: StepOrder,
-                 epoch: int, device: torch.device, precision: str) -> float:
+                 epoch: int, device: torch.device, precision: str, spec: ModelSpec) -> float:
     """One pass over the training split; returns the mean training loss."""
     model.train()
     first = epoch * order.steps_per_epoch
@@ -140,7 +142,7 @@ def train_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     for step in range(first, first + order.steps_per_epoch):
         inputs, targets = dataset.train.take(order.global_batch(step))
         with _autocast(device, precision):
-            loss = loss_fn(model(inputs.to(device)), targets.to(device))
+            loss = spec.loss(model(inputs.to(device)), targets.to(device))
         (scaler.scale(loss) if scaler else loss).backward()
         if scaler is not None:
             scaler.step(optimizer)
@@ -153,21 +155,11 @@ def train_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
 
 
 def evaluate(model: torch.nn.Module, dataset: Dataset, device: torch.device,
-             kind: str) -> dict[str, float]:
-    """Validation loss and accuracy (per sample for the mlp, per token for the gpt)."""
+             spec: ModelSpec) -> dict[str, float]:
+    """The spec's validation metrics over the whole validation split."""
     model.eval()
-    total_loss, correct, count = 0.0, 0, 0
-    val = dataset.val
-    with torch.no_grad():
-        for start in range(0, len(val), EVAL_BATCH):
-            inputs = val.inputs[start:start + EVAL_BATCH].to(device)
-            targets = val.targets[start:start + EVAL_BATCH].to(device)
-            output = model(inputs)
-            total_loss += float(loss_fn(output, targets)) * targets.numel()
-            correct += int((output.argmax(-1) == targets).sum())
-            count += targets.numel()
-    accuracy = "val_accuracy" if kind == "mlp" else "val_token_accuracy"
-    return {"val_loss": total_loss / count, accuracy: correct / count}
+    return spec.evaluate(model, dataset.val.inputs, dataset.val.targets, batch=EVAL_BATCH,
+                         device=device)
 
 
 def checkpoint_root(path: str | Path) -> Path:
