@@ -144,6 +144,7 @@ class TrainContext:
     _next_index: int = 1
     _group: Any = None  # a gloo group for report()'s agreement, apart from the user's backend
     _progress: Any = None
+    _tune: bool = False  # a one-rank trial of `hetflow tune` (trainable): report to Tune
 
     # Ray Train's accessors, so that ported code reads the same
     def get_world_rank(self) -> int:
@@ -177,8 +178,14 @@ def get_context() -> TrainContext:
 
 
 def get_checkpoint() -> Checkpoint | None:
-    """The newest committed checkpoint when this attempt started (None on a fresh run)."""
-    return get_context()._latest
+    """The newest committed checkpoint when this attempt started (None on a fresh run); in a
+    ``hetflow tune`` trial, Tune's checkpoint of the trial (a resumed or restored trial)."""
+    ctx = get_context()
+    if ctx._tune:
+        from ray import tune
+
+        return tune.get_checkpoint()  # as_directory() / path, as a Checkpoint here
+    return ctx._latest
 
 
 def report(metrics: Mapping[str, Any], checkpoint: Checkpoint | str | os.PathLike | None = None) -> None:
@@ -188,6 +195,13 @@ def report(metrics: Mapping[str, Any], checkpoint: Checkpoint | str | os.PathLik
     import torch.distributed as dist
 
     ctx = get_context()
+    if ctx._tune:
+        from ray import tune
+
+        path = checkpoint.path if isinstance(checkpoint, Checkpoint) else checkpoint
+        tune.report(dict(metrics), checkpoint=(tune.Checkpoint.from_directory(str(path))
+                                               if path is not None else None))
+        return
     index = ctx._next_index
     ctx._next_index += 1
     root = Path(ctx.checkpoint_dir)

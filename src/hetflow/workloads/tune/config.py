@@ -33,7 +33,7 @@ from hetflow.core.validation import describe
 from hetflow.core.yamlfile import read_yaml
 from hetflow.workloads.models.spec import BUILTIN_SPECS, builtin_spec, spec_label, spec_of
 from hetflow.workloads.train.config import TrainConfig, load_config
-from hetflow.workloads.tune.space import SearchSpace, parse_space
+from hetflow.workloads.tune.space import SearchSpace, parse_flat_space, parse_space
 
 METRIC_MODES = {"val_accuracy": "max", "val_token_accuracy": "max", "val_loss": "min"}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h)?\s*$")
@@ -52,11 +52,14 @@ class SearchConfig(_Section):
     scheduler: Literal["asha", "fifo"] = "asha"
     """``asha``: Asynchronous Successive Halving stops trials whose metric falls behind at each
     rung. ``fifo``: every trial runs all ``budget.epochs`` epochs."""
-    metric: Literal["val_accuracy", "val_token_accuracy", "val_loss"] = "val_accuracy"
+    metric: str = Field("val_accuracy", min_length=1)
     """What trials are judged by (after each epoch, on the validation split): one of the
     metrics the model's spec reports. ``val_accuracy`` (higher is better) for a classifier such
     as the mlp, ``val_token_accuracy`` for the gpt; ``val_loss`` (lower is better) for every
-    model."""
+    model. With a ``trainable``: any metric it reports (give ``mode`` then)."""
+    mode: Literal["max", "min"] | None = None
+    """``max`` or ``min``: the direction of ``metric``. Default: known for hetflow's metrics
+    (accuracies max, losses min); required for a trainable's own metric."""
     seed: int = 0
     """Seed of the searcher (and of Ray's random sampling), so a run is repeatable."""
     startup_trials: int = Field(5, ge=1)
@@ -73,10 +76,16 @@ class SearchConfig(_Section):
     past the first rung before that many results exist to judge it against. ``0`` is Ray's
     ASHA, which lets the first arrival at a rung go on for lack of competition."""
 
-    @property
-    def mode(self) -> str:
-        """``max`` or ``min``: the direction of ``metric``."""
-        return METRIC_MODES[self.metric]
+    @model_validator(mode="before")
+    @classmethod
+    def _default_mode(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("mode") is None:
+            metric = data.get("metric", "val_accuracy")
+            known = METRIC_MODES.get(metric) or ("min" if str(metric).endswith("loss") else None)
+            if known is None:
+                raise ValueError(f"give search.mode (max or min) for the metric {metric!r}")
+            data = {**data, "mode": known}
+        return data
 
 
 class BudgetConfig(_Section):
@@ -167,9 +176,17 @@ class TuningConfig(_Section):
     """Run name: names the default output directory."""
     base: TrainConfig = Field(default_factory=TrainConfig)
     """The training job every trial starts from: a path to a training YAML (relative to this
-    file) or its sections inline. Its ``layout`` must be one process (dp = pp = tp = 1)."""
+    file) or its sections inline. Its ``layout`` must be one process (dp = pp = tp = 1). With a
+    ``trainable`` only its ``resources`` section is read (where trials run)."""
+    trainable: str | None = Field(None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+    """Your own trial function instead of hetflow's training: ``package.module:function``,
+    called with one dict (``config``'s values, the sampled ones, and ``epochs``); it reports
+    after each epoch through ``hetflow.train.report`` (or Ray Tune's ``tune.report``)."""
+    config: dict[str, Any] = Field(default_factory=dict)
+    """With a ``trainable``: fixed values every trial's dict starts from."""
     space: dict[str, Any]
-    """What to search: ``{section: {field: distribution}}`` (see docs/tuning.md)."""
+    """What to search: ``{section: {field: distribution}}`` (see docs/tuning.md); with a
+    ``trainable``, ``{name: distribution}`` (the names of its dict)."""
     search: SearchConfig = Field(default_factory=SearchConfig)
     """Search algorithm, early-stopping scheduler and metric."""
     budget: BudgetConfig = Field(default_factory=BudgetConfig)
@@ -181,6 +198,11 @@ class TuningConfig(_Section):
 
     @model_validator(mode="after")
     def _check_combinations(self) -> "TuningConfig":
+        if self.trainable is not None:
+            return self._check_trainable()
+        if self.config:
+            raise ValueError("config: fixed values are for a trainable; hetflow's own trials "
+                             "take them from base")
         errors = []
         if self.base.layout.world_size != 1:
             errors.append(f"base.layout: a trial trains in one process; got "
@@ -199,8 +221,29 @@ class TuningConfig(_Section):
             raise ValueError(str(exc)) from None
         return self
 
+    def _check_trainable(self) -> "TuningConfig":
+        from hetflow.workloads.models.spec import resolve_callable
+
+        errors = []
+        try:
+            resolve_callable(self.trainable or "")
+        except InputError as exc:
+            errors.append(f"trainable: {exc}")
+        if self.search.scheduler == "asha" and self.search.grace_epochs >= self.budget.epochs:
+            errors.append(f"search.grace_epochs {self.search.grace_epochs} must be below "
+                          f"budget.epochs {self.budget.epochs}, or ASHA never stops a trial early")
+        try:
+            parse_flat_space(self.space)
+        except InputError as exc:
+            errors.append(str(exc))
+        if errors:
+            raise ValueError("; ".join(errors))
+        return self
+
     @property
     def search_space(self) -> SearchSpace:
+        if self.trainable is not None:
+            return parse_flat_space(self.space)
         return parse_space(self.space, self.base)
 
     @property
@@ -234,8 +277,8 @@ def tuning_config_from_dict(data: Any, source: str = "config",
     A ``base`` given as a path is read as a training YAML (relative to ``relative_to``).
     """
     if not isinstance(data, dict):
-        raise InputError(f"{source}: expected a mapping of sections (name, base, space, search, "
-                         f"budget, trial, output), got {type(data).__name__}")
+        raise InputError(f"{source}: expected a mapping of sections (name, base or trainable, "
+                         f"space, search, budget, trial, output), got {type(data).__name__}")
     data = dict(data)
     if isinstance(data.get("base"), str):
         path = Path(data["base"])

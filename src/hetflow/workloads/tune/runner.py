@@ -168,11 +168,19 @@ def _run(config: TuningConfig, experiment: Path, resume: bool, callbacks: list[A
     search, budget = config.search, config.budget
     space = config.search_space
     placement = place_trials(config, key=str(experiment))
-    setup = TrialSetup(base=config.base.model_dump(mode="json"), space=space,
-                       epochs=budget.epochs, threads=config.trial.threads)
-    # with_parameters keeps an ObjectRef as it is (no second copy in the store).
-    trainable = tune.with_resources(tune.with_parameters(run_trial, setup=setup, data=data),
-                                    resources=placement.resources)
+    if config.trainable is not None:
+        from hetflow.workloads.tune.user_trial import UserTrialSetup, run_user_trial
+
+        user = UserTrialSetup(trainable=config.trainable, fixed=dict(config.config), space=space,
+                              epochs=budget.epochs, threads=config.trial.threads,
+                              device=config.base.resources.device)
+        trial_fn: Any = tune.with_parameters(run_user_trial, setup=user)
+    else:
+        setup = TrialSetup(base=config.base.model_dump(mode="json"), space=space,
+                           epochs=budget.epochs, threads=config.trial.threads)
+        # with_parameters keeps an ObjectRef as it is (no second copy in the store).
+        trial_fn = tune.with_parameters(run_trial, setup=setup, data=data)
+    trainable = tune.with_resources(trial_fn, resources=placement.resources)
     table = LiveTable(space, search.metric, search.mode, budget.epochs, budget.trials,
                       live=config.output.live)
     run_callbacks = [*placement.callbacks, *([] if quiet else [table]), *callbacks]
@@ -323,13 +331,18 @@ def _summaries(config: TuningConfig, grid: Any) -> list[TrialSummary]:
     for result in grid:
         frame = result.metrics_dataframe
         rows = [] if frame is None or frame.empty else frame.to_dict("records")
+        if config.trainable is not None:  # a trainable's epochs are its reports, counted
+            for row in rows:
+                row["epoch"] = row.get("training_iteration")
         # A trial interrupted between reporting an epoch and Tune registering its checkpoint
         # trains that epoch again after resume: keep the last report of each epoch.
         by_epoch = {int(r["epoch"]): r for r in rows if not _missing(r.get("epoch"))}
         # The curve is read back from the trial's result files, which Tune's logger callbacks
         # write after the driver has the result: a run interrupted in between (Ctrl-C right
         # after a trial's last epoch) has that epoch in memory only. Tune's last result counts.
-        last = result.metrics or {}
+        last = dict(result.metrics or {})
+        if config.trainable is not None:
+            last["epoch"] = last.get("training_iteration")
         if not _missing(last.get("epoch")) and int(last["epoch"]) not in by_epoch:
             by_epoch[int(last["epoch"])] = last
         rows = [by_epoch[e] for e in sorted(by_epoch)]
@@ -440,8 +453,19 @@ def _write_outputs(config: TuningConfig, experiment: Path, grid: Any, how: str,
 
 
 def _write_best_config(config: TuningConfig, best: TrialSummary, path: Path) -> Path:
-    """The base config with the best trial's values, training exactly its epochs."""
+    """The base config with the best trial's values, training exactly its epochs (with a
+    trainable: its dict with the best values)."""
     from hetflow.workloads.train.data import StepOrder, load_split
+
+    if config.trainable is not None:
+        values = {**config.config, **{k.split(".", 1)[1]: v for k, v in best.params.items()},
+                  "epochs": best.best_epoch or 1}
+        path.write_text(
+            f"# The best trial of tuning run {config.name!r}: trial {best.trial_id}, "
+            f"{config.search.metric} {best.best:.4f} after {best.best_epoch} epoch(s).\n"
+            f"# Its trainable and the dict it was called with (epochs: up to its best one).\n"
+            + yaml.safe_dump({"trainable": config.trainable, "config": values}, sort_keys=False))
+        return path
 
     sections: dict[str, dict[str, Any]] = {}
     for name, value in best.params.items():

@@ -192,6 +192,27 @@ def parse_space(data: Any, base: Any | None = None, where: str = "space") -> Sea
     return SearchSpace(tuple(params))
 
 
+TRAINABLE_SECTION = "config"  # the section a trainable's flat parameters are kept under
+
+
+def parse_flat_space(data: Any, where: str = "space") -> SearchSpace:
+    """A trainable's space, ``{name: distribution}``: the names are its dict's keys (only the
+    form of each distribution is checked: the trainable is the judge of its values)."""
+    if not isinstance(data, dict) or not data:
+        raise InputError(f"{where}: expected a mapping of names to distributions, e.g. "
+                         f"{{lr: {EXAMPLES['loguniform']}}}; got {data!r}")
+    errors: list[str] = []
+    params: list[Param] = []
+    for name, spec in data.items():
+        try:
+            params.append(_parse_param(TRAINABLE_SECTION, str(name), spec, f"{where}.{name}"))
+        except InputError as exc:
+            errors.append(str(exc))
+    if errors:
+        raise InputError("; ".join(errors))
+    return SearchSpace(tuple(params))
+
+
 def _did_you_mean(word: str, known: Iterable[str]) -> str:
     hint = difflib.get_close_matches(word, list(known), n=1)
     return f"did you mean {hint[0]!r}? " if hint else ""
