@@ -1,6 +1,6 @@
 """The same user-style DDP script under ``torchrun`` and under ``hetflow launch``, side by side.
 
-    .venv/bin/python benchmarks/launch.py                 # about 3 minutes on 2 cores
+    .venv/bin/python benchmarks/launch.py                 # about 6 minutes on 2 cores
     .venv/bin/python benchmarks/launch.py --rounds 5 --steps 3000
 
 The script is ``examples/launch/ddp_snapshot.py`` (plain DDP, gloo on CPU, a snapshot file),
@@ -185,7 +185,7 @@ def recovery_round(side: str, args: argparse.Namespace, index: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=2000, help="steps per throughput run")
+    parser.add_argument("--steps", type=int, default=6000, help="steps per throughput run")
     parser.add_argument("--warmup", type=int, default=50)
     parser.add_argument("--recovery-steps", type=int, default=400)
     parser.add_argument("--recovery-rounds", type=int, default=2)

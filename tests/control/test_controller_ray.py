@@ -369,7 +369,7 @@ def test_a_launch_job_runs_its_ranks_on_the_policys_devices(cluster: Path) -> No
 def test_a_preempted_launch_job_restarts_its_group_and_the_script_resumes(cluster: Path) -> None:
     client.configure({"policy": "srtf", "round_s": 1.0})
     snapshot = cluster / "launch-snap.pt"
-    args = ["--steps", "1200", "--save-every", "20", "--log-every", "50", "--step-sleep", "0.01",
+    args = ["--steps", "500", "--save-every", "20", "--log-every", "50", "--step-sleep", "0.01",
             "--snapshot", str(snapshot)]
     job = client.submit(launch_spec("torchrun", LAUNCH_EXAMPLES / "ddp_snapshot.py", args, 2, 60,
                                     devices={"type": "MI210"}))["job_id"]

@@ -52,6 +52,18 @@ def address():
         yield cluster.address
 
 
+DDP_ARGS = ["--steps", "120", "--log-every", "1"]
+
+
+@pytest.fixture(scope="module")
+def ddp_reference():
+    """The DDP example under torchrun, once for the module (its losses do not depend on
+    --snapshot, --save-every or --step-sleep)."""
+    run = torchrun(EXAMPLES / "ddp_snapshot.py", *DDP_ARGS)
+    assert run.returncode == 0, run.stderr
+    return run
+
+
 def _groups_of_run(run_id: str) -> list[dict]:
     return [g for g in ray.util.placement_group_table().values()
             if g.get("name", "").startswith(f"hetflow-{run_id}")]
@@ -69,12 +81,13 @@ def _no_leftovers(run_id: str) -> None:
 
 
 @pytest.mark.parametrize("script, extra, launch_flags", [
-    ("ddp_snapshot.py", ["--steps", "60"], []),
+    ("ddp_snapshot.py", DDP_ARGS, []),
     ("fsdp2.py", ["--steps", "20"], []),
     ("tensor_parallel.py", ["--steps", "20"], ["--tp", "2"]),
 ])
-def test_unchanged_scripts_end_as_under_torchrun(address, script, extra, launch_flags) -> None:
-    reference = torchrun(EXAMPLES / script, *extra)
+def test_unchanged_scripts_end_as_under_torchrun(address, ddp_reference, script, extra,
+                                                 launch_flags) -> None:
+    reference = ddp_reference if script == "ddp_snapshot.py" else torchrun(EXAMPLES / script, *extra)
     assert reference.returncode == 0, reference.stderr
     run = hetflow_launch("--address", address, "--device", "cpu", "--nproc", "2", *launch_flags,
                          str(EXAMPLES / script), *extra)
@@ -151,10 +164,10 @@ def test_the_exit_code_is_the_failing_ranks_once_restarts_are_used_up(address, t
     _no_leftovers("gaveup")  # rank 0 slept 60 s: it was stopped, not waited for
 
 
-def test_a_killed_rank_resumes_from_the_scripts_snapshot_with_the_same_losses(address, tmp_path) -> None:
-    args = ["--steps", "120", "--save-every", "20", "--log-every", "1", "--step-sleep", "0.03"]
-    reference = torchrun(EXAMPLES / "ddp_snapshot.py", *args)
-    assert reference.returncode == 0, reference.stderr
+def test_a_killed_rank_resumes_from_the_scripts_snapshot_with_the_same_losses(
+        address, ddp_reference, tmp_path) -> None:
+    args = [*DDP_ARGS, "--save-every", "20", "--step-sleep", "0.03"]
+    reference = ddp_reference
     snapshot = tmp_path / "snap.pt"
     proc = subprocess.Popen(
         [str(BIN / "hetflow"), "launch", "--address", address, "--device", "cpu", "--nproc", "2",

@@ -87,8 +87,11 @@ def connect(address: str | None, ranks: int, runtime_env: dict[str, Any] | None 
             f"{what} {ranks}: this machine has {cores} CPU cores and an embedded local Ray runs "
             f"at most {RANKS_PER_CORE} ranks per core ({RANKS_PER_CORE * cores}); use fewer "
             "ranks, or join a cluster with --address")
+    # A Ray of this run only: nobody scrapes its metrics, and on a small machine their
+    # collection competes with the ranks for the same cores.
     ray.init(address="local", num_cpus=cores, include_dashboard=False, log_to_driver=False,
-             logging_level=logging.ERROR, runtime_env=runtime_env)
+             logging_level=logging.ERROR, runtime_env=runtime_env,
+             _system_config={"enable_metrics_collection": False})
     return Session(True, cores)
 
 

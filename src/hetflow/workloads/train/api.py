@@ -194,6 +194,8 @@ def report(metrics: Mapping[str, Any], checkpoint: Checkpoint | str | os.PathLik
     import torch
     import torch.distributed as dist
 
+    from hetflow.workloads.train.checkpoint import _fsync_path, _write_synced
+
     ctx = get_context()
     if ctx._tune:
         from ray import tune
@@ -219,13 +221,10 @@ def report(metrics: Mapping[str, Any], checkpoint: Checkpoint | str | os.PathLik
         staging.mkdir(parents=True, exist_ok=True)
         meta = {"index": index, "metrics": _jsonable(metrics), "time": time.time(),
                 "attempt": ctx.attempt, "world_size": ctx.world_size}
-        with open(staging / META_FILE, "w") as f:
-            json.dump(meta, f)
-            f.flush()
-            os.fsync(f.fileno())
+        _write_synced(staging / META_FILE, json.dumps(meta).encode())
         final = root / f"checkpoint_{index:06d}"
         os.replace(staging, final)  # the commit: a reader sees all of it or none
-        _fsync_dir(root)
+        _fsync_path(root)
         committed = str(final)
         if ctx._keep_last:
             for old in committed_checkpoints(root)[:-ctx._keep_last]:
@@ -242,14 +241,6 @@ def _jsonable(metrics: Mapping[str, Any]) -> dict[str, Any]:
             value = value.item()
         out[str(key)] = value if isinstance(value, (int, float, str, bool, type(None))) else str(value)
     return out
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class FuncWorker:
@@ -301,19 +292,6 @@ class FuncWorker:
             _CONTEXT = None
             if dist.is_initialized():
                 dist.destroy_process_group()
-
-
-class _Reports:
-    """Rank 0's reports, kept outside the ranks so that they survive a failed attempt."""
-
-    def __init__(self) -> None:
-        self.records: list[dict[str, Any]] = []
-
-    def record(self, records: list[dict[str, Any]]) -> None:
-        self.records.extend(records)
-
-    def since(self, index: int) -> list[dict[str, Any]]:
-        return self.records[index:]
 
 
 # -- the driver ---------------------------------------------------------------------------------
@@ -390,7 +368,9 @@ def run(train_func: Callable[..., Any], config: Any = None, *, layout: Any = Non
     reports = None
     try:
         res = _resources(resources, session, world)
-        reports = ray.remote(num_cpus=0)(_Reports).remote()
+        from hetflow.workloads.train.worker import ProgressLog  # rank 0's reports, kept apart
+
+        reports = ray.remote(num_cpus=0)(ProgressLog).remote()
         failures: list[str] = []
         starts: list[float] = []
         attempt = 0
