@@ -37,8 +37,8 @@ from hetflow.core.errors import InputError
 from hetflow.core.request import ParallelLayout
 from hetflow.core.validation import describe
 from hetflow.core.yamlfile import read_yaml
-from hetflow.workloads.models.gpt.model import GPTConfig
-from hetflow.workloads.models.mlp.model import MLPConfig
+from hetflow.workloads.models.gpt.config import GPTConfig
+from hetflow.workloads.models.mlp.config import MLPConfig
 from hetflow.workloads.models.spec import (
     ModelSection,
     read_model_section,

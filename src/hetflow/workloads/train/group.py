@@ -22,7 +22,7 @@ A placement that Ray does not commit within ``placement_timeout_s`` is removed a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
@@ -33,8 +33,9 @@ from hetflow.core.errors import HetflowError, Unschedulable
 from hetflow.core.request import ParallelLayout, PlacementRequest, parse_vendor
 from hetflow.core.units import parse_bytes
 from hetflow.workloads.train.config import ResourcesConfig, TrainConfig
-from hetflow.workloads.train.loop import RankResult
-from hetflow.workloads.train.worker import TrainWorker
+
+if TYPE_CHECKING:  # torch is imported by the ranks, not by whoever places them (hetflow launch)
+    from hetflow.workloads.train.loop import RankResult
 
 FAILURE_GRACE_S = 5.0  # after one rank fails, how long the others get to fail or finish too
 
@@ -154,6 +155,8 @@ class WorkerGroup:
 
     def start(self) -> None:
         """Reserve, create the actors and wait until each has started (torch imported)."""
+        from hetflow.workloads.train.worker import TrainWorker
+
         self.placed = place_ranks(self.config, f"{self.job_id}-{self.attempt}")
         remote = ray.remote(max_restarts=0, max_concurrency=1)(TrainWorker)
         self.actors = [remote.options(**opts).remote() for opts in self.placed.options]

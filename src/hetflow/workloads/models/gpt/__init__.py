@@ -1,7 +1,7 @@
 """The built-in ``gpt``: a byte-level decoder (``model: {kind: gpt, layers: 2, ...}``).
 
-``model.py`` is the single-device model and its config section, ``parallelize.py`` its
-tensor-parallel plan; ``SPEC`` ties them to the loss (per-token cross-entropy), the dataset (the
+``config.py`` is its config section (no torch), ``model.py`` the single-device model,
+``parallelize.py`` its tensor-parallel plan; ``SPEC`` ties them to the loss (per-token cross-entropy), the dataset (the
 ``python-source`` corpus in windows of ``seq_len + 1`` bytes), the metric
 (``val_token_accuracy``) and serving (``seq_len`` byte tokens -> the next byte).
 """
@@ -10,10 +10,27 @@ from __future__ import annotations
 
 from typing import Any
 
-from hetflow.workloads.models.gpt.model import BYTE_VOCAB, GPT, GPTConfig
-from hetflow.workloads.models.gpt.parallelize import apply_tp, tp_errors
-from hetflow.workloads.models.losses import cross_entropy
+from hetflow.workloads.models.gpt.config import BYTE_VOCAB, GPTConfig, tp_errors
 from hetflow.workloads.models.spec import ModelSpec, ServingInfo
+
+
+# torch is imported when the model is built, sharded or scored, not when a config is read
+def _build(config: Any) -> Any:
+    from hetflow.workloads.models.gpt.model import GPT
+
+    return GPT(config)
+
+
+def _apply_tp(model: Any, tp_mesh: Any) -> None:
+    from hetflow.workloads.models.gpt.parallelize import apply_tp
+
+    apply_tp(model, tp_mesh)
+
+
+def _loss(output: Any, target: Any) -> Any:
+    from hetflow.workloads.models.losses import cross_entropy
+
+    return cross_entropy(output, target)
 
 
 def _dataset(config: GPTConfig, data: Any) -> Any:
@@ -41,15 +58,25 @@ def _input(config: GPTConfig) -> Any:
 SPEC = ModelSpec(
     name="gpt",
     config=GPTConfig,
-    build=GPT,
-    loss=cross_entropy,
+    build=_build,
+    loss=_loss,
     dataset=_dataset,
     dataset_name="python-source",
-    parallelize=apply_tp,
+    parallelize=_apply_tp,
     pipeline_blocks=lambda config: config.layers,
     check=_check,
     accuracy="val_token_accuracy",
     serving=ServingInfo(input=_input, output="sequence_logits"),
 )
+
+
+
+def __getattr__(attr: str) -> Any:  # the model class, imported (with torch) on first use
+    if attr == "GPT":
+        from hetflow.workloads.models.gpt.model import GPT
+
+        return GPT
+    raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")
+
 
 __all__ = ["GPT", "GPTConfig", "SPEC"]

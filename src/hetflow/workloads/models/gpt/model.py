@@ -9,35 +9,11 @@ that does not own one sets it to ``None``; ``forward`` then maps hidden states t
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 import torch.nn.functional as F
-from pydantic import Field
 from torch import nn
 
-from hetflow.workloads.models.spec import ModelSection
-
-BYTE_VOCAB = 256  # the text corpus is tokenised as bytes
-
-
-class GPTConfig(ModelSection):
-    """A small GPT-style decoder: token + position embeddings, pre-norm blocks, no dropout."""
-
-    kind: Literal["gpt"] = "gpt"
-    """Model family: ``mlp`` (digits classifier) or ``gpt`` (character-level transformer)."""
-    layers: int = Field(2, gt=0)
-    """Transformer blocks. Pipeline parallelism gives each stage a contiguous run of them
-    (earlier stages take any remainder), so ``layout.pp`` may not exceed it."""
-    heads: int = Field(4, gt=0)
-    """Attention heads per block; ``layout.tp`` must divide it (heads are sharded)."""
-    dim: int = Field(64, gt=0)
-    """Width of the residual stream; must divide by ``heads``."""
-    ffn_mult: int = Field(4, gt=0)
-    """Hidden width of each block's MLP, as a multiple of ``dim``."""
-    seq_len: int = Field(64, gt=1)
-    """Tokens per training sample (the context length)."""
-
+from hetflow.workloads.models.gpt.config import BYTE_VOCAB, GPTConfig
 
 class Attention(nn.Module):
     """Causal multi-head self-attention.

@@ -29,14 +29,6 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh) -> None:
         parallelize_module(block, tp_mesh, plan)
 
 
-def tp_errors(config: Any, tp: int) -> list[str]:
-    """What keeps ``tp`` from sharding this GPT, each saying how to fix the file."""
-    errs = []
-    if config.heads % tp:
-        errs.append(f"layout.tp {tp} must divide model.heads {config.heads}")
-    if (config.dim * config.ffn_mult) % tp:
-        errs.append(f"layout.tp {tp} must divide the MLP width {config.dim * config.ffn_mult}")
-    return errs
-
+from hetflow.workloads.models.gpt.config import tp_errors  # noqa: E402 - kept importable here
 
 __all__ = ["apply_tp", "tp_errors"]

@@ -1,7 +1,7 @@
 """The built-in ``mlp``: a digits classifier (``model: {kind: mlp, hidden: [128, 128]}``).
 
-``model.py`` is the single-device model and its config section, ``parallelize.py`` its
-tensor-parallel plan; ``SPEC`` ties them to the loss, the dataset (scikit-learn's bundled 8x8
+``config.py`` is its config section (no torch), ``model.py`` the single-device model,
+``parallelize.py`` its tensor-parallel plan; ``SPEC`` ties them to the loss, the dataset (scikit-learn's bundled 8x8
 digits), the metric (``val_accuracy``) and serving (64 floats in 0..1 -> one of 10 classes).
 """
 
@@ -9,10 +9,27 @@ from __future__ import annotations
 
 from typing import Any
 
-from hetflow.workloads.models.losses import cross_entropy
-from hetflow.workloads.models.mlp.model import DIGITS_CLASSES, DIGITS_FEATURES, MLP, MLPConfig
-from hetflow.workloads.models.mlp.parallelize import apply_tp, tp_errors
+from hetflow.workloads.models.mlp.config import DIGITS_CLASSES, DIGITS_FEATURES, MLPConfig, tp_errors
 from hetflow.workloads.models.spec import ModelSpec, ServingInfo
+
+
+# torch is imported when the model is built, sharded or scored, not when a config is read
+def _build(config: Any) -> Any:
+    from hetflow.workloads.models.mlp.model import MLP
+
+    return MLP(config)
+
+
+def _apply_tp(model: Any, tp_mesh: Any) -> None:
+    from hetflow.workloads.models.mlp.parallelize import apply_tp
+
+    apply_tp(model, tp_mesh)
+
+
+def _loss(output: Any, target: Any) -> Any:
+    from hetflow.workloads.models.losses import cross_entropy
+
+    return cross_entropy(output, target)
 
 
 def _dataset(config: MLPConfig, data: Any) -> Any:
@@ -35,15 +52,25 @@ def _input(config: MLPConfig) -> Any:
 SPEC = ModelSpec(
     name="mlp",
     config=MLPConfig,
-    build=MLP,
-    loss=cross_entropy,
+    build=_build,
+    loss=_loss,
     dataset=_dataset,
     dataset_name="digits",
-    parallelize=apply_tp,
+    parallelize=_apply_tp,
     pipeline_blocks=lambda config: len(config.hidden),
     check=_check,
     accuracy="val_accuracy",
     serving=ServingInfo(input=_input, output="logits"),
 )
+
+
+
+def __getattr__(attr: str) -> Any:  # the model class, imported (with torch) on first use
+    if attr == "MLP":
+        from hetflow.workloads.models.mlp.model import MLP
+
+        return MLP
+    raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")
+
 
 __all__ = ["MLP", "MLPConfig", "SPEC"]

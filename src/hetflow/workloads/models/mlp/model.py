@@ -8,28 +8,11 @@ It follows the pipeline-split convention of :mod:`~hetflow.workloads.train.paral
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
-
 import torch
 import torch.nn.functional as F
-from pydantic import Field
 from torch import nn
 
-from hetflow.workloads.models.spec import ModelSection
-
-DIGITS_FEATURES = 64  # 8 x 8 pixels
-DIGITS_CLASSES = 10
-
-
-class MLPConfig(ModelSection):
-    """A multi-layer perceptron for scikit-learn's 8x8 digits (64 inputs, 10 classes)."""
-
-    kind: Literal["mlp"] = "mlp"
-    """Model family: ``mlp`` (digits classifier) or ``gpt`` (character-level transformer)."""
-    hidden: tuple[Annotated[int, Field(gt=0)], ...] = (128, 128)
-    """Widths of the hidden layers, input side first. Tensor parallelism shards them in
-    (column, row) pairs, so each width must divide by ``layout.tp``."""
-
+from hetflow.workloads.models.mlp.config import DIGITS_CLASSES, DIGITS_FEATURES, MLPConfig
 
 class HiddenLayer(nn.Module):
     """One hidden layer of the MLP: linear then ReLU."""

@@ -21,13 +21,6 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh) -> None:
         parallelize_module(model.layers[second], tp_mesh, {"linear": RowwiseParallel()})
 
 
-def tp_errors(config: Any, tp: int) -> list[str]:
-    """What keeps ``tp`` from sharding this MLP, each saying how to fix the file."""
-    if len(config.hidden) < 2:
-        return [f"tensor parallelism shards the MLP's hidden layers in pairs; model.hidden "
-                f"{list(config.hidden)} has fewer than 2"]
-    bad = [w for w in config.hidden if w % tp]
-    return [f"layout.tp {tp} must divide every hidden width; {bad} do not"] if bad else []
-
+from hetflow.workloads.models.mlp.config import tp_errors  # noqa: E402 - kept importable here
 
 __all__ = ["apply_tp", "tp_errors"]
