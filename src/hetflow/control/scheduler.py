@@ -387,8 +387,11 @@ class LiveScheduler:
         if d.type is None and d.vendor is None:
             return None  # any accelerator (CPU pools hold no devices, so a gang never fits there)
         types = set(cluster.accelerator_types)
-        if d.type is not None:
-            types &= {canonical_device_type(d.type)}
+        if d.type is not None:  # the planner's rule: "H100" is H100-SXM and H100-PCIe
+            from hetflow.accelerators.catalog import model_matcher
+
+            matches = model_matcher(d.type)
+            types = {t for t in types if t == canonical_device_type(d.type) or (matches and matches(t))}
         if d.vendor is not None:
             types = {t for t in types if d.vendor in cluster.vendors.get(t, ())}
         return frozenset(types)
