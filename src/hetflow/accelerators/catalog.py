@@ -74,13 +74,18 @@ def model_matcher(text: str | None) -> "Callable[[str | None], bool] | None":
     "V100" both V100 rows, but "A10" not "A100-80GB". None for no constraint."""
     if not text:
         return None
-    spec = default_catalog().find(text)
+    catalog = default_catalog()
+    spec = catalog.find(text)
     canonical = spec.name if spec else None
     words = tuple(name_tokens(text))
 
     def matches(model: str | None) -> bool:
-        if canonical is not None and model == canonical:
-            return True
+        if canonical is not None and model is not None:
+            if model == canonical:
+                return True
+            found = catalog.find(model)  # another spelling of the same catalog model
+            if found is not None and found.name == canonical:
+                return True
         tokens = tuple(name_tokens(model or ""))
         return bool(words) and tokens[:len(words)] == words
 

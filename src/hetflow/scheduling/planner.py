@@ -924,23 +924,20 @@ def plan(snapshot: ClusterSnapshot, request: PlacementRequest,
     if len(vendors) > 1:  # one collective group never mixes vendors (NCCL and RCCL do not meet)
         return _best_of(snapshot, request, elig, [{k for k in kinds if k[0] is v} for v in vendors],
                         "vendor", kinds)
+    placed = _plan_within(snapshot, request, elig)
+    if request.mixed_models or not _mixed_tp_groups(placed, snapshot):
+        return _with_model_note(placed, snapshot)
+    # A tensor-parallel group mixes device models: the best placement inside one model instead.
     models = sorted((k for k in kinds if k[1] != UNKNOWN_MODEL), key=lambda k: k[1])
-    if len(models) > 1 and not request.mixed_models:  # devices of unknown model go with any
-        # One device model for the whole job when one can hold it; otherwise replicas may span
-        # models but a tensor-parallel group may not.
-        try:
-            return _best_of(snapshot, request, elig, [{k} for k in models], "model", kinds)
-        except Unschedulable:
-            placed = _plan_within(snapshot, request, elig)
-            mixed = _mixed_tp_groups(placed, snapshot)
-            if mixed:
-                raise Unschedulable(
-                    f"cannot place job {request.job_id!r}: {mixed} of its tensor-parallel groups "
-                    f"would mix device models ({_kind_counts(kinds)} usable), and a group steps "
-                    "at its slowest device's pace. To fit: ask for fewer or smaller groups, name "
-                    "one model (--model), or allow mixing models (--mixed-models)") from None
-            return _with_model_note(placed, snapshot)
-    return _with_model_note(_plan_within(snapshot, request, elig), snapshot)
+    try:
+        return _best_of(snapshot, request, elig, [{k} for k in models], "model", kinds)
+    except Unschedulable:
+        raise Unschedulable(
+            f"cannot place job {request.job_id!r}: {_mixed_tp_groups(placed, snapshot)} of its "
+            f"tensor-parallel groups would mix device models ({_kind_counts(kinds)} usable) and no "
+            "model alone holds it; a group steps at its slowest device's pace. To fit: ask for "
+            "fewer or smaller groups, name one model (--model), or allow mixing models "
+            "(--mixed-models)") from None
 
 
 def _with_model_note(placed: Placement, snapshot: ClusterSnapshot) -> Placement:
