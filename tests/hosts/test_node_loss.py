@@ -11,7 +11,9 @@ left. See tests/hosts/netns.py for the hosts.
 
 from __future__ import annotations
 
+import json
 import re
+import sys
 import time
 from pathlib import Path
 
@@ -133,9 +135,71 @@ def test_a_host_whose_link_is_cut_mid_run_is_replaced(hosts, reference, tmp_path
     finally:
         for host in cut:
             hosts.restore_link(host)
+            hosts.rejoin(host)  # Ray declared it dead: its raylet exits once it hears so
     assert code == 0, text[-3000:]
     assert re.search(r"resumed from step [1-9]\d*", text), text[-3000:]
     assert _final_loss(text) == reference
     assert _live_groups(hosts) == 0
     # fenced by their lease, well before they would have finished on their own (16 s more)
     assert fenced_after and fenced_after[0] < DEFAULT_LEASE_S + 5, fenced_after
+
+
+# --- the built-in training (hetflow train's path) ---------------------------------------------
+
+DRIVER = """
+import json
+from hetflow.workloads.train.config import config_from_dict
+from hetflow.workloads.train.job import run_training
+
+config = config_from_dict({CONFIG!r}, source="test")
+
+def show(record, job):
+    print(f"STEP {record['step']} attempt {record['attempt']}", flush=True)
+
+result = run_training(config, on_progress=show)
+print("RESULT_JSON " + json.dumps({"steps": sorted(result.losses), "restarts": result.restarts,
+                                   "losses": {str(k): v for k, v in result.losses.items()},
+                                   "failures": result.failures}), flush=True)
+"""
+
+
+def _train_config(hosts: HostCluster, tmp: Path, steps: int) -> dict:
+    return {"name": "hosts-train", "model": {"kind": "mlp", "hidden": [512, 512]},
+            "data": {"dataset": "digits"}, "layout": {"dp": 2},
+            "train": {"steps": steps, "batch_size": 256, "lr": 0.003, "log_every": 10},
+            "checkpoint": {"dir": str(tmp / "checkpoints"), "interval": 40},
+            "resources": {"device": "cpu", "cpus_per_rank": 1, "max_failures": 2,
+                          "ray_address": hosts.address}}
+
+
+def test_built_in_training_loses_a_host_and_every_step_is_there_once(hosts, tmp_path) -> None:
+    steps = 600
+    code = DRIVER.replace("{CONFIG!r}", repr(_train_config(hosts, tmp_path, steps)))
+    proc = hosts.popen(hosts.head, [sys.executable, "-c", f"ADDRESS = {hosts.address!r}\n" + code],
+                       cwd=str(tmp_path))
+    lines, victim = [], None
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        lines.append(line)
+        found = re.match(r"STEP (\d+) attempt 0", line)
+        if victim is None and found and int(found.group(1)) >= 100:
+            victim = _train_host(hosts)
+            hosts.kill_host(victim)
+    assert proc.wait(timeout=120) == 0, "".join(lines[-60:])
+    result = json.loads(next(l for l in lines if l.startswith("RESULT_JSON "))[len("RESULT_JSON "):])
+    assert victim is not None and result["restarts"] >= 1, result["failures"]
+    assert result["steps"] == list(range(1, steps + 1))  # every step's loss, once
+    assert _live_groups(hosts) == 0
+    hosts.rejoin(victim)
+
+
+def _train_host(hosts: HostCluster):
+    """The worker host whose Ray workers run the training ranks (``ray::FuncWorker`` processes)."""
+    for host in hosts.worker_hosts:
+        for pid in hosts.pids(host):
+            try:
+                if "FuncWorker" in Path(f"/proc/{pid}/cmdline").read_text():
+                    return host
+            except OSError:
+                continue
+    raise AssertionError("no host runs the training ranks")

@@ -262,6 +262,17 @@ class ProgressLog:
         return self.records[index:]
 
 
+def progress_log() -> Any:
+    """A :class:`ProgressLog` actor on this driver's node: it must outlive the loss of any
+    worker host (a log Ray put on a lost host would take every record with it)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    here = ray.get_runtime_context().get_node_id()
+    return ray.remote(num_cpus=0)(ProgressLog).options(
+        scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False)).remote()
+
+
 @contextlib.contextmanager
 def rank_context(layout: tuple[int, int, int], device_kind: str, threads: int,
                  info: Mapping[str, Any], progress: Any = None,
@@ -330,9 +341,45 @@ class FuncWorker:
     def run(self, fn: Callable[..., Any], config: Any, env: dict[str, str], layout: tuple[int, int, int],
             device_kind: str, threads: int, info: dict[str, Any], progress: Any) -> Any:
         os.environ.update(env)
+        _start_fence()
         with rank_context(layout, device_kind, threads, info, progress):
             takes_config = bool(inspect.signature(fn).parameters)
             return fn(config) if takes_config else fn()
+
+
+def _start_fence() -> None:
+    """Stop this rank's process when it has lost the cluster: no answer from Ray's GCS for
+    ``HETFLOW_RANK_LEASE_S`` seconds (default 5). A rank on a host whose network is gone would
+    otherwise keep training - and writing checkpoints into the shared directory - beside the
+    group the driver started again elsewhere once Ray declared the host dead."""
+    import threading
+
+    from hetflow.workloads.launch.rank import DEFAULT_LEASE_S, LEASE_ENV
+
+    lease = float(os.environ.get(LEASE_ENV) or DEFAULT_LEASE_S)
+    if lease <= 0 or getattr(_start_fence, "started", False):
+        return
+    from ray.experimental import internal_kv
+
+    client = internal_kv.internal_kv_get_gcs_client()
+    if client is None:
+        return
+    _start_fence.started = True  # type: ignore[attr-defined]
+
+    def watch() -> None:
+        last = time.monotonic()
+        while True:
+            try:
+                client.internal_kv_exists(b"hetflow-fence", b"hetflow", timeout=1)
+                last = time.monotonic()
+            except Exception:  # noqa: BLE001 - any failure to reach the GCS counts as silence
+                if time.monotonic() - last > lease:
+                    print(f"hetflow: no answer from the Ray cluster for {lease:g} s: this rank "
+                          "stops (its host lost the cluster)", flush=True)
+                    os._exit(137)
+            time.sleep(1.0)
+
+    threading.Thread(target=watch, name="hetflow-fence", daemon=True).start()
 
 
 # -- the driver ---------------------------------------------------------------------------------
@@ -411,7 +458,7 @@ def run(train_func: Callable[..., Any], config: Any = None, *, layout: Any = Non
         res = _resources(resources, session, world)
         from hetflow.workloads.train.group import RankGroup, TrainingCodeError, WorkerFailure
 
-        reports = ray.remote(num_cpus=0)(ProgressLog).remote()  # rank 0's reports, kept apart
+        reports = progress_log()  # rank 0's reports, kept apart on this node
         failures: list[str] = []
         starts: list[float] = []
         attempt = 0

@@ -104,12 +104,12 @@ class TrainingJob:
     def _run(self) -> TrainResult:
         import ray
 
-        from hetflow.workloads.train.api import ProgressLog
+        from hetflow.workloads.train.api import progress_log
         from hetflow.workloads.train.group import TrainingCodeError, WorkerFailure
 
         t0 = time.time()
         config = self.config
-        self._progress = ray.remote(num_cpus=0)(ProgressLog).remote()
+        self._progress = progress_log()
         failures: list[str] = []
         failed_at: list[float] = []
         while True:
