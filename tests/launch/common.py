@@ -29,10 +29,11 @@ def hetflow_launch(*args: str, timeout: float = 240, cwd: Path | None = None,
                           timeout=timeout, cwd=cwd, env=clean_env(), **popen)
 
 
-def torchrun(script: Path, *args: str, nproc: int = 2, timeout: float = 240) -> subprocess.CompletedProcess:
+def torchrun(script: Path, *args: str, nproc: int = 2, timeout: float = 240,
+             env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([str(BIN / "torchrun"), "--standalone", "--nproc_per_node", str(nproc),
                            str(script), *args], capture_output=True, text=True, timeout=timeout,
-                          env=clean_env())
+                          env=clean_env(**(env or {})))
 
 
 def final_loss(stdout: str) -> float:

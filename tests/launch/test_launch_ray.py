@@ -84,10 +84,14 @@ def _no_leftovers(run_id: str) -> None:
     ("ddp_snapshot.py", DDP_ARGS, []),
     ("fsdp2.py", ["--steps", "20"], []),
     ("tensor_parallel.py", ["--steps", "20"], ["--tp", "2"]),
+    # Hugging Face Accelerate, as `accelerate launch --cpu` runs it (ACCELERATE_USE_CPU: on CPUs
+    # Accelerate is multi-process only when asked; on GPUs the torchrun variables suffice)
+    ("accelerate_train.py", ["--steps", "20"], ["--env", "ACCELERATE_USE_CPU=1"]),
 ])
 def test_unchanged_scripts_end_as_under_torchrun(address, ddp_reference, script, extra,
                                                  launch_flags) -> None:
-    reference = ddp_reference if script == "ddp_snapshot.py" else torchrun(EXAMPLES / script, *extra)
+    env = dict(flag.split("=", 1) for flag in launch_flags[1::2] if "=" in flag)
+    reference = ddp_reference if script == "ddp_snapshot.py" else torchrun(EXAMPLES / script, *extra, env=env)
     assert reference.returncode == 0, reference.stderr
     run = hetflow_launch("--address", address, "--device", "cpu", "--nproc", "2", *launch_flags,
                          str(EXAMPLES / script), *extra)
