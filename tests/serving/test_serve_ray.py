@@ -9,7 +9,9 @@ One cluster for the module: a CPU head and a hetflow-managed node that declares 
 * ``placed``: random weights, 3 replicas of 20 GiB each placed by the planner on the fake GPU
   node - two share device 0, one is on device 1 - each seeing exactly its device.
 
-Loads are bounded in count and time; the kill tests run last (each waits for recovery).
+The cluster runs with Serve's direct ingress (``front.FAST_ENV``, as ``hetflow serve`` starts
+it), so requests take the fast path: front door (HAProxy) -> the model replica. Loads are
+bounded in count and time; the kill tests run last (each waits for recovery).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import requests
 from hetflow.accelerators.synthetic import synthetic_node
 from hetflow.workloads.serve.app import deploy
 from hetflow.workloads.serve.config import serve_config_from_dict
+from hetflow.workloads.serve.front import FAST_ENV
 from hetflow.workloads.serve.inference import ReplicaSpec, build_runner
 from hetflow.workloads.serve.loadgen import digits_bodies, run_load
 from hetflow.workloads.train.checkpoint import latest_checkpoint
@@ -78,14 +81,23 @@ def served(digits_model, tmp_path_factory):
         ],
     })
     gpu_node = synthetic_node("2x L40S", "gpu-node")
-    with hetflow_cluster([gpu_node], head_cpus=6, node_cpus=2, log_to_driver=False):
-        app = deploy(config, timeout_s=240)
-        app.small_ckpt = small_ckpt
-        yield app
-        app.shutdown()
-        from ray import serve
+    saved = {k: os.environ.get(k) for k in FAST_ENV}
+    os.environ.update(FAST_ENV)  # before the cluster starts: Ray's processes read it
+    try:
+        with hetflow_cluster([gpu_node], head_cpus=6, node_cpus=2, log_to_driver=False):
+            app = deploy(config, timeout_s=240)
+            app.small_ckpt = small_ckpt
+            yield app
+            app.shutdown()
+            from ray import serve
 
-        serve.shutdown()
+            serve.shutdown()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def post(served, path: str, body, **kw) -> requests.Response:
@@ -98,6 +110,23 @@ def post(served, path: str, body, **kw) -> requests.Response:
 def held_out(digits_model):
     val = load_dataset("digits", val_fraction=0.2, seed=0).val
     return val.inputs.numpy(), val.targets.numpy()
+
+
+# --- readiness (first: it runs the moment deploy() said ready) ------------------------------
+
+
+def test_ready_means_every_request_is_answered(served) -> None:
+    """deploy() returned: hit every model at once, with no warm-up, and ask /health."""
+    paths = [f"/v1/models/{m}/predict" for m in ("digits", "digits-int8", "placed", "elastic")]
+    jobs = [(path, body) for path in paths for body in digits_bodies(rows=1, count=24)]
+    with cf.ThreadPoolExecutor(24) as pool:
+        results = list(pool.map(lambda job: post(served, job[0], job[1]), jobs))
+    codes = [r.status_code for r in results]
+    assert codes.count(200) == len(jobs), {c: codes.count(c) for c in set(codes)}
+    assert all(not r.json()["fallback"] for r in results)  # each model answered itself
+    health = requests.get(served.url + "/health", timeout=10)
+    assert health.status_code == 200 and health.json()["ready"] is True
+    assert health.json()["status"] == "ok"
 
 
 # --- routing --------------------------------------------------------------------------------
@@ -189,10 +218,14 @@ def test_bad_input_gets_4xx_and_never_sticks(served) -> None:
     started = time.monotonic()
     good = post(served, "/v1/models/digits/predict", {"inputs": [ROW]})
     assert good.status_code == 200 and time.monotonic() - started < 5
-    text = requests.get(served.url + "/metrics", timeout=10).text
+    # refused before any model saw them: too many rows, and a body over the limit (the
+    # replicas send their counts to the front door every half second)
+    want = 'hetflow_serve_requests_total{model="-",code="413"} 2'
+    deadline = time.monotonic() + 10
+    while want not in (text := requests.get(served.url + "/metrics", timeout=10).text):
+        assert time.monotonic() < deadline, text
+        time.sleep(0.3)
     assert 'code="5' not in text
-    # refused before any model saw them: too many rows, and a body over the limit
-    assert 'hetflow_serve_requests_total{model="-",code="413"} 2' in text
 
 
 # --- placement ------------------------------------------------------------------------------
@@ -297,26 +330,39 @@ def _retries(served) -> int:
 
 
 def test_fallback_while_all_replicas_are_down(served, capsys) -> None:
+    """Every digits replica killed (SIGKILL) under an open-loop load on the fast path: no
+    request fails - the front door sends the model's requests to the gateway, which has the
+    fallback answer them - and the fallback counter and /health show it."""
     pids = _replica_pids(served, "digits")
     assert len(pids) == 2
-    for pid in pids.values():
-        os.kill(pid, signal.SIGKILL)
-    killed_at = time.monotonic()
-    answers, health_states = [], set()
-    while time.monotonic() - killed_at < 4:
-        r = post(served, "/v1/models/digits/predict", {"inputs": [ROW]})
-        answers.append((r.status_code, r.json().get("served_by")))
-        health_states.add(requests.get(served.url + "/health", timeout=10).json()["status"])
-    assert all(code == 200 for code, _ in answers), answers
-    assert ("200", "digits-int8") in {(str(c), s) for c, s in answers}
-    assert "degraded" in health_states
+    fallbacks_before = _fallbacks(served)
+    health_states: set[str] = set()
+    with cf.ThreadPoolExecutor(1) as pool:  # the load runs while this thread kills
+        load = pool.submit(run_load, served.url + "/v1/models/digits/predict",
+                           digits_bodies(count=32), rate=25, max_requests=250,
+                           max_duration_s=8, timeout_s=30, seed=5)
+        time.sleep(2)
+        for pid in pids.values():
+            os.kill(pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        while not load.done():
+            health_states.add(requests.get(served.url + "/health", timeout=10).json()["status"])
+            time.sleep(0.2)
+        result = load.result()
+    answered_by_fallback = _fallbacks(served) - fallbacks_before
     recovery_s = _wait_two_serving(served, set(pids), killed_at)
     with capsys.disabled():
-        print(f"\nboth replicas killed: {len(answers)} requests in the next 4 s, all 200, "
-              f"{sum(s == 'digits-int8' for _, s in answers)} answered by the fallback; "
-              f"two replicas serving again after {recovery_s:.1f}s")
+        print(f"\nboth replicas killed under load: {result.line()}; {answered_by_fallback} "
+              f"answered by the fallback; two replicas serving again after {recovery_s:.1f}s")
+    assert result.error_count == 0 and result.ok == result.sent, result.errors
+    assert answered_by_fallback > 0
+    assert "degraded" in health_states
+
+
+def _fallbacks(served) -> int:
     fallbacks = requests.get(served.url + "/metrics?format=json", timeout=10).json()["fallbacks"]
-    assert any(f["model"] == "digits" and f["served_by"] == "digits-int8" for f in fallbacks)
+    return sum(f["count"] for f in fallbacks
+               if f["model"] == "digits" and f["served_by"] == "digits-int8")
 
 
 def test_autoscaling_adds_a_replica_under_load(served, capsys) -> None:
