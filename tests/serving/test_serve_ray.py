@@ -57,7 +57,8 @@ def served(digits_model, tmp_path_factory):
     config = serve_config_from_dict({
         "name": "svc",
         "http": {"host": "127.0.0.1", "port": _free_port()},
-        "limits": {"max_body_bytes": BODY_LIMIT, "max_rows": 16, "request_timeout_s": 30},
+        "limits": {"max_body_bytes": BODY_LIMIT, "max_rows": 16, "request_timeout_s": 30,
+                   "max_new_tokens": 32, "client_timeout_s": 1},
         "gateway": {"status_poll_s": 0.5},
         "models": [
             {"name": "digits", "train": digits_model.train_dict,
@@ -73,6 +74,11 @@ def served(digits_model, tmp_path_factory):
             {"name": "placed", "weights": "random", "device": "auto", "memory": "20GiB",
              "replicas": 3, "cpus_per_replica": 0.25, "batching": {"enabled": False},
              "train": {"model": {"kind": "mlp", "hidden": [16]}}},
+            # A tiny causal LM (random weights) for the OpenAI endpoint.
+            {"name": "tinygpt", "weights": "random", "device": "cpu", "cpus_per_replica": 0.25,
+             "batching": {"enabled": False},
+             "train": {"model": {"kind": "gpt", "layers": 1, "dim": 32, "heads": 2,
+                                 "seq_len": 16}}},
             # Scales with load: any sustained traffic is far above its tiny target.
             {"name": "elastic", "weights": "random", "device": "cpu", "cpus_per_replica": 0.25,
              "batching": {"enabled": False}, "train": {"model": {"kind": "mlp", "hidden": [16]}},
@@ -118,6 +124,7 @@ def held_out(digits_model):
 def test_ready_means_every_request_is_answered(served) -> None:
     """deploy() returned: hit every model at once, with no warm-up, and ask /health."""
     paths = [f"/v1/models/{m}/predict" for m in ("digits", "digits-int8", "placed", "elastic")]
+    # (tinygpt is covered by the OpenAI tests)
     jobs = [(path, body) for path in paths for body in digits_bodies(rows=1, count=24)]
     with cf.ThreadPoolExecutor(24) as pool:
         results = list(pool.map(lambda job: post(served, job[0], job[1]), jobs))
@@ -154,7 +161,7 @@ def test_models_by_name_behind_one_endpoint(served, held_out) -> None:
     assert int8["served_by"] == "digits-int8" and int8["model"] == "digits-int8"
     assert post(served, "/v1/models/placed/predict", {"inputs": row}).json()["served_by"] == "placed"
     listing = requests.get(served.url + "/v1/models", timeout=10).json()["models"]
-    assert sorted(listing) == ["digits", "digits-int8", "elastic", "placed"]
+    assert sorted(listing) == ["digits", "digits-int8", "elastic", "placed", "tinygpt"]
     assert listing["digits"]["fallback"] == ["digits-int8"]
     assert listing["digits-int8"]["precision"] == "int8"
     assert listing["digits"]["input"]["width"] == 64
@@ -225,6 +232,116 @@ def test_bad_input_gets_4xx_and_never_sticks(served) -> None:
     while want not in (text := requests.get(served.url + "/metrics", timeout=10).text):
         assert time.monotonic() < deadline, text
         time.sleep(0.3)
+    assert 'code="5' not in text
+
+
+# --- standard protocols: KServe v2 (tritonclient) and OpenAI (openai), unmodified clients -----
+
+
+def _port(served) -> int:
+    return int(served.url.rsplit(":", 1)[1])
+
+
+def test_kserve_v2_with_tritonclient(served, held_out) -> None:
+    import tritonclient.http as httpclient
+
+    client = httpclient.InferenceServerClient(url=f"127.0.0.1:{_port(served)}")
+    assert client.is_server_live() and client.is_server_ready()
+    assert client.is_model_ready("digits")
+    meta = client.get_model_metadata("digits")
+    assert meta["inputs"][0] == {"name": "input", "datatype": "FP32", "shape": [-1, 64]}
+    rows = held_out[0][:3].astype(np.float32)
+    want = post(served, "/v1/models/digits/predict", {"inputs": rows.tolist()}).json()
+    for binary in (True, False):  # tritonclient's default binary tensors, and JSON data
+        tensor = httpclient.InferInput("input", list(rows.shape), "FP32")
+        tensor.set_data_from_numpy(rows, binary_data=binary)
+        outputs = [httpclient.InferRequestedOutput("predictions", binary_data=binary),
+                   httpclient.InferRequestedOutput("probabilities", binary_data=binary)]
+        result = client.infer("digits", [tensor], outputs=outputs)
+        assert result.as_numpy("predictions").tolist() == want["predictions"]
+        assert result.as_numpy("probabilities").shape == (3, 10)
+        assert np.allclose(result.as_numpy("probabilities").sum(axis=1), 1.0, atol=1e-4)
+    result = client.infer("digits", [tensor])  # no outputs named: all of them, binary
+    assert result.as_numpy("predictions").tolist() == want["predictions"]
+    client.close()
+
+
+def _openai(served):
+    from openai import OpenAI
+
+    return OpenAI(base_url=served.url + "/v1", api_key="unused", max_retries=0, timeout=30)
+
+
+def test_openai_completions_stream_with_the_openai_client(served) -> None:
+    client = _openai(served)
+    stream = client.completions.create(model="tinygpt", prompt="def f(x):", max_tokens=12,
+                                       temperature=0, stream=True)
+    chunks = list(stream)
+    assert len(chunks) >= 2 and chunks[-1].choices[0].finish_reason == "length"
+    streamed = "".join(c.choices[0].text for c in chunks)
+    whole = client.completions.create(model="tinygpt", prompt="def f(x):", max_tokens=12,
+                                      temperature=0)
+    assert whole.choices[0].text == streamed  # greedy: the same tokens both ways
+    assert whole.usage.completion_tokens == 12 and whole.usage.prompt_tokens == 9
+
+
+def test_openai_bad_requests_are_400_with_a_message(served) -> None:
+    import openai
+
+    client = _openai(served)
+    for kwargs, words in [({"max_tokens": 33}, "over the limit of 32"),
+                          ({"extra_body": {"frobnicate": 1}}, "unknown field"),
+                          ({"model": "digits"}, "not generative"),
+                          ({"n": 2}, "not supported")]:
+        args = {"model": "tinygpt", "prompt": "x", "max_tokens": 4, **kwargs}
+        try:
+            client.completions.create(**args)
+        except openai.BadRequestError as exc:
+            assert words in str(exc), exc
+        else:
+            raise AssertionError(f"{kwargs} was accepted")
+        assert client.completions.create(model="tinygpt", prompt="x", max_tokens=2).choices
+
+
+V2 = "/v2/models/digits/infer"
+
+
+def _v2_body(shape, datatype="FP32", data=None):
+    count = int(np.prod(shape))
+    return {"inputs": [{"name": "input", "shape": shape, "datatype": datatype,
+                        "data": data if data is not None else [0.5] * count]}]}
+
+
+BAD_V2 = [
+    (_v2_body([1, 64], "BYTES"), 400, "datatype 'BYTES' is not accepted"),
+    (_v2_body([1, 64], "INT64", [1] * 64), 400, "send FP32"),
+    (_v2_body([1, 63]), 400, "63 values per row"),
+    (_v2_body([2, 64], data=[0.5] * 64), 400, "shape [2, 64] needs 128"),
+    (_v2_body([1, 64], data=[2.0] * 64), 422, "above 1"),
+    (_v2_body([17, 64]), 413, "17 rows"),
+    ({"inputs": [], "extra": 1}, 400, "unknown key"),
+    (b"[" + b"0," * 40_000 + b"0]", 413, "limit of 65536"),
+]
+
+
+def test_bad_input_on_every_protocol_is_4xx_and_never_sticks(served) -> None:
+    def good() -> None:
+        started = time.monotonic()
+        r = post(served, V2, _v2_body([1, 64]))
+        assert r.status_code == 200 and time.monotonic() - started < 5, r.text
+        assert post(served, "/v1/models/digits/predict", {"inputs": [ROW]}).status_code == 200
+
+    for body, status, words in BAD_V2:
+        r = post(served, V2, body)
+        assert r.status_code == status and words in r.json()["error"], (body, r.text)
+        good()
+    # a slow client: headers never finished within limits.client_timeout_s (1 s) -> 408
+    with socket.create_connection(("127.0.0.1", _port(served)), timeout=10) as sock:
+        sock.sendall(b"POST /v1/models/digits/predict HTTP/1.1\r\nHost: x\r\n")
+        reply = sock.recv(4096)
+    assert reply.startswith(b"HTTP/1.1 408"), reply[:80]
+    good()
+    text = requests.get(served.url + "/metrics", timeout=10).text
     assert 'code="5' not in text
 
 

@@ -47,10 +47,10 @@ from ray import serve
 from ray.exceptions import ActorUnavailableError, RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 
 from hetflow.core.errors import HetflowError
-from hetflow.workloads.serve import kserve
+from hetflow.workloads.serve import kserve, openai_api
 from hetflow.workloads.serve.config import ServeConfig, fallback_chain
 from hetflow.workloads.serve.front import (
     FAST_ENV,
@@ -222,6 +222,33 @@ class ModelServer:
         models), batched with this replica's other requests; a list of one result."""
         return [await self.answer(PredictRequest(self.settings.model, rows, probabilities))]
 
+    async def generate(self, tokens: list[int], max_tokens: int, temperature: float,
+                       top_p: float, seed: int | None) -> Any:
+        """Next tokens after ``tokens``, one at a time (a streaming handle call): the model
+        sees the last ``width`` tokens (its context); greedy at temperature 0, else sampled
+        from the top-p share of the softmax."""
+        import torch
+
+        context = self.settings.input.width
+        generator = torch.Generator().manual_seed(seed) if seed is not None else None
+        window = list(tokens)[-context:]
+        for _ in range(max_tokens):
+            x = torch.tensor([window], dtype=torch.long, device=self.runner.device)
+            with torch.inference_mode():
+                logits = self.runner.model(x)[0, -1].float().cpu()
+            if temperature == 0:
+                token = int(logits.argmax())
+            else:
+                probs = torch.softmax(logits / temperature, -1)
+                if top_p < 1:
+                    ordered, index = probs.sort(descending=True)
+                    keep = ordered.cumsum(-1) - ordered < top_p
+                    probs = torch.zeros_like(probs).scatter(0, index[keep], ordered[keep])
+                token = int(torch.multinomial(probs, 1, generator=generator))
+            window = (window + [token])[-context:]
+            yield token
+            await asyncio.sleep(0)  # let other requests of this replica run between tokens
+
     def predict_many(self, batches: list[np.ndarray],
                      probabilities: list[bool]) -> list[dict[str, Any]]:
         """One result per request; all requests' rows (already checked) in one forward pass."""
@@ -273,6 +300,8 @@ class RouteTable:
     batching: dict[str, dict[str, Any]] = field(default_factory=dict)  # model -> BatchingConfig
     describe: dict[str, dict[str, Any]] = field(default_factory=dict)  # for GET /v1/models
     via_gateway: frozenset[str] = frozenset()  # models routed here, not to their replicas
+    generative: dict[str, int] = field(default_factory=dict)  # causal LMs -> context tokens
+    max_new_tokens: int = 256
 
 
 class _ReplicaLost(Exception):
@@ -315,8 +344,11 @@ class Gateway:
                 _require(request.method, "GET", path)
                 await self._first_poll()
                 return self._health()
-            if path.startswith("/v2/"):
+            if path.startswith("/v2/") or path == "/v2":
                 return await self._v2(request, path)
+            if path == "/v1/completions":
+                _require(request.method, "POST", path)
+                return await self._completions(request)
             if path == "/metrics":
                 _require(request.method, "GET", path)
                 merged = await self._merged_metrics()
@@ -375,6 +407,66 @@ class Gateway:
                                 payload["batch"]["requests"])
             return _v2_response(model, infer, payload, payload["served_by"])
         raise RequestError(404, f"no endpoint {path}")
+
+    async def _completions(self, request: Request) -> Response:
+        """OpenAI ``POST /v1/completions`` (:mod:`.openai_api`), from the model or its
+        fallback; ``stream: true`` -> server-sent events, a token at a time."""
+        await self._first_poll()
+        try:
+            body = await read_body(request, self.table.max_body_bytes)
+            req = openai_api.parse_completion(
+                body, self.table.generative, list(self.table.specs),
+                default_model=next(iter(self.table.generative), None),
+                max_new_tokens=self.table.max_new_tokens)
+        except RequestError as exc:
+            self.metrics.answered("-", exc.status)
+            return Response(openai_api.error_body(exc.message), status_code=exc.status,
+                            media_type=JSON)
+        chain = [m for m in self.table.chains[req.model] if m in self.table.generative]
+        name = next((m for m in chain if self._pick(m) is not None), None)
+        if name is None:
+            self.metrics.answered(req.model, 503)
+            return Response(openai_api.error_body(f"model {req.model} has no running replica; "
+                                                  "retry later"), status_code=503,
+                            media_type=JSON)
+        handle = self.handles[name][self.table.groups[name].index(self._pick(name))]
+        tokens = handle.options(stream=True).generate.remote(
+            req.prompt, req.max_tokens, req.temperature, req.top_p, req.seed)
+        cid, created, started = openai_api.completion_id(), int(time.time()), time.perf_counter()
+        text = openai_api.TextStream(req.stop)
+        generated = [0]  # tokens the model produced (for usage)
+
+        async def pieces():  # (text, finish_reason or None), then the last with a reason
+            count = 0
+            if req.echo:
+                yield req.prompt_text, None
+            async for token in tokens:
+                count += 1
+                generated[0] = count
+                piece = text.push(token)
+                if text.stopped:
+                    tokens.cancel()
+                    yield piece, "stop"
+                    break
+                if piece:
+                    yield piece, None
+            else:
+                yield text.flush(), "length"
+            self.metrics.served(req.model, name, time.perf_counter() - started, 1)
+
+        if req.stream:
+            async def events():
+                async for piece, finish in pieces():
+                    yield openai_api.chunk(cid, req.model, piece, finish, created)
+                yield openai_api.DONE
+
+            return StreamingResponse(events(), media_type="text/event-stream")
+        out, finish = [], "length"
+        async for piece, reason in pieces():
+            out.append(piece)
+            finish = reason or finish
+        return _json(200, openai_api.completion(cid, req.model, "".join(out), finish,
+                                                len(req.prompt), generated[0]))
 
     def _ready(self) -> bool:
         return bool(self.front.get("ready")) and all(
@@ -605,6 +697,7 @@ class ModelPlan:
     input: InputSpec
     groups: list[ReplicaGroup]
     memory_bytes: int
+    generative: bool = False  # its spec's serving output is sequence_logits (a causal LM)
 
 
 @dataclass
@@ -677,6 +770,8 @@ def route_table(config: ServeConfig, plans: dict[str, ModelPlan]) -> RouteTable:
                       "path": "gateway" if n in via_gateway(plans) else "direct"}
                   for n, mp in plans.items()},
         via_gateway=frozenset(via_gateway(plans)),
+        generative={n: mp.input.width for n, mp in plans.items() if mp.generative},
+        max_new_tokens=config.limits.max_new_tokens,
     )
 
 
@@ -717,6 +812,7 @@ def front_plan(config: ServeConfig, plans: dict[str, ModelPlan]) -> FrontPlan:
         models={n: [g.deployment for g in mp.groups] for n, mp in plans.items()},
         gateway_app=config.name, request_timeout_s=config.limits.request_timeout_s,
         retries=config.gateway.retries, max_body_bytes=config.limits.body_bytes,
+        client_timeout_s=config.limits.client_timeout_s,
         fallbacks={n: fallback_chain(config, n)[1:] for n in plans},
         via_gateway=frozenset(via_gateway(plans)))
 
@@ -731,7 +827,13 @@ def plan_models(config: ServeConfig) -> dict[str, ModelPlan]:
     """Checkpoints found (or trained), input specs and replica groups for every model.
     Needs a connected Ray (it reads the live hetflow snapshot)."""
     from hetflow.runtime.binding import live_snapshot
-    from hetflow.workloads.serve.inference import estimate_memory_bytes, input_spec, train_config_of
+    from hetflow.workloads.serve.inference import (
+        entry_input_spec,
+        entry_output,
+        estimate_memory_bytes,
+        source_of,
+        train_config_of,
+    )
     from hetflow.workloads.serve.placement import check_memory, plan_replica_groups
 
     snapshot = live_snapshot()
@@ -739,14 +841,18 @@ def plan_models(config: ServeConfig) -> dict[str, ModelPlan]:
     plans: dict[str, ModelPlan] = {}
     for entry in config.models:
         train = train_config_of(entry)
-        checkpoint = ensure_checkpoint(entry, train)
-        memory = check_memory(entry, estimate_memory_bytes(train, entry.precision))
+        checkpoint = ensure_checkpoint(entry, train) if train is not None and \
+            not entry.safetensors else None
+        memory = check_memory(entry, estimate_memory_bytes(
+            train, entry.precision, entry.torchscript or entry.exported))
         groups = plan_replica_groups(config.name, entry, snapshot, ray_gpus, memory)
         # Slots planned for this model hold memory for the next model's plan too.
         device = "cpu" if groups[0].compute == "cpu" else entry.device
-        spec = ReplicaSpec(entry.name, train.model_dump(mode="json"), checkpoint,
-                           entry.precision, device, entry.threads_per_replica)
-        plans[entry.name] = ModelPlan(entry, spec, input_spec(train), groups, memory)
+        spec = ReplicaSpec(entry.name, train.model_dump(mode="json") if train else None,
+                           checkpoint, entry.precision, device, entry.threads_per_replica,
+                           source_of(entry))
+        plans[entry.name] = ModelPlan(entry, spec, entry_input_spec(entry, train), groups,
+                                      memory, entry_output(train) == "sequence_logits")
         snapshot = _with_groups(snapshot, config.name, entry, groups, memory)
     _check_fallback_inputs(config, plans)
     return plans

@@ -40,6 +40,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -93,6 +94,7 @@ class FrontPlan:
     retries: int
     max_body_bytes: int
     check_inter_ms: int = 500
+    client_timeout_s: float = 10.0
     fallbacks: dict[str, list[str]] = field(default_factory=dict)  # model -> chain after it
     # Models whose requests go to the gateway (over Serve handles) instead of straight to
     # their replicas: the autoscaled ones, since Ray Serve 2.60's autoscaler does not count
@@ -122,7 +124,7 @@ def render_config(plan: FrontPlan, servers: dict[str, list[Server]], admin_socke
         "    timeout connect 2s",
         "    timeout client 60s",
         f"    timeout server {timeout_s}s",
-        "    timeout http-request 10s",  # a slow client gets 408, it does not hold a replica
+        f"    timeout http-request {plan.client_timeout_s:g}s",  # slow client: 408, no replica held
         "    timeout http-keep-alive 60s",
         "    timeout queue 10s",
         "    timeout check 3s",
@@ -267,10 +269,22 @@ class FrontDoor:
         os.replace(tmp, self.config_path)
 
     def _start(self) -> None:
-        self.proc = subprocess.Popen(
-            [self.binary, "-W", "-db", "-f", self.config_path],
-            stdout=subprocess.DEVNULL, stderr=open(os.path.join(self.dir, "haproxy.log"), "ab"),
-            preexec_fn=_die_with_parent)
+        # PR_SET_PDEATHSIG fires when the *thread* that forked the child ends, so HAProxy is
+        # forked from a thread that lives as long as this process (and waits on it).
+        started = threading.Event()
+
+        def spawn_and_wait() -> None:
+            self.proc = subprocess.Popen(
+                [self.binary, "-W", "-db", "-f", self.config_path],
+                stdout=subprocess.DEVNULL,
+                stderr=open(os.path.join(self.dir, "haproxy.log"), "ab"),
+                preexec_fn=_die_with_parent)
+            started.set()
+            self.proc.wait()
+
+        threading.Thread(target=spawn_and_wait, name="haproxy", daemon=True).start()
+        started.wait(10)
+        assert self.proc is not None
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -310,6 +324,9 @@ class FrontDoor:
 
     async def _watch(self) -> None:
         while True:
+            if self.proc is not None and self.proc.poll() is not None:
+                self.error = f"haproxy exited ({self.proc.returncode}); restarted"
+                await asyncio.to_thread(self._start)  # the config file holds the last servers
             try:
                 servers = await asyncio.to_thread(read_servers, self.controller, self.apps,
                                                 self.direct)

@@ -95,7 +95,12 @@ def parse_infer(body: bytes, header_length: str | None, spec: InputSpec, *, mode
                                 f"{tensor.get('name')!r}")
     array = _tensor(tensor, tail, spec, model)
     rows = check_array(array, spec, max_rows=max_rows, model=model)
+    params = doc.get("parameters") or {}
+    if not isinstance(params, dict):
+        raise RequestError(400, "the request's 'parameters' must be an object")
     wanted, binary = _outputs(doc.get("outputs"))
+    if doc.get("outputs") is None and params.get("binary_data_output") is True:
+        binary = frozenset(wanted)  # tritonclient asks so when it names no outputs
     request_id = doc.get("id")
     if request_id is not None and not isinstance(request_id, str):
         raise RequestError(400, "'id' must be a string")
