@@ -50,6 +50,7 @@ WIDE = [4096, 4096, 4096]
 REPLICAS, CPUS_PER_REPLICA, CLUSTER_CPUS = 2, 0.5, 2
 MAX_BATCH, WAIT_S = 32, 0.002
 P99_TARGET_MS = 80.0
+SERVED = None
 SRC = Path(__file__).resolve().parents[1] / "src"
 sys.path.insert(0, str(SRC))  # this checkout's hetflow, here and in every Ray worker (below)
 os.environ["PYTHONPATH"] = os.pathsep.join(
@@ -117,9 +118,10 @@ def _serve_hetflow(port: int, heavy: bool) -> str:
                         fallback="digits-small",
                         batching={"max_batch_size": MAX_BATCH, "batch_wait_timeout_s": WAIT_S}),
                   model("digits-small", [16], replicas=1, cpus_per_replica=0)]
-    served = deploy(serve_config_from_dict({"name": "bench", "http": {"port": port},
+    global SERVED  # keep the deployment (and its front door's handle) alive
+    SERVED = deploy(serve_config_from_dict({"name": "bench", "http": {"port": port},
                                             "models": models}))
-    return served.url + "/v1/models/"
+    return SERVED.url + "/v1/models/"
 
 
 def serve_main(mode: str, port: int) -> int:

@@ -823,9 +823,9 @@ def via_gateway(plans: dict[str, ModelPlan]) -> set[str]:
     return {n for n, mp in plans.items() if mp.entry.autoscaling is not None}
 
 
-def plan_models(config: ServeConfig) -> dict[str, ModelPlan]:
-    """Checkpoints found (or trained), input specs and replica groups for every model.
-    Needs a connected Ray (it reads the live hetflow snapshot)."""
+def plan_models(config: ServeConfig, dry_run: bool = False) -> dict[str, ModelPlan]:
+    """Checkpoints found (or trained, unless ``dry_run``), input specs and replica groups for
+    every model. Needs a connected Ray (it reads the live hetflow snapshot)."""
     from hetflow.runtime.binding import live_snapshot
     from hetflow.workloads.serve.inference import (
         entry_input_spec,
@@ -841,7 +841,7 @@ def plan_models(config: ServeConfig) -> dict[str, ModelPlan]:
     plans: dict[str, ModelPlan] = {}
     for entry in config.models:
         train = train_config_of(entry)
-        checkpoint = ensure_checkpoint(entry, train) if train is not None and \
+        checkpoint = ensure_checkpoint(entry, train, dry_run) if train is not None and \
             not entry.safetensors else None
         memory = check_memory(entry, estimate_memory_bytes(
             train, entry.precision, entry.torchscript or entry.exported))
@@ -887,9 +887,9 @@ def _check_fallback_inputs(config: ServeConfig, plans: dict[str, ModelPlan]) -> 
                              f"{entry.name} ({plans[entry.name].input.description})")
 
 
-def ensure_checkpoint(entry: Any, train: Any) -> str | None:
+def ensure_checkpoint(entry: Any, train: Any, dry_run: bool = False) -> str | None:
     """The checkpoint directory to load (None for random weights); trains first when
-    ``train_if_missing`` and no complete checkpoint exists."""
+    ``train_if_missing`` and no complete checkpoint exists (not with ``dry_run``)."""
     from pathlib import Path
 
     from hetflow.core.errors import InputError
@@ -902,6 +902,8 @@ def ensure_checkpoint(entry: Any, train: Any) -> str | None:
         if not entry.train_if_missing:
             raise InputError(f"model {entry.name}: no complete checkpoint in {directory}; train "
                              "it first (hetflow train) or set train_if_missing: true")
+        if dry_run:
+            return str(directory)  # it would be trained first
         from hetflow.workloads.train.job import run_training
 
         if entry.checkpoint_dir:
@@ -962,6 +964,7 @@ def deploy(config: ServeConfig, *, timeout_s: float = 300.0) -> Served:
         here = ray.get_runtime_context().get_node_id()
         actor = ray.remote(FrontDoor).options(
             name=front_name(config.name), namespace="serve", num_cpus=0, max_concurrency=64,
+            lifetime="detached",  # it outlives `hetflow serve --detach`, like the Serve apps
             scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False))
         try:
             front = actor.remote(front_plan(config, plans))
@@ -979,6 +982,45 @@ def deploy(config: ServeConfig, *, timeout_s: float = 300.0) -> Served:
             ray.shutdown()
         raise
     return served
+
+
+def stop(config: ServeConfig) -> list[str]:
+    """Stop a (detached) deployment of ``config`` on the connected cluster: its Serve
+    applications and its front door. Returns the applications deleted."""
+    apps = [a for a in serve.status().applications
+            if a == config.name or a.startswith(config.name + ".")]
+    for app in apps:
+        serve.delete(app)
+    try:
+        front = ray.get_actor(front_name(config.name), namespace="serve")
+        ray.get(front.stop.remote(), timeout=30)
+        ray.kill(front)
+    except ValueError:
+        pass  # no front door
+    return apps
+
+
+def describe_plan(config: ServeConfig, plans: dict[str, ModelPlan]) -> dict[str, Any]:
+    """What ``deploy`` would place and start (``hetflow serve --dry-run``)."""
+    fast = set(plans) - via_gateway(plans)
+    return {
+        "front_door": {"url": _url(config.http.host, config.http.port), "haproxy": None},
+        "applications": [
+            *[{"name": g.deployment, "model": n, "route_prefix": group_prefix(config.name, n, i),
+               "ingress": "ModelServer", "replicas": g.num_replicas,
+               "autoscaling": g.autoscaling, "compute": g.compute,
+               "device": str(g.device) if g.device else None,
+               "path": "direct" if n in fast else "gateway"}
+              for n, mp in plans.items() for i, g in enumerate(mp.groups)],
+            {"name": config.name, "route_prefix": app_prefix(config.name), "ingress": "Gateway",
+             "replicas": config.gateway.replicas}],
+        "models": {n: {"input": mp.input.description, "precision": mp.entry.precision,
+                       "checkpoint": mp.spec.checkpoint, "source": mp.spec.source or None,
+                       "memory_bytes": mp.memory_bytes, "fallback": mp.entry.fallback,
+                       "generative": mp.generative,
+                       "placement": [g.describe() for g in mp.groups]}
+                   for n, mp in plans.items()},
+    }
 
 
 def _url(host: str, port: int) -> str:
@@ -1029,4 +1071,4 @@ def _wait_ready(served: Served, timeout_s: float) -> None:
 
 __all__ = ["Gateway", "ModelPlan", "ModelReplica", "ModelServer", "RouteTable", "Served",
            "ServeFailed", "ServerSettings", "build_applications", "connect_ray", "deploy",
-           "ensure_checkpoint", "front_name", "plan_models"]
+           "describe_plan", "ensure_checkpoint", "front_name", "plan_models", "stop"]

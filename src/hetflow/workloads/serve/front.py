@@ -116,11 +116,18 @@ def render_config(plan: FrontPlan, servers: dict[str, list[Server]], admin_socke
         "global",
         f"    stats socket {admin_socket} mode 600 level admin",
         "    maxconn 4096",
-        "    tune.bufsize 1114112",  # bodies up to ~1 MiB stay retryable (L7 retries buffer)
+        # As Ray Serve's HAProxy mode sets them (serve/_private/constants.py): 4 threads,
+        # 16 KiB buffers (bigger buffers cost every request; a request whose body does not
+        # fit one is still served, only not repeated by an L7 retry).
+        "    nbthread 4",
+        "    tune.bufsize 16384",
         "defaults",
         "    mode http",
         "    option http-keep-alive",
         "    option http-no-delay",
+        "    option splice-request",
+        "    option splice-response",
+        "    option idle-close-on-response",
         "    timeout connect 2s",
         "    timeout client 60s",
         f"    timeout server {timeout_s}s",

@@ -134,7 +134,10 @@ def input_spec(config: TrainConfig) -> InputSpec:
 
 def apply_precision(model: nn.Module, precision: str, device: torch.device) -> nn.Module:
     """``model`` (fp32, on CPU) converted to ``precision`` and moved to ``device``."""
-    model = model.eval()
+    try:
+        model = model.eval()
+    except NotImplementedError:  # a torch.export program's module: already inference-only
+        pass
     if precision == "int8":
         if device.type != "cpu":
             raise InputError("int8 dynamic quantisation runs on CPU; use bf16 or fp16 on GPUs")
@@ -148,6 +151,8 @@ def apply_precision(model: nn.Module, precision: str, device: torch.device) -> n
             return quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)
     if precision not in PRECISION_DTYPES:
         raise InputError(f"unknown precision {precision!r}; use fp32, bf16, fp16 or int8")
+    if precision == "fp32" and device.type == "cpu":
+        return model  # as loaded (a torch.export module may not take .to())
     return model.to(device=device, dtype=PRECISION_DTYPES[precision])
 
 
