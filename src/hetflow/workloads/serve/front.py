@@ -136,8 +136,11 @@ def render_config(plan: FrontPlan, servers: dict[str, list[Server]], admin_socke
         "    timeout queue 10s",
         "    timeout check 3s",
         "    option redispatch 1",
-        "    retry-on conn-failure empty-response",
-        f"    retries {max(1, plan.retries + 1)}",
+        # a replica killed mid-request: its connection closes with no (or a cut) answer
+        "    retry-on conn-failure empty-response junk-response",
+        # every replica of a model may die at once: enough tries to reach the backup (the
+        # gateway) after the dead ones were marked down
+        f"    retries {plan.retries + 2}",
         "    balance leastconn",
         "frontend hetflow",
         f"    bind {bind}",
@@ -162,7 +165,9 @@ def render_config(plan: FrontPlan, servers: dict[str, list[Server]], admin_socke
         deepest = group_prefix(plan.app, model, len(apps) - 1)
         lines += [f"backend {backend_name(model)}",
                   "    option httpchk GET /-/healthz",
-                  "    http-reuse always",
+                  # "safe": a request that opens a client connection never rides an idle
+                  # server connection that may have died (such a request cannot be retried)
+                  "    http-reuse safe",
                   f"    http-request set-header {PATH_HEADER} %[path]",
                   f"    http-request set-path {deepest}%[path]",
                   check]
