@@ -62,3 +62,17 @@ def test_rewritten_path_is_accepted_by_every_group_and_the_gateway() -> None:
     for index in range(2):
         assert written.startswith(group_prefix("svc", "placed", index))
     assert written.startswith(app_prefix("svc"))
+
+
+def test_route_prefix_is_valid_and_stripped_for_the_handlers(tmp_path) -> None:
+    from dataclasses import replace
+
+    plan = replace(PLAN, route_prefix="/svc/api")
+    text = render_config(plan, SERVERS, str(tmp_path / "admin.sock"))
+    assert "path_beg /svc/api/v1/models/digits/ /svc/api/v2/models/digits/" in text
+    assert "regsub(^/svc/api,)" in text
+    path = tmp_path / "haproxy.cfg"
+    path.write_text(text)
+    check = subprocess.run([haproxy_binary(), "-c", "-f", str(path)], capture_output=True,
+                           text=True, timeout=30)
+    assert check.returncode == 0, check.stdout + check.stderr

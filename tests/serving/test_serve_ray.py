@@ -380,6 +380,30 @@ def test_health_and_metrics(served) -> None:
     assert 'hetflow_serve_replicas_running{model="placed",deployment="svc.placed-gpu-node-d0"} 2' in text
 
 
+def test_dry_run_prints_what_would_start_and_starts_nothing(served, capsys) -> None:
+    import argparse
+
+    from ray import serve
+
+    from hetflow.cli.serve import register
+
+    before = set(serve.status().applications)
+    config = served.config.with_overrides(name="dry")
+    path = served.small_ckpt / "dry.yaml"
+    import yaml
+
+    path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
+    parser = argparse.ArgumentParser(prog="hetflow")
+    register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["serve", str(path), "--dry-run", "--json"])
+    assert args.func(args) == 0
+    plan = json.loads(capsys.readouterr().out)
+    names = {a["name"] for a in plan["applications"]}
+    assert {"dry", "dry.digits", "dry.placed-gpu-node-d0", "dry.placed-gpu-node-d1"} <= names
+    assert {a["path"] for a in plan["applications"] if a.get("model") == "elastic"} == {"gateway"}
+    assert set(serve.status().applications) == before  # nothing deployed
+
+
 def test_bench_serve_command(served, capsys) -> None:
     import argparse
 

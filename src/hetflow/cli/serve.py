@@ -3,12 +3,16 @@ Ray Serve, and load-test them.
 
     hetflow serve examples/serve_digits.yaml            # until Ctrl-C
     hetflow serve examples/serve_digits.yaml --port 8100 --address auto
+    hetflow serve examples/serve_digits.yaml --dry-run  # what would be placed and started
+    hetflow serve examples/serve_digits.yaml --address auto --detach   # then --stop
     hetflow bench serve --url http://127.0.0.1:8000/v1/models/digits/predict --rate 50
     hetflow bench serve --url http://127.0.0.1:8000/v1/models/digits/predict --sweep
 
 ``serve`` trains a model first when its checkpoint is missing and ``train_if_missing`` is set,
-plans the replicas (memory-aware, on the devices hetflow manages), deploys, prints the URL and
-the placement, and keeps serving until interrupted. ``bench serve`` is an open-loop load
+plans the replicas (memory-aware, on the devices hetflow manages), deploys (one Serve
+application per replica group with the model replica as ingress, a gateway, and the HAProxy
+front door), prints ``ready`` once every model's replicas are routed, and keeps serving until
+interrupted (or exits at once with ``--detach``). ``bench serve`` is an open-loop load
 generator (Poisson arrivals) bounded in requests and time, loopback only; it prints P50/P95/P99
 latency, achieved QPS and errors, and with ``--sweep`` the highest rate whose P99 stays at or
 under ``--p99-ms``. Exit codes: 0 done, 2 bad config or arguments, 3 replicas cannot be

@@ -813,6 +813,7 @@ def front_plan(config: ServeConfig, plans: dict[str, ModelPlan]) -> FrontPlan:
         gateway_app=config.name, request_timeout_s=config.limits.request_timeout_s,
         retries=config.gateway.retries, max_body_bytes=config.limits.body_bytes,
         client_timeout_s=config.limits.client_timeout_s,
+        route_prefix=config.http.route_prefix,
         fallbacks={n: fallback_chain(config, n)[1:] for n in plans},
         via_gateway=frozenset(via_gateway(plans)))
 
@@ -972,8 +973,8 @@ def deploy(config: ServeConfig, *, timeout_s: float = 300.0) -> Served:
         except ray.exceptions.RayActorError as exc:
             raise ServeFailed(f"the front door (HAProxy on {host}:{config.http.port}) did not "
                               f"start: {exc}; is the port free?") from None
-        served = Served(config, _url(host, config.http.port), plans, started_ray=started,
-                        front=front)
+        served = Served(config, _url(host, config.http.port) + config.http.route_prefix.rstrip("/"),
+                        plans, started_ray=started, front=front)
         _wait_ready(served, timeout_s)
     except BaseException:
         if front is not None:

@@ -44,13 +44,16 @@ class _Section(BaseModel):
 
 
 class HTTPConfig(_Section):
-    """Where Ray Serve's HTTP proxy listens."""
+    """Where the front door (HAProxy) listens."""
 
     host: str = "127.0.0.1"
-    """Address to bind. The default is loopback only; anything else exposes the models to the
-    network, with no authentication."""
+    """Address to bind (the replicas' own ports bind it too). The default is loopback only;
+    anything else exposes the models to the network, with no authentication."""
     port: int = Field(8000, ge=1, le=65535)
-    """TCP port of the HTTP proxy."""
+    """TCP port of the front door."""
+    route_prefix: str = Field("/", pattern=r"^/([A-Za-z0-9._~-]+(/[A-Za-z0-9._~-]+)*)?$")
+    """Path every endpoint lives under, e.g. ``/digits`` -> ``/digits/v1/models/<m>/predict``
+    (and the OpenAI client's ``base_url`` ``.../digits/v1``)."""
 
 
 class LimitsConfig(_Section):

@@ -95,6 +95,7 @@ class FrontPlan:
     max_body_bytes: int
     check_inter_ms: int = 500
     client_timeout_s: float = 10.0
+    route_prefix: str = "/"  # every client path starts with it
     fallbacks: dict[str, list[str]] = field(default_factory=dict)  # model -> chain after it
     # Models whose requests go to the gateway (over Serve handles) instead of straight to
     # their replicas: the autoscaled ones, since Ray Serve 2.60's autoscaler does not count
@@ -146,12 +147,14 @@ def render_config(plan: FrontPlan, servers: dict[str, list[Server]], admin_socke
         f"    bind {bind}",
     ]
     lines = [line for line in lines if line]
+    root = plan.route_prefix.rstrip("/")  # the handlers see paths without it (header below)
     for model in sorted(plan.models, key=len, reverse=True):
         if model in plan.via_gateway:
             continue
         acl = backend_name(model)
-        lines.append(f"    acl is_{acl} path_beg /v1/models/{model}/ /v2/models/{model}/")
-        lines.append(f"    acl is_{acl} path /v1/models/{model} /v2/models/{model}")
+        lines.append(f"    acl is_{acl} path_beg {root}/v1/models/{model}/ "
+                     f"{root}/v2/models/{model}/")
+        lines.append(f"    acl is_{acl} path {root}/v1/models/{model} {root}/v2/models/{model}")
         lines.append(f"    use_backend {acl} if is_{acl} METH_POST")
     lines.append("    default_backend gateway")
     # A refused or reset connection (a dead replica) marks a server down at once (observe
@@ -168,7 +171,7 @@ def render_config(plan: FrontPlan, servers: dict[str, list[Server]], admin_socke
                   # "safe": a request that opens a client connection never rides an idle
                   # server connection that may have died (such a request cannot be retried)
                   "    http-reuse safe",
-                  f"    http-request set-header {PATH_HEADER} %[path]",
+                  _client_path_header(root),
                   f"    http-request set-path {deepest}%[path]",
                   check]
         for app in apps:
@@ -179,12 +182,22 @@ def render_config(plan: FrontPlan, servers: dict[str, list[Server]], admin_socke
     lines += ["backend gateway",
               "    option httpchk GET /-/healthz",
               "    http-reuse always",
-              f"    http-request set-header {PATH_HEADER} %[path]",
+              _client_path_header(root),
               f"    http-request set-path {app_prefix(plan.app)}%[path]",
               check]
     for s in gateway:
         lines.append(f"    server {s.name} {s.host}:{s.port}")
     return "\n".join(lines) + "\n"
+
+
+def _client_path_header(root: str) -> str:
+    """The header carrying the client's path, less the route prefix (a path outside the
+    prefix keeps a marker, so the gateway answers it 404)."""
+    if not root:
+        return f"    http-request set-header {PATH_HEADER} %[path]"
+    inside = f"{{ path {root} }} || {{ path_beg {root}/ }}"
+    return (f"    http-request set-header {PATH_HEADER} /outside-the-route-prefix%[path]\n"
+            f"    http-request set-header {PATH_HEADER} %[path,regsub(^{root},)] if {inside}")
 
 
 def haproxy_binary() -> str:
