@@ -1,43 +1,60 @@
-"""Serving benchmark: dynamic batching on vs off, and what the HTTP path costs.
+"""Serving benchmark: hetflow against plain Ray Serve (fastest mode and defaults), side by side.
 
-    .venv/bin/python benchmarks/serving.py            # about 4-6 minutes on 2 cores
-    .venv/bin/python benchmarks/serving.py --quick    # shorter steps, noisier
-    python benchmarks/serving.py --device gpu --address auto   # replicas on a hetflow GPU node
+    apt-get install -y hey                    # the external closed-loop client (Debian)
+    .venv/bin/python benchmarks/serving.py            # about 6-8 minutes on 2 cores
+    .venv/bin/python benchmarks/serving.py --quick    # 3 rounds of 3 s, a short sweep
 
-One local Ray cluster, one Serve application with the digits MLP (hidden [128, 128], the
-network of examples/serve_digits.yaml; its weights do not change the cost, so they are the
-untrained initial ones) deployed twice on one CPU replica each: ``batched`` (the default
-batching: up to 32 rows, 2 ms wait) and ``unbatched`` (batching off); and the same pair for a
-wide MLP [4096, 4096, 4096] (batches of up to 16 rows), whose forward pass costs about as much
-as Serve's own per-request work. In the same run:
+Three servers, each in its own process with its own local Ray (2 CPUs) - Serve's mode is a
+cluster-wide setting - all up at once, serving the same model (the digits MLP 64-128-128-10,
+``@serve.batch`` of up to 32 rows with a 2 ms wait, 2 replicas x 0.5 CPU, one torch thread):
 
-1. a rate sweep per model with the open-loop load generator (Poisson arrivals, bounded count
-   and time, loopback): the highest offered rate whose P99 stays at or under 80 ms with no
-   errors; ``batched_over_unbatched`` in the RESULT line is the digits pair's ratio (the
-   served example's model; the wide pair's ratio is printed on the line before);
-2. single-request latency, one request at a time: the model called directly in this process,
-   through a Serve handle (no HTTP), and over HTTP (proxy -> gateway -> replica);
-   ``http_overhead_ms`` = HTTP P50 - direct P50.
+* ``hetflow``: ``hetflow serve``'s path (``deploy``): its front door (HAProxy) -> the model
+  replica, which checks the input, batches, counts metrics; fallback and retries configured.
+  URL ``/v1/models/digits/predict``.
+* ``serve_fastest``: one plain ingress deployment, ``RAY_SERVE_ENABLE_HA_PROXY=1`` +
+  ``RAY_SERVE_THROUGHPUT_OPTIMIZED=1`` (Serve's HAProxy in front of the replicas' own ports).
+* ``serve_default``: the same deployment with Serve's defaults (the Python HTTP proxy).
 
-Last line: ``RESULT batched_over_unbatched=<x> best_rate_p99_80ms=<x> http_overhead_ms=<x>``
-(best_rate = the batched model's rate). The machine's load average is printed: on a shared
-2-core host the tails move with whatever else runs.
+The external client `hey` (closed loop: N workers, each sends the next request when the last
+is answered) runs against the three in turn, round after round (interleaved, so a burst of
+load from the rest of a shared machine hits all three alike), at 16 and at 1 concurrent;
+each figure is the median over the rounds. Then hetflow's own open-loop sweep
+(`hetflow bench serve --sweep`: Poisson arrivals, the highest rate with P99 <= 80 ms and no
+errors) on the hetflow server, and the heavy-model batching figure: a wide MLP
+[4096, 4096, 4096] (6 ms a forward pass at one row) served by hetflow batched (16 rows) and
+unbatched, one replica each, req/s at 16 concurrent with `hey`.
+
+Last line:
+``RESULT hetflow_over_serve_fastest=<x> hetflow_rps=<x> serve_fastest_rps=<x>
+serve_default_rps=<x> best_rate_p99_80ms=<x> batched_over_unbatched_heavy=<x>``
+(req/s at 16 concurrent; the ratio is hetflow's over Serve's fastest).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import re
+import shutil
 import socket
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
-os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-
-P99_TARGET_MS = 80.0
 HIDDEN = [128, 128]
-WIDE = [4096, 4096, 4096]  # 34M parameters: 6 ms per forward pass at 1 row, 20 ms at 16, 1 core
+WIDE = [4096, 4096, 4096]
+REPLICAS, CPUS_PER_REPLICA, CLUSTER_CPUS = 2, 0.5, 2
+MAX_BATCH, WAIT_S = 32, 0.002
+P99_TARGET_MS = 80.0
+SERVED = None
+SRC = Path(__file__).resolve().parents[1] / "src"
+sys.path.insert(0, str(SRC))  # this checkout's hetflow, here and in every Ray worker (below)
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [str(SRC)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
 
 
 def _free_port() -> int:
@@ -46,127 +63,244 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _p50(samples_ms: list[float]) -> float:
-    return statistics.median(samples_ms)
+# --- the servers (each in its own process: python benchmarks/serving.py --serve MODE) --------
 
 
-def _timed(fn, count: int) -> list[float]:
-    out = []
-    for _ in range(count):
-        t0 = time.perf_counter()
-        fn()
-        out.append((time.perf_counter() - t0) * 1000.0)
-    return out
+def _serve_plain(port: int) -> str:
+    import numpy as np
+    import torch
+    from ray import serve
+    from starlette.requests import Request
+
+    serve.start(http_options={"host": "127.0.0.1", "port": port}, proxy_location="HeadOnly")
+
+    @serve.deployment(num_replicas=REPLICAS, ray_actor_options={"num_cpus": CPUS_PER_REPLICA},
+                      max_ongoing_requests=2 * MAX_BATCH,
+                      logging_config={"enable_access_log": False})
+    class Plain:
+        def __init__(self) -> None:
+            from hetflow.workloads.train.models import build_model
+            from hetflow.workloads.train.config import config_from_dict
+
+            torch.set_num_threads(1)
+            self.model = build_model(config_from_dict(
+                {"model": {"kind": "mlp", "hidden": HIDDEN}})).eval()
+
+        @serve.batch(max_batch_size=MAX_BATCH, batch_wait_timeout_s=WAIT_S)
+        async def run(self, rows: list[np.ndarray]) -> list[dict]:
+            with torch.inference_mode():
+                out = self.model(torch.from_numpy(np.concatenate(rows))).argmax(-1).tolist()
+            return [{"predictions": [label]} for label in out]
+
+        async def __call__(self, request: Request) -> dict:
+            body = await request.json()
+            return await self.run(np.asarray(body["inputs"], dtype=np.float32))
+
+    serve.run(Plain.bind(), name="plain", route_prefix="/")
+    return f"http://127.0.0.1:{port}/"
+
+
+def _serve_hetflow(port: int, heavy: bool) -> str:
+    from hetflow.workloads.serve.app import deploy
+    from hetflow.workloads.serve.config import serve_config_from_dict
+
+    def model(name: str, hidden: list[int], **kw) -> dict:
+        return {"name": name, "weights": "random", "device": "cpu",
+                "train": {"model": {"kind": "mlp", "hidden": hidden}}, **kw}
+
+    if heavy:
+        models = [model("wide-batched", WIDE, replicas=1, cpus_per_replica=1,
+                        batching={"max_batch_size": 16, "batch_wait_timeout_s": WAIT_S}),
+                  model("wide-unbatched", WIDE, replicas=1, cpus_per_replica=1,
+                        batching={"enabled": False})]
+    else:
+        models = [model("digits", HIDDEN, replicas=REPLICAS, cpus_per_replica=CPUS_PER_REPLICA,
+                        fallback="digits-small",
+                        batching={"max_batch_size": MAX_BATCH, "batch_wait_timeout_s": WAIT_S}),
+                  model("digits-small", [16], replicas=1, cpus_per_replica=0)]
+    global SERVED  # keep the deployment (and its front door's handle) alive
+    SERVED = deploy(serve_config_from_dict({"name": "bench", "http": {"port": port},
+                                            "models": models}))
+    return SERVED.url + "/v1/models/"
+
+
+def serve_main(mode: str, port: int) -> int:
+    """Start one server, print ``URL <url>``, serve until stdin closes."""
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    if mode == "serve_fastest":
+        os.environ.update(RAY_SERVE_ENABLE_HA_PROXY="1", RAY_SERVE_THROUGHPUT_OPTIMIZED="1")
+    elif mode.startswith("hetflow"):
+        from hetflow.workloads.serve.front import FAST_ENV
+
+        os.environ.update(FAST_ENV)
+    import ray
+
+    ray.init(address="local", num_cpus=CLUSTER_CPUS, include_dashboard=False,
+             log_to_driver=False, configure_logging=False)
+    url = _serve_plain(port) if mode.startswith("serve_") else \
+        _serve_hetflow(port, heavy=mode == "hetflow_heavy")
+    print(f"URL {url}", flush=True)
+    sys.stdin.read()
+    from ray import serve
+
+    serve.shutdown()  # stops Serve's HAProxy too (killed with Ray, it would outlive it)
+    ray.shutdown()
+    os._exit(0)  # Serve handles leave native threads; see RAY-NOTES
+
+
+# --- the driver ------------------------------------------------------------------------------
+
+
+class Server:
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        self.log = tempfile.NamedTemporaryFile(prefix=f"bench-{mode}-", suffix=".log",
+                                               delete=False)
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "--serve", mode, "--port", str(_free_port())],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True)
+        self.url = ""
+
+    def wait(self, timeout_s: float = 400) -> str:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if line.startswith("URL "):
+                self.url = line.split()[1]
+                return self.url
+            if not line and self.proc.poll() is not None:
+                break
+        raise RuntimeError(f"{self.mode} did not start; see {self.log.name}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def hey(url: str, body: Path, concurrency: int, seconds: float) -> dict:
+    """One closed-loop run of `hey`: req/s, p50, p99 (ms) and non-200 answers."""
+    out = subprocess.run(
+        ["hey", "-z", f"{seconds}s", "-c", str(concurrency), "-m", "POST",
+         "-T", "application/json", "-D", str(body), url],
+        capture_output=True, text=True, timeout=seconds + 120).stdout
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+
+    def pct(p: str) -> float:
+        m = re.search(rf"{p}% in ([\d.]+) secs", out)
+        return float(m.group(1)) * 1000 if m else float("nan")
+
+    codes = {int(c): int(n) for c, n in re.findall(r"\[(\d{3})\]\s+(\d+) responses", out)}
+    errors = sum(n for c, n in codes.items() if c != 200)
+    errors += sum(int(n) for n in re.findall(r"^\s+\[(\d+)\]\s+(?:Get|Post)", out, re.M))
+    return {"rps": rps, "p50": pct(50), "p99": pct(99), "non200": errors,
+            "ok": codes.get(200, 0)}
+
+
+def _median(runs: list[dict], key: str) -> float:
+    return statistics.median(r[key] for r in runs)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="shorter sweep steps")
-    parser.add_argument("--cpus", type=int, default=4, help="logical CPUs of the local Ray")
-    parser.add_argument("--digits-only", action="store_true",
-                        help="skip the wide model (half the time)")
-    parser.add_argument("--device", choices=["cpu", "gpu"], default="cpu",
-                        help="where the replicas compute (gpu: they share the node's device by "
-                             "memory, as hetflow's planner places them)")
-    parser.add_argument("--address", help="join this Ray cluster (e.g. `auto` after "
-                                          "`hetflow node start`) instead of a local one")
+    parser.add_argument("--quick", action="store_true", help="3 rounds of 3 s, short sweep")
+    parser.add_argument("--rounds", type=int, help="interleaved rounds (default 5, quick 3)")
+    parser.add_argument("--seconds", type=float, help="seconds per hey run (default 6)")
+    parser.add_argument("--serve", help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    step_s, min_requests = (3.0, 60) if args.quick else (5.0, 150)
+    if args.serve:
+        return serve_main(args.serve, args.port)
+    if shutil.which("hey") is None:
+        print("benchmarks/serving.py needs the `hey` HTTP load generator: apt-get install -y hey",
+              file=sys.stderr)
+        return 2
+    rounds = args.rounds or (3 if args.quick else 5)
+    seconds = args.seconds or (3.0 if args.quick else 6.0)
 
-    import numpy as np
-    import ray
-    import requests
-    from ray import serve
-
-    from hetflow.workloads.serve.app import deploy
-    from hetflow.workloads.serve.config import serve_config_from_dict
-    from hetflow.workloads.serve.inference import ReplicaSpec, build_runner
     from hetflow.workloads.serve.loadgen import digits_bodies, sweep
 
-    if args.address:
-        ray.init(address=args.address, log_to_driver=False)
-    else:
-        ray.init(address="local", num_cpus=args.cpus, include_dashboard=False,
-                 log_to_driver=False)
-    train = {"model": {"kind": "mlp", "hidden": HIDDEN}}
-    model = lambda name, batching, hidden=HIDDEN, rows=32: {  # noqa: E731
-        "name": name, "weights": "random", "train": {"model": {"kind": "mlp", "hidden": hidden}},
-        "device": args.device, "replicas": 1,
-        "batching": {"enabled": batching, "max_batch_size": rows}}
-    pairs = [("unbatched", "batched")]
-    models = [model("batched", True), model("unbatched", False)]
-    if not args.digits_only:
-        # A model whose forward pass costs about as much as Serve's per-request work.
-        models += [model("wide-batched", True, WIDE, 16), model("wide-unbatched", False, WIDE)]
-        pairs.append(("wide-unbatched", "wide-batched"))
-    config = serve_config_from_dict({
-        "name": "bench", "http": {"port": _free_port()}, "models": models})
-    served = deploy(config)
+    work = Path(tempfile.mkdtemp(prefix="bench-serving-"))
+    body = work / "digits.json"
+    body.write_bytes(digits_bodies(rows=1, count=1)[0])
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    print(f"model: digits MLP hidden {HIDDEN}, 1 {args.device.upper()} replica each; batched: up to "
-          f"{config.models[0].batching.max_batch_size} rows, "
-          f"{config.models[0].batching.batch_wait_timeout_s * 1000:g} ms wait")
-    for name, plan in served.plans.items():
-        infos = served.replica_infos(name, calls=2)
-        seen = sorted({f"{i['device']} CUDA_VISIBLE_DEVICES={i['visible']['CUDA_VISIBLE_DEVICES']}"
-                       for i in infos})
-        print(f"  {name}: {'; '.join(g.describe() for g in plan.groups)} -> {', '.join(seen)}")
-    bodies = digits_bodies(rows=1, count=64)
+    print(f"model: digits MLP 64-{'-'.join(map(str, HIDDEN))}-10, {REPLICAS} replicas x "
+          f"{CPUS_PER_REPLICA} CPU, @serve.batch {MAX_BATCH} rows / {WAIT_S * 1000:g} ms, "
+          f"each server its own Ray ({CLUSTER_CPUS} CPUs); client hey, {rounds} interleaved "
+          f"rounds of {seconds:g} s per figure")
+    modes = ["hetflow", "serve_fastest", "serve_default"]
+    servers: dict[str, Server] = {}
+    results: dict[str, dict[int, list[dict]]] = {m: {16: [], 1: []} for m in modes}
     try:
-        # --- 2. single-request latency (first: the sweeps leave queues and caches warm) -----
-        runner = build_runner(ReplicaSpec("direct", {"model": train["model"]}, None, "fp32",
-                                            args.device))
-        row = np.asarray([[0.5] * 64], dtype=np.float32)
-        direct = _timed(lambda: runner.predict(row), 300)
-        print(f"direct calls compute on {runner.device}")
-        # On hetflow devices a model is one deployment per device it uses: take the first.
-        handle = serve.get_deployment_handle(served.plans["unbatched"].groups[0].deployment,
-                                             "bench")
-        _timed(lambda: handle.predict.remote(row).result(), 20)
-        via_handle = _timed(lambda: handle.predict.remote(row).result(), 200)
-        session = requests.Session()
-        url = served.url + "/v1/models/unbatched/predict"
-        post = lambda: session.post(url, data=bodies[0],  # noqa: E731
-                                    headers={"content-type": "application/json"}).raise_for_status()
-        _timed(post, 20)
-        via_http = _timed(post, 200)
-        batched_url = served.url + "/v1/models/batched/predict"
-        post_b = lambda: session.post(batched_url, data=bodies[0],  # noqa: E731
-                                      headers={"content-type": "application/json"}).raise_for_status()
-        _timed(post_b, 20)
-        via_http_batched = _timed(post_b, 200)
-        print("single requests, one at a time (P50 / P90 ms):")
-        for label, xs in (("model called directly", direct), ("Serve handle (no HTTP)", via_handle),
-                          ("HTTP, batching off", via_http), ("HTTP, batching on", via_http_batched)):
-            print(f"  {label:24s} {_p50(xs):7.2f} / {np.percentile(xs, 90):7.2f}")
-        overhead = _p50(via_http) - _p50(direct)
-
-        # --- 1. rate sweeps -----------------------------------------------------------------
-        best = {}
-        for name in [n for pair in pairs for n in pair]:
-            print(f"sweep {name} (P99 target {P99_TARGET_MS:g} ms):")
-            result = sweep(served.url + f"/v1/models/{name}/predict", bodies,
-                           p99_target_ms=P99_TARGET_MS, start_rate=15.0, factor=1.4,
-                           max_rate=1000.0, refine=2, duration_s=step_s, max_requests=5000,
-                           min_requests=min_requests, timeout_s=10.0,
-                           on_step=lambda r: print("  " + r.line(), flush=True))
-            best[name] = result.best_rate or 0.0
-            print(f"  -> highest rate with P99 <= {P99_TARGET_MS:g} ms: {best[name]:.1f} req/s")
+        urls = {}
+        for m in modes:  # one at a time: three Rays starting at once overload 2 cores
+            servers[m] = Server(m)
+            urls[m] = servers[m].wait()
+        urls["hetflow"] += "digits/predict"
+        for m in modes:  # warm up: connections, replicas' first batches
+            hey(urls[m], body, 16, 1.5)
+        for r in range(rounds):
+            order = modes[r % 3:] + modes[:r % 3]
+            for concurrency in (16, 1):
+                for m in order:
+                    results[m][concurrency].append(hey(urls[m], body, concurrency, seconds))
+            print(f"round {r + 1}: " + "  ".join(
+                f"{m} {results[m][16][-1]['rps']:.0f}/s" for m in modes), flush=True)
+        print(f"\n{'server':<15} {'16 conc req/s':>13} {'p50 ms':>7} {'p99 ms':>7} "
+              f"{'1 conc req/s':>12} {'p50 ms':>7}  non-200")
+        for m in modes:
+            a, b = results[m][16], results[m][1]
+            print(f"{m:<15} {_median(a, 'rps'):>13.0f} {_median(a, 'p50'):>7.1f} "
+                  f"{_median(a, 'p99'):>7.1f} {_median(b, 'rps'):>12.0f} {_median(b, 'p50'):>7.1f}"
+                  f"  {sum(x['non200'] for x in a + b)}")
+        for m in modes:
+            print(f"  {m} req/s at 16, every round: "
+                  + ", ".join(f"{x['rps']:.0f}" for x in results[m][16]))
+        servers["serve_fastest"].stop()
+        servers["serve_default"].stop()
+        step_s = 3.0 if args.quick else 5.0
+        best = sweep(urls["hetflow"], digits_bodies(rows=1, count=64),
+                     p99_target_ms=P99_TARGET_MS, start_rate=100.0, max_rate=3000.0,
+                     duration_s=step_s, max_requests=20_000, timeout_s=10.0, min_requests=150,
+                     refine=1 if args.quick else 2,
+                     on_step=lambda s: print(f"  sweep: {s.line()}", flush=True))
+        best_rate = best.best_rate or 0.0
+        print(f"hetflow open-loop: highest rate with P99 <= {P99_TARGET_MS:g} ms: "
+              f"{best_rate:.1f} req/s")
     finally:
-        served.shutdown()
-        serve.shutdown()
-        ray.shutdown()
+        for s in servers.values():
+            s.stop()
+
+    heavy = Server("hetflow_heavy")
+    try:
+        base = heavy.wait()
+        wide_body = work / "wide.json"
+        wide_body.write_text(json.dumps({"inputs": [[0.5] * 64]}))
+        heavy_runs: dict[str, list[dict]] = {"wide-batched": [], "wide-unbatched": []}
+        for name in heavy_runs:
+            hey(base + f"{name}/predict", wide_body, 16, 1.5)
+        for r in range(max(2, rounds - 2)):
+            for name in (list(heavy_runs) if r % 2 == 0 else list(heavy_runs)[::-1]):
+                heavy_runs[name].append(hey(base + f"{name}/predict", wide_body, 16, seconds))
+        batched = _median(heavy_runs["wide-batched"], "rps")
+        unbatched = _median(heavy_runs["wide-unbatched"], "rps")
+        print(f"wide MLP {WIDE}, 1 replica x 1 CPU, 16 concurrent: batched (16 rows) "
+              f"{batched:.1f} req/s (p99 {_median(heavy_runs['wide-batched'], 'p99'):.0f} ms), "
+              f"unbatched {unbatched:.1f} req/s "
+              f"(p99 {_median(heavy_runs['wide-unbatched'], 'p99'):.0f} ms)")
+    finally:
+        heavy.stop()
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    if not args.digits_only:
-        wide = (best["wide-batched"] / best["wide-unbatched"] if best["wide-unbatched"]
-                else float("inf"))
-        print(f"wide MLP {WIDE}: batched {best['wide-batched']:.1f} req/s, unbatched "
-              f"{best['wide-unbatched']:.1f} req/s, ratio {wide:.2f}")
-    print(f"digits MLP {HIDDEN}: batched {best['batched']:.1f} req/s, unbatched "
-          f"{best['unbatched']:.1f} req/s")
-    ratio = best["batched"] / best["unbatched"] if best["unbatched"] else float("inf")
-    print(f"RESULT batched_over_unbatched={ratio:.2f} best_rate_p99_80ms={best['batched']:.1f} "
-          f"http_overhead_ms={overhead:.2f}")
+    h = _median(results["hetflow"][16], "rps")
+    f = _median(results["serve_fastest"][16], "rps")
+    d = _median(results["serve_default"][16], "rps")
+    print(f"RESULT hetflow_over_serve_fastest={h / f:.3f} hetflow_rps={h:.0f} "
+          f"serve_fastest_rps={f:.0f} serve_default_rps={d:.0f} best_rate_p99_80ms="
+          f"{best_rate:.1f} batched_over_unbatched_heavy={batched / unbatched:.2f}")
     return 0
 
 

@@ -21,8 +21,8 @@
 #  5. node     `hetflow node start`: this host as a hetflow node (devices as hetflow resources)
 #  6. workflow `hetflow run examples/digits_gpu.yaml --address auto`: train on a GPU rank bound by
 #              hetflow, export bf16, two bf16 replicas sharing the GPU, a load test
-#  7. serving  benchmarks/serving.py --device gpu --address auto --quick (batched vs unbatched;
-#              SERVING_ARGS replaces --quick)
+#  7. serving  benchmarks/serving.py --quick (hetflow vs plain Ray Serve fastest/default, with
+#              `hey`: apt-get install -y hey; SERVING_ARGS replaces --quick)
 #  8. sampler  scripts/gpu_sampler_check.py: the metrics sampler (NVML/amdsmi) sees work we start
 #  9. metrics  `hetflow top --once` on the node: its agents' device readings through Ray's KV
 # 10. tune     `hetflow tune` (random + ASHA, 8 trials) with trials sharing the GPU by memory
@@ -171,7 +171,7 @@ step tests 120 bash -c "$(declare -f unit_tests); PYTHON=$PYTHON unit_tests"
 step train 150 env PYTHON="$PYTHON" STEPS=200 scripts/gpu_check.sh
 step node 60 bash -c "$(declare -f node); node"
 step workflow 180 bash -c "$(declare -f workflow); OUT=$OUT REC=$REC workflow"
-step serving 300 "$PYTHON" benchmarks/serving.py --device gpu --address auto ${SERVING_ARGS:---quick}
+step serving 300 "$PYTHON" benchmarks/serving.py ${SERVING_ARGS:---quick}
 step sampler 40 "$PYTHON" scripts/gpu_sampler_check.py
 step metrics 60 bash -c "hetflow top --once --address auto && hetflow top --once --json --address auto > $REC/top.json"
 step tune 200 bash -c "$(declare -f tune_gpu); PYTHON=$PYTHON tune_gpu"

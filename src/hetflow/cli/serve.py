@@ -3,12 +3,16 @@ Ray Serve, and load-test them.
 
     hetflow serve examples/serve_digits.yaml            # until Ctrl-C
     hetflow serve examples/serve_digits.yaml --port 8100 --address auto
+    hetflow serve examples/serve_digits.yaml --dry-run  # what would be placed and started
+    hetflow serve examples/serve_digits.yaml --address auto --detach   # then --stop
     hetflow bench serve --url http://127.0.0.1:8000/v1/models/digits/predict --rate 50
     hetflow bench serve --url http://127.0.0.1:8000/v1/models/digits/predict --sweep
 
 ``serve`` trains a model first when its checkpoint is missing and ``train_if_missing`` is set,
-plans the replicas (memory-aware, on the devices hetflow manages), deploys, prints the URL and
-the placement, and keeps serving until interrupted. ``bench serve`` is an open-loop load
+plans the replicas (memory-aware, on the devices hetflow manages), deploys (one Serve
+application per replica group with the model replica as ingress, a gateway, and the HAProxy
+front door), prints ``ready`` once every model's replicas are routed, and keeps serving until
+interrupted (or exits at once with ``--detach``). ``bench serve`` is an open-loop load
 generator (Poisson arrivals) bounded in requests and time, loopback only; it prints P50/P95/P99
 latency, achieved QPS and errors, and with ``--sweep`` the highest rate whose P99 stays at or
 under ``--p99-ms``. Exit codes: 0 done, 2 bad config or arguments, 3 replicas cannot be
@@ -40,6 +44,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--duration", type=float, metavar="S",
                    help="stop after S seconds (default: serve until interrupted)")
     p.add_argument("--json", action="store_true", help="print the deployment as JSON")
+    p.add_argument("--dry-run", action="store_true",
+                   help="plan and print what would be placed and started, then exit (nothing "
+                        "is deployed or trained)")
+    p.add_argument("--detach", action="store_true",
+                   help="deploy, print, and exit leaving it serving (needs a running Ray: "
+                        "--address or ray_address); stop it with --stop")
+    p.add_argument("--stop", action="store_true",
+                   help="stop a detached deployment of CONFIG on the cluster (--address)")
     p.set_defaults(func=run_serve)
 
     bench = sub.add_parser("bench", help="benchmarks of running services",
@@ -92,23 +104,22 @@ def run_serve(args: argparse.Namespace) -> int:
     if overrides:
         config = config.with_overrides(**overrides)
 
+    if args.dry_run or args.stop:
+        return _plan_or_stop(config, args)
+    if args.detach and not config.ray_address:
+        raise InputError("--detach needs a running Ray cluster (--address auto, or ray_address "
+                         "in the file): an embedded one stops with this command")
+
     from hetflow.workloads.serve.app import deploy
 
     served = deploy(config)
+    if args.detach:
+        _print(served, args)
+        print(f"detached; stop with: hetflow serve {args.config} --stop --address "
+              f"{config.ray_address}")
+        return 0
     try:
-        if args.json:
-            json.dump(describe(served), sys.stdout, indent=2)
-            sys.stdout.write("\n")
-        else:
-            print(f"serving {config.name} at {served.url}")
-            for name, mp in served.plans.items():
-                fallback = f", fallback {mp.entry.fallback}" if mp.entry.fallback else ""
-                print(f"  {name}: {mp.entry.precision}, input {mp.input.description}{fallback}")
-                for group in mp.groups:
-                    print(f"    {group.describe()}")
-            print(f"  POST {served.url}/v1/models/<name>/predict  {{\"inputs\": [[...], ...]}}")
-            print(f"  GET  {served.url}/health  {served.url}/metrics")
-        sys.stdout.flush()
+        _print(served, args)
         _wait(args.duration)
     except KeyboardInterrupt:
         pass
@@ -119,6 +130,61 @@ def run_serve(args: argparse.Namespace) -> int:
 
             ray.shutdown()
     return 0
+
+
+def _print(served: Any, args: argparse.Namespace) -> None:
+    config = served.config
+    if args.json:
+        json.dump(describe(served), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print(f"ready: serving {config.name} at {served.url} (every model has a running "
+              "replica the front door routes to)")
+        for name, mp in served.plans.items():
+            fallback = f", fallback {mp.entry.fallback}" if mp.entry.fallback else ""
+            print(f"  {name}: {mp.entry.precision}, input {mp.input.description}{fallback}")
+            for group in mp.groups:
+                print(f"    {group.describe()}")
+        print(f"  POST {served.url}/v1/models/<name>/predict  {{\"inputs\": [[...], ...]}}")
+        print(f"  POST {served.url}/v2/models/<name>/infer    (KServe v2)")
+        if any(mp.generative for mp in served.plans.values()):
+            print(f"  POST {served.url}/v1/completions            (OpenAI, stream: true)")
+        print(f"  GET  {served.url}/health  {served.url}/metrics")
+    sys.stdout.flush()
+
+
+def _plan_or_stop(config: Any, args: argparse.Namespace) -> int:
+    import ray
+
+    from hetflow.workloads.serve.app import connect_ray, describe_plan, plan_models, stop
+
+    started = connect_ray(config.ray_address)
+    try:
+        if args.stop:
+            apps = stop(config)
+            print(f"stopped {config.name}: {', '.join(apps) or 'nothing was running'}")
+            return 0
+        plan = describe_plan(config, plan_models(config, dry_run=True))
+        if args.json:
+            print(json.dumps(plan, indent=2))
+            return 0
+        print(f"would serve {config.name} at {plan['front_door']['url']} (front door: HAProxy)")
+        for app in plan["applications"]:
+            where = f" on {app['device'] or app.get('compute', 'cpu').upper()}" \
+                if app["ingress"] == "ModelServer" else ""
+            count = app["replicas"] if app["replicas"] is not None else \
+                f"{app['autoscaling']['min_replicas']}-{app['autoscaling']['max_replicas']}"
+            path = f", {app['path']} path" if "path" in app else ""
+            print(f"  application {app['name']} ({app['route_prefix']}): {app['ingress']} x "
+                  f"{count}{where}{path}")
+        for name, m in plan["models"].items():
+            print(f"  {name}: {m['precision']}, input {m['input']}, "
+                  f"{m['memory_bytes'] / 2**20:.0f} MiB per replica"
+                  + (f", fallback {m['fallback']}" if m["fallback"] else ""))
+        return 0
+    finally:
+        if started:
+            ray.shutdown()
 
 
 def _wait(duration: float | None) -> None:

@@ -102,6 +102,10 @@ def ray_session(spec: WorkflowSpec, address: str | None) -> Iterator[bool]:
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     import ray
 
+    from hetflow.workloads.serve.front import FAST_ENV
+
+    for key, value in FAST_ENV.items():  # Serve's direct ingress, for the serve stage
+        os.environ.setdefault(key, value)
     address = address or spec.ray.address
     started = False
     if not ray.is_initialized():

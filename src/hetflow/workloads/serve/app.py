@@ -1,34 +1,34 @@
-"""The Ray Serve application: a gateway in front of batched model replicas.
+"""The Ray Serve applications of one hetflow serving config, behind one front door.
 
     from hetflow.workloads.serve.app import deploy
     from hetflow.workloads.serve.config import load_serve_config
     served = deploy(load_serve_config("examples/serve_digits.yaml"))
     print(served.url)            # http://127.0.0.1:8000
 
-Shape of the application (one Serve application, route prefix ``/``)::
+Shape (one Python process per request on the fast path, as in Ray Serve's fastest mode)::
 
-    HTTP proxy (127.0.0.1:port) -> Gateway (ingress) -> ModelReplica deployments, one per
-                                                        (model, planned device) group
+    client -> front door (HAProxy, http.host:port) -> ModelServer replica (its own HTTP port)
+                          \-- backup, /v1/predict, /health, ... -> Gateway -> ModelServer (handle)
 
-* :class:`Gateway` reads the body (bounded by ``limits.max_body_bytes``), checks it with
-  :mod:`~hetflow.workloads.serve.protocol` (bad input -> 4xx with a message, before any replica
-  sees it), and gathers concurrent requests for the same model with ``@serve.batch`` (one
-  queue per model: ``batching.max_batch_size`` rows, ``batching.batch_wait_timeout_s``). Each
-  batch goes to the least busy of the model's groups as **one** call, so batching saves the
-  gateway -> replica hop and the replica's per-request work as well as forward passes (on a
-  small model those hops cost far more than the model). An attempt whose replica died under
-  it is repeated (``gateway.retries``); while none of the model's replicas runs, the batch goes
-  along the model's ``fallback`` chain. The gateway learns which replicas run by polling
-  Serve's status every ``gateway.status_poll_s``; a batch waiting on a model that goes down
-  meanwhile is moved to the fallback rather than left waiting. It also serves ``/health``,
-  ``/metrics`` and ``/v1/models``.
-* :class:`ModelReplica` holds one :class:`~hetflow.workloads.serve.inference.ModelRunner` and
-  runs each batch it is sent in one forward pass (``predict_many``).
+* Every replica group of a model (one per planned device, :mod:`.placement`) is a Serve
+  application whose ingress is :class:`ModelServer`: with Serve's direct ingress
+  (``RAY_SERVE_THROUGHPUT_OPTIMIZED=1``) each replica serves HTTP on its own port, reads the
+  body (bounded), checks it (:mod:`.protocol`; bad input -> 4xx with a message, before the
+  model sees it), gathers concurrent requests with ``@serve.batch`` (by rows) into one forward
+  pass, and counts its metrics (sent to the front door every half second).
+* :class:`Gateway` (its own application) answers what is not one model's POST:
+  ``/v1/predict`` (the model named in the body), ``/health``, ``/metrics`` (every replica's
+  counts merged), ``/v1/models``; and it is the front door's **backup** server for every
+  model: while none of a model's replicas is up, the model's requests reach the gateway, which
+  sends them along the model's ``fallback`` chain over Serve handles (repeating an attempt
+  whose replica died, ``gateway.retries``).
+* The front door (:mod:`.front`) is HAProxy with hetflow's config: per-model backends over the
+  replicas' ports (from Serve's controller), L7 retries of requests whose replica died, the
+  gateway as backup, readiness from HAProxy's own health checks.
 
 Endpoints: ``POST /v1/models/<name>/predict``, ``POST /v1/predict``, ``GET /v1/models``,
-``GET /v1/models/<name>``, ``GET /health`` (200 ok/degraded, 503 when no model can answer),
-``GET /metrics`` (Prometheus text; ``?format=json``). Serve's own ``/-/healthz`` and
-``/-/routes`` remain.
+``GET /v1/models/<name>``, ``GET /health`` (200 ok/degraded when ready, 503 while starting or
+when no model can answer), ``GET /metrics`` (Prometheus text; ``?format=json``).
 """
 
 from __future__ import annotations
@@ -45,11 +45,20 @@ import numpy as np
 import ray
 from ray import serve
 from ray.exceptions import ActorUnavailableError, RayActorError
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 
 from hetflow.core.errors import HetflowError
+from hetflow.workloads.serve import kserve, openai_api
 from hetflow.workloads.serve.config import ServeConfig, fallback_chain
+from hetflow.workloads.serve.front import (
+    FAST_ENV,
+    PATH_HEADER,
+    FrontPlan,
+    app_prefix,
+    group_prefix,
+)
 from hetflow.workloads.serve.inference import ReplicaSpec, build_runner
 from hetflow.workloads.serve.metrics import GatewayMetrics
 from hetflow.workloads.serve.placement import ReplicaGroup
@@ -72,17 +81,173 @@ def _rows_of(requests: list[PredictRequest]) -> int:
     return sum(len(r.rows) for r in requests)
 
 
-class ModelReplica:
-    """One replica of one model: loads the weights once, answers batches of requests with one
-    forward pass each (the gateway forms the batches)."""
+@dataclass(frozen=True)
+class ServerSettings:
+    """What a model's ingress replica needs besides its weights (plain data)."""
 
-    def __init__(self, spec: ReplicaSpec, batching: dict[str, Any]) -> None:
+    app: str  # the hetflow application (its front door's name)
+    model: str
+    input: InputSpec
+    batching: dict[str, Any]  # BatchingConfig, as a dict
+    max_body_bytes: int
+    max_rows: int
+
+
+async def read_body(request: Request, limit: int, json_only: bool = True) -> bytes:
+    """The body, refused with 413 over ``limit`` (declared or streamed) and 415 when it is
+    not JSON (``json_only``)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise RequestError(413, f"the body is {declared} bytes, more than the limit of "
+                                f"{limit}; send fewer rows per request")
+    media = request.headers.get("content-type", JSON).split(";")[0].strip().lower()
+    if json_only and media not in (JSON, "", "text/json") and not media.endswith("+json"):
+        raise RequestError(415, f"content-type {media} is not JSON; send application/json")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise RequestError(413, f"the body is more than the limit of {limit} bytes; "
+                                    "send fewer rows per request")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def client_path(request: Request) -> str:
+    """The path the client asked for (the front door rewrites the path to Serve's internal
+    route prefix and keeps the client's in a header)."""
+    return (request.headers.get(PATH_HEADER) or request.url.path).rstrip("/") or "/"
+
+
+class _MetricsReporter:
+    """Sends a replica's cumulative metrics to the front door every half second, when they
+    changed (one small actor call, off the request path)."""
+
+    def __init__(self, app: str, source: str, metrics: GatewayMetrics) -> None:
+        self.app, self.source, self.metrics = app, source, metrics
+        self.version = 0  # bumped by the owner on every change
+        self._sent = -1
+        self._task: asyncio.Task | None = None
+        self._front: Any = None
+
+    def changed(self) -> None:
+        self.version += 1
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._loop())
+
+    async def _loop(self) -> None:
+        while self._sent != self.version:
+            await asyncio.sleep(0.5)
+            version = self.version
+            try:
+                if self._front is None:
+                    self._front = ray.get_actor(front_name(self.app), namespace="serve")
+                await self._front.report.remote(self.source, self.metrics)
+                self._sent = version
+            except Exception:  # noqa: BLE001 - the front door may be starting; next time
+                self._front = None
+                await asyncio.sleep(1.0)
+
+
+class ModelServer:
+    """One replica of one model, and the ingress of its own Serve application: it answers
+    HTTP itself (the front door sends it the model's POSTs), checks the input, batches
+    concurrent requests (``@serve.batch``, by rows) into one forward pass, and counts."""
+
+    def __init__(self, spec: ReplicaSpec, settings: ServerSettings) -> None:
         self.spec = spec
+        self.settings = settings
         self.runner = build_runner(spec)
-        self.batching = bool(batching["enabled"])
         context = serve.get_replica_context()
         self.replica = context.replica_id.unique_id
         self.deployment = context.deployment
+        self.metrics = GatewayMetrics()
+        self.reporter = _MetricsReporter(settings.app, self.replica, self.metrics)
+        self.specs = {settings.model: settings.input}
+        b = settings.batching
+        self.batching = bool(b["enabled"])
+        self.max_batch = int(b["max_batch_size"])
+        self._batcher = None
+        if self.batching:
+            self._batcher = serve.batch(
+                max_batch_size=self.max_batch, batch_wait_timeout_s=float(b["batch_wait_timeout_s"]),
+                max_concurrent_batches=1, batch_size_fn=_rows_of)(self._run_batch)
+
+    async def _run_batch(self, requests: list[PredictRequest]) -> list[dict[str, Any]]:
+        return self.predict_many([r.rows for r in requests], [r.probabilities for r in requests])
+
+    async def __call__(self, request: Request) -> Response:
+        started = time.perf_counter()
+        path = client_path(request)
+        model = self.settings.model
+        try:
+            if request.method != "POST":
+                raise RequestError(405, f"{path} takes POST, not {request.method}")
+            if path == f"/v1/models/{model}/predict":
+                body = await read_body(request, self.settings.max_body_bytes)
+                parsed = parse_predict(body, self.specs, path_model=model, default_model=model,
+                                       max_rows=self.settings.max_rows)
+                infer = None
+            elif path == f"/v2/models/{model}/infer":
+                header = request.headers.get(kserve.HEADER_LENGTH)
+                body = await read_body(request, self.settings.max_body_bytes,
+                                       json_only=header is None)
+                infer = kserve.parse_infer(body, header, self.settings.input, model=model,
+                                           max_rows=self.settings.max_rows)
+                parsed = infer.request
+            else:
+                raise RequestError(404, f"no endpoint {path}; try POST /v1/models/{model}/predict "
+                                        f"or /v2/models/{model}/infer")
+        except RequestError as exc:
+            self.metrics.answered("-", exc.status)
+            self.reporter.changed()
+            return Response(error_body(exc.message), status_code=exc.status, media_type=JSON)
+        result = await self.answer(parsed)
+        self.metrics.served(model, model, time.perf_counter() - started,
+                            result["batch"]["requests"])
+        self.reporter.changed()
+        if infer is not None:
+            return _v2_response(model, infer, result, model)
+        result.update(model=model, served_by=model, fallback=False)
+        return _json(200, result)
+
+    async def answer(self, parsed: PredictRequest) -> dict[str, Any]:
+        """A checked request's result, batched with concurrent ones when batching is on."""
+        if self._batcher is not None and len(parsed.rows) <= self.max_batch:
+            return await self._batcher(parsed)
+        return self.predict_many([parsed.rows], [parsed.probabilities])[0]
+
+    async def predict_batched(self, rows: np.ndarray, probabilities: bool) -> list[dict[str, Any]]:
+        """One checked request from the gateway (the fallback, ``/v1/predict``, autoscaled
+        models), batched with this replica's other requests; a list of one result."""
+        return [await self.answer(PredictRequest(self.settings.model, rows, probabilities))]
+
+    async def generate(self, tokens: list[int], max_tokens: int, temperature: float,
+                       top_p: float, seed: int | None) -> Any:
+        """Next tokens after ``tokens``, one at a time (a streaming handle call): the model
+        sees the last ``width`` tokens (its context); greedy at temperature 0, else sampled
+        from the top-p share of the softmax."""
+        import torch
+
+        context = self.settings.input.width
+        generator = torch.Generator().manual_seed(seed) if seed is not None else None
+        window = list(tokens)[-context:]
+        for _ in range(max_tokens):
+            x = torch.tensor([window], dtype=torch.long, device=self.runner.device)
+            with torch.inference_mode():
+                logits = self.runner.model(x)[0, -1].float().cpu()
+            if temperature == 0:
+                token = int(logits.argmax())
+            else:
+                probs = torch.softmax(logits / temperature, -1)
+                if top_p < 1:
+                    ordered, index = probs.sort(descending=True)
+                    keep = ordered.cumsum(-1) - ordered < top_p
+                    probs = torch.zeros_like(probs).scatter(0, index[keep], ordered[keep])
+                token = int(torch.multinomial(probs, 1, generator=generator))
+            window = (window + [token])[-context:]
+            yield token
+            await asyncio.sleep(0)  # let other requests of this replica run between tokens
 
     def predict_many(self, batches: list[np.ndarray],
                      probabilities: list[bool]) -> list[dict[str, Any]]:
@@ -94,7 +259,7 @@ class ModelReplica:
         return results
 
     def predict(self, rows: np.ndarray, probabilities: bool = False) -> dict[str, Any]:
-        """One request's answer (for handle callers; the gateway uses ``predict_many``)."""
+        """One request's answer (for handle callers)."""
         return self.predict_many([rows], [probabilities])[0]
 
     def info(self) -> dict[str, Any]:
@@ -115,6 +280,9 @@ class ModelReplica:
         """Serve calls this every ``health_check_period_s``; raising marks the replica bad."""
 
 
+ModelReplica = ModelServer  # the name earlier releases used
+
+
 @dataclass(frozen=True)
 class RouteTable:
     """What the gateway knows about the models (plain data)."""
@@ -122,7 +290,7 @@ class RouteTable:
     app: str
     specs: dict[str, InputSpec]
     chains: dict[str, list[str]]  # model -> [model, fallback, fallback's fallback, ...]
-    groups: dict[str, list[str]]  # model -> its deployments' names
+    groups: dict[str, list[str]]  # model -> its deployments' names (= their applications')
     default_model: str
     max_body_bytes: int
     max_rows: int
@@ -131,6 +299,9 @@ class RouteTable:
     retries: int
     batching: dict[str, dict[str, Any]] = field(default_factory=dict)  # model -> BatchingConfig
     describe: dict[str, dict[str, Any]] = field(default_factory=dict)  # for GET /v1/models
+    via_gateway: frozenset[str] = frozenset()  # models routed here, not to their replicas
+    generative: dict[str, int] = field(default_factory=dict)  # causal LMs -> context tokens
+    max_new_tokens: int = 256
 
 
 class _ReplicaLost(Exception):
@@ -142,36 +313,27 @@ class _ModelDown(Exception):
 
 
 class Gateway:
-    """The ingress: checks, routes, falls back, and answers health and metrics."""
+    """Everything but a model's own POSTs: ``/v1/predict`` (model named in the body), the
+    fallback (the front door's backup server for every model: it gets a model's requests
+    while none of the model's replicas is up), ``/health``, ``/metrics``, ``/v1/models``."""
 
-    def __init__(self, handles: dict[str, list[Any]], table: RouteTable) -> None:
-        self.handles = {m: list(hs) for m, hs in handles.items()}
+    def __init__(self, table: RouteTable) -> None:
         self.table = table
+        self.handles = {m: [serve.get_deployment_handle(d, d) for d in ds]
+                        for m, ds in table.groups.items()}
         self.metrics = GatewayMetrics()
         self.running: dict[str, int] = {}  # deployment -> RUNNING replicas (last poll)
+        self.front: dict[str, Any] = {}  # the front door's state (last poll)
         self.inflight: dict[str, int] = {d: 0 for ds in table.groups.values() for d in ds}
         self._poller: asyncio.Task | None = None
         self._polled_once = asyncio.Event()
-        # One @serve.batch queue per batched model, so each keeps its own size and wait.
-        # Up to ``in_flight`` batches at once, so that every replica of the model has work
-        # (Serve's default, 1, would run one batch at a time over all the replicas).
-        self._batchers = {model: serve.batch(max_batch_size=int(b["max_batch_size"]),
-                                             batch_wait_timeout_s=float(b["batch_wait_timeout_s"]),
-                                             max_concurrent_batches=int(b["in_flight"]),
-                                             batch_size_fn=_rows_of)(self._batch_runner(model))
-                          for model, b in table.batching.items() if b["enabled"]}
-
-    def _batch_runner(self, model: str) -> Any:
-        async def run(requests: list[PredictRequest]) -> list[tuple[int, dict[str, Any]]]:
-            return await self._predict_group(model, requests)
-
-        return run
+        self._front_actor: Any = None
 
     # --- HTTP --------------------------------------------------------------------------
 
     async def __call__(self, request: Request) -> Response:
         self._ensure_poller()
-        path = request.url.path.rstrip("/") or "/"
+        path = client_path(request)
         try:
             if path == "/v1/predict" or (path.startswith("/v1/models/")
                                          and path.endswith("/predict")):
@@ -180,14 +342,22 @@ class Gateway:
                 return await self._predict_http(request, model)
             if path in ("/health", "/healthz"):
                 _require(request.method, "GET", path)
+                await self._first_poll()
                 return self._health()
+            if path.startswith("/v2/") or path == "/v2":
+                return await self._v2(request, path)
+            if path == "/v1/completions":
+                _require(request.method, "POST", path)
+                return await self._completions(request)
             if path == "/metrics":
                 _require(request.method, "GET", path)
+                merged = await self._merged_metrics()
                 if request.query_params.get("format") == "json":
-                    return _json(200, self.metrics.to_dict())
-                return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
+                    return _json(200, merged.to_dict())
+                return Response(merged.render(), media_type="text/plain; version=0.0.4")
             if path == "/v1/models" or path.startswith("/v1/models/"):
                 _require(request.method, "GET", path)
+                await self._first_poll()
                 return self._models(path[len("/v1/models/"):] if path != "/v1/models" else None)
             raise RequestError(404, f"no endpoint {path}; try POST /v1/models/<name>/predict, "
                                     "GET /v1/models, /health or /metrics")
@@ -195,13 +365,135 @@ class Gateway:
             self.metrics.answered("-", exc.status)
             return Response(error_body(exc.message), status_code=exc.status, media_type=JSON)
 
+    async def _v2(self, request: Request, path: str) -> Response:
+        """KServe v2: health, metadata, readiness; infer while the model is down."""
+        await self._first_poll()
+        if path in ("/v2/health/live", "/v2/health/ready", "/v2"):
+            _require(request.method, "GET", path)
+            if path == "/v2":
+                return _json(200, {"name": "hetflow", "version": "1", "extensions": ["binary_tensor_data"]})
+            ready = path == "/v2/health/live" or self._ready()
+            return _json(200 if ready else 503, {"live": True} if path.endswith("live")
+                         else {"ready": ready})
+        parts = path.split("/")  # "", "v2", "models", name, [ready|infer]
+        if len(parts) < 4 or parts[2] != "models" or len(parts) > 5:
+            raise RequestError(404, f"no endpoint {path}; try GET /v2/models/<name>, "
+                                    "/v2/models/<name>/ready or POST /v2/models/<name>/infer")
+        model = parts[3]
+        if model not in self.table.specs:
+            raise RequestError(404, f"unknown model {model!r}; served models: "
+                                    f"{', '.join(sorted(self.table.specs))}")
+        action = parts[4] if len(parts) == 5 else ""
+        if action == "":
+            _require(request.method, "GET", path)
+            return _json(200, kserve.metadata(model, self.table.specs[model]))
+        if action == "ready":
+            _require(request.method, "GET", path)
+            ready = self.model_state(model)["served_by"] is not None
+            return _json(200 if ready else 503, {"name": model, "ready": ready})
+        if action == "infer":
+            _require(request.method, "POST", path)
+            started = time.perf_counter()
+            header = request.headers.get(kserve.HEADER_LENGTH)
+            body = await read_body(request, self.table.max_body_bytes, json_only=header is None)
+            infer = kserve.parse_infer(body, header, self.table.specs[model], model=model,
+                                       max_rows=self.table.max_rows)
+            status, payload = await self.predict(
+                infer.request, model_down=model not in self.table.via_gateway)
+            if status != 200:
+                self.metrics.answered(model, status)
+                return _json(status, payload)
+            self.metrics.served(model, payload["served_by"], time.perf_counter() - started,
+                                payload["batch"]["requests"])
+            return _v2_response(model, infer, payload, payload["served_by"])
+        raise RequestError(404, f"no endpoint {path}")
+
+    async def _completions(self, request: Request) -> Response:
+        """OpenAI ``POST /v1/completions`` (:mod:`.openai_api`), from the model or its
+        fallback; ``stream: true`` -> server-sent events, a token at a time."""
+        await self._first_poll()
+        try:
+            body = await read_body(request, self.table.max_body_bytes)
+            req = openai_api.parse_completion(
+                body, self.table.generative, list(self.table.specs),
+                default_model=next(iter(self.table.generative), None),
+                max_new_tokens=self.table.max_new_tokens)
+        except RequestError as exc:
+            self.metrics.answered("-", exc.status)
+            return Response(openai_api.error_body(exc.message), status_code=exc.status,
+                            media_type=JSON)
+        chain = [m for m in self.table.chains[req.model] if m in self.table.generative]
+        name = next((m for m in chain if self._pick(m) is not None), None)
+        if name is None:
+            self.metrics.answered(req.model, 503)
+            return Response(openai_api.error_body(f"model {req.model} has no running replica; "
+                                                  "retry later"), status_code=503,
+                            media_type=JSON)
+        handle = self.handles[name][self.table.groups[name].index(self._pick(name))]
+        tokens = handle.options(stream=True).generate.remote(
+            req.prompt, req.max_tokens, req.temperature, req.top_p, req.seed)
+        cid, created, started = openai_api.completion_id(), int(time.time()), time.perf_counter()
+        text = openai_api.TextStream(req.stop)
+        generated = [0]  # tokens the model produced (for usage)
+
+        async def pieces():  # (text, finish_reason or None), then the last with a reason
+            count = 0
+            if req.echo:
+                yield req.prompt_text, None
+            async for token in tokens:
+                count += 1
+                generated[0] = count
+                piece = text.push(token)
+                if text.stopped:
+                    tokens.cancel()
+                    yield piece, "stop"
+                    break
+                if piece:
+                    yield piece, None
+            else:
+                yield text.flush(), "length"
+            self.metrics.served(req.model, name, time.perf_counter() - started, 1)
+
+        if req.stream:
+            async def events():
+                async for piece, finish in pieces():
+                    yield openai_api.chunk(cid, req.model, piece, finish, created)
+                yield openai_api.DONE
+
+            return StreamingResponse(events(), media_type="text/event-stream")
+        out, finish = [], "length"
+        async for piece, reason in pieces():
+            out.append(piece)
+            finish = reason or finish
+        return _json(200, openai_api.completion(cid, req.model, "".join(out), finish,
+                                                len(req.prompt), generated[0]))
+
+    def _ready(self) -> bool:
+        return bool(self.front.get("ready")) and all(
+            self.model_state(m)["served_by"] is not None for m in self.table.groups)
+
+    async def _merged_metrics(self) -> GatewayMetrics:
+        merged = GatewayMetrics()
+        merged.merge(self.metrics)
+        try:
+            for other in await self._front_door().metrics.remote():
+                merged.merge(other)
+        except Exception:  # noqa: BLE001 - without the front door: this replica's own
+            self._front_actor = None
+        merged.set_replicas({(m, d): self.running.get(d, 0)
+                             for m, ds in self.table.groups.items() for d in ds})
+        return merged
+
     async def _predict_http(self, request: Request, path_model: str | None) -> Response:
         started = time.perf_counter()
-        body = await self._read_body(request)
+        body = await read_body(request, self.table.max_body_bytes)
         parsed = parse_predict(body, self.table.specs, path_model=path_model,
                                default_model=self.table.default_model,
                                max_rows=self.table.max_rows)
-        status, payload = await self.predict(parsed)
+        # A model's own URL reaches the gateway only as the front door's backup, i.e. while
+        # none of the model's replicas is up there: try its fallbacks first, then itself.
+        status, payload = await self.predict(
+            parsed, model_down=path_model is not None and path_model not in self.table.via_gateway)
         if status == 200:
             self.metrics.served(parsed.model, payload["served_by"],
                                 time.perf_counter() - started, payload["batch"]["requests"])
@@ -209,42 +501,23 @@ class Gateway:
             self.metrics.answered(parsed.model, status)
         return _json(status, payload)
 
-    async def _read_body(self, request: Request) -> bytes:
-        limit = self.table.max_body_bytes
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise RequestError(413, f"the body is {declared} bytes, more than the limit of "
-                                    f"{limit}; send fewer rows per request")
-        media = request.headers.get("content-type", JSON).split(";")[0].strip().lower()
-        if media not in (JSON, "", "text/json") and not media.endswith("+json"):
-            raise RequestError(415, f"content-type {media} is not JSON; send application/json")
-        chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise RequestError(413, f"the body is more than the limit of {limit} bytes; "
-                                        "send fewer rows per request")
-            chunks.append(chunk)
-        return b"".join(chunks)
-
     # --- routing -----------------------------------------------------------------------
 
-    async def predict(self, req: PredictRequest) -> tuple[int, dict[str, Any]]:
-        """Status and JSON payload for a checked request: batched with concurrent requests
-        for the same model (when its batching is on and it fits in a batch), then routed."""
+    async def predict(self, req: PredictRequest, model_down: bool = False
+                      ) -> tuple[int, dict[str, Any]]:
+        """Status and JSON payload for a checked request, from the model or along its
+        fallback chain."""
         await self._first_poll()
-        batcher = self._batchers.get(req.model)
-        if batcher is not None and len(req.rows) <= self.table.batching[req.model]["max_batch_size"]:
-            return await batcher(req)
-        return (await self._predict_group(req.model, [req]))[0]
+        return (await self._predict_group(req.model, [req], model_down))[0]
 
-    async def _predict_group(self, model: str, reqs: list[PredictRequest]
-                             ) -> list[tuple[int, dict[str, Any]]]:
-        """One forward pass for ``reqs`` (all for ``model``) on the model, or along its
-        fallback chain while it has no running replica."""
+    async def _predict_group(self, model: str, reqs: list[PredictRequest],
+                             model_down: bool = False) -> list[tuple[int, dict[str, Any]]]:
         reasons = []
         deadline = time.monotonic() + self.table.request_timeout_s
-        for name in self.table.chains[model]:
+        chain = self.table.chains[model]
+        if model_down and len(chain) > 1:
+            chain = chain[1:] + chain[:1]
+        for name in chain:
             for attempt in range(1 + self.table.retries):
                 group = self._pick(name)
                 if group is None:
@@ -285,8 +558,9 @@ class Gateway:
     async def _call(self, model: str, deployment: str, reqs: list[PredictRequest],
                     deadline: float) -> list[dict[str, Any]]:
         index = self.table.groups[model].index(deployment)
-        response = self.handles[model][index].predict_many.remote(
-            [r.rows for r in reqs], [r.probabilities for r in reqs])
+        assert len(reqs) == 1, "the gateway sends one request at a time; replicas batch"
+        response = self.handles[model][index].predict_batched.remote(reqs[0].rows,
+                                                                      reqs[0].probabilities)
         task = asyncio.ensure_future(_resolve(response))
         self.inflight[deployment] += 1
         try:
@@ -309,13 +583,19 @@ class Gateway:
         finally:
             self.inflight[deployment] -= 1
 
-    # --- Serve status ------------------------------------------------------------------
+    # --- Serve status and the front door -----------------------------------------------
+
+    def _front_door(self) -> Any:
+        if self._front_actor is None:
+            self._front_actor = ray.get_actor(front_name(self.table.app), namespace="serve")
+        return self._front_actor
 
     def _ensure_poller(self) -> None:
         if self._poller is None or self._poller.done():
             self._poller = asyncio.get_running_loop().create_task(self._poll_forever())
 
     async def _first_poll(self) -> None:
+        self._ensure_poller()
         try:
             await asyncio.wait_for(self._polled_once.wait(), timeout=5.0)
         except asyncio.TimeoutError:
@@ -328,41 +608,47 @@ class Gateway:
                 self._update_running(status)
             except Exception:  # noqa: BLE001 - the controller may be restarting; try again
                 pass
+            try:
+                self.front = await self._front_door().state.remote()
+            except Exception:  # noqa: BLE001 - the front door starts after the gateway
+                self._front_actor = None
+                self.front = {}
             self._polled_once.set()
             await asyncio.sleep(self.table.status_poll_s)
 
     def _update_running(self, status: Any) -> None:
-        app = status.applications.get(self.table.app)
-        if app is None:
-            return
         running = {}
         for model, deployments in self.table.groups.items():
             for name in deployments:
-                dep = app.deployments.get(name)
+                app = status.applications.get(name)
+                dep = app.deployments.get(name) if app is not None else None
                 states = dep.replica_states if dep is not None else {}
                 running[name] = int(sum(n for s, n in states.items() if str(s).endswith("RUNNING")))
         self.running = running
-        self.metrics.set_replicas({(m, d): running.get(d, 0)
-                                   for m, ds in self.table.groups.items() for d in ds})
 
     # --- health and listing ------------------------------------------------------------
 
     def model_state(self, model: str) -> dict[str, Any]:
         replicas = {d: self.running.get(d) for d in self.table.groups[model]}
         up = sum(n or 0 for n in replicas.values())
+        routed = self.front.get("up", {})
         serving = next((name for name in self.table.chains[model]
-                        if any(self._may_serve(d) for d in self.table.groups[name])), None)
-        return {"running_replicas": up, "deployments": replicas, "served_by": serving}
+                        if any(self._may_serve(d) for d in self.table.groups[name])
+                        and routed.get(name, 1) > 0), None)
+        return {"running_replicas": up, "routed_replicas": routed.get(model),
+                "deployments": replicas, "served_by": serving}
 
     def _health(self) -> Response:
         models = {m: self.model_state(m) for m in self.table.groups}
         if all(s["served_by"] == m for m, s in models.items()):
             status = "ok"
-        elif any(s["served_by"] is not None for s in models.values()):
+        elif all(s["served_by"] is not None for s in models.values()):
             status = "degraded"
         else:
             status = "down"
-        return _json(503 if status == "down" else 200, {"status": status, "models": models})
+        ready = status != "down" and bool(self.front.get("ready"))
+        return _json(200 if ready else 503, {"status": status if ready or status == "down"
+                                             else "starting", "ready": ready, "models": models})
 
     def _models(self, name: str | None) -> Response:
         if name is not None and name not in self.table.specs:
@@ -388,6 +674,17 @@ def _json(status: int, payload: dict[str, Any]) -> Response:
     return Response(json.dumps(payload), status_code=status, media_type=JSON)
 
 
+def _v2_response(model: str, infer: Any, result: dict[str, Any], served_by: str) -> Response:
+    body, headers = kserve.infer_response(model, infer, result, served_by)
+    media = JSON if not headers else "application/octet-stream"
+    return Response(body, status_code=200, headers=headers, media_type=media)
+
+
+def front_name(app: str) -> str:
+    """The Ray actor name of an application's front door (namespace ``serve``)."""
+    return f"hetflow-front-{app}"
+
+
 # --- building and deploying --------------------------------------------------------------
 
 
@@ -400,49 +697,63 @@ class ModelPlan:
     input: InputSpec
     groups: list[ReplicaGroup]
     memory_bytes: int
+    generative: bool = False  # its spec's serving output is sequence_logits (a causal LM)
 
 
 @dataclass
 class Served:
-    """A deployed application."""
+    """A deployed application: its Serve applications and the front door's URL."""
 
     config: ServeConfig
     url: str
     plans: dict[str, ModelPlan]
     started_ray: bool = False
+    front: Any = None  # the FrontDoor actor
+
+    @property
+    def applications(self) -> list[str]:
+        return [self.config.name] + [g.deployment for mp in self.plans.values()
+                                     for g in mp.groups]
 
     def replica_infos(self, model: str, calls: int = 8) -> list[dict[str, Any]]:
         """``info()`` of the model's replicas, gathered over several calls per deployment
         (Serve picks the replica; distinct replicas are returned once each)."""
         seen: dict[str, dict[str, Any]] = {}
         for group in self.plans[model].groups:
-            handle = serve.get_deployment_handle(group.deployment, self.config.name)
+            handle = serve.get_deployment_handle(group.deployment, group.deployment)
             for info in [handle.info.remote().result(timeout_s=60) for _ in range(calls)]:
                 seen[info["replica"]] = info
         return list(seen.values())
 
+    def expected_replicas(self) -> dict[str, int]:
+        """Replicas each model starts with (fixed counts, or autoscaling's initial ones)."""
+        return {m: sum(g.num_replicas if g.num_replicas is not None
+                       else g.autoscaling["initial_replicas"] for g in mp.groups)
+                for m, mp in self.plans.items()}
+
+    def state(self) -> dict[str, Any]:
+        """The front door's view: servers up per model, who answers, ready or not."""
+        return ray.get(self.front.state.remote(), timeout=30)
+
     def shutdown(self) -> None:
-        serve.delete(self.config.name)
+        for app in reversed(self.applications):
+            try:
+                serve.delete(app)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+        if self.front is not None:
+            try:
+                ray.get(self.front.stop.remote(), timeout=30)
+            except Exception:  # noqa: BLE001 - the actor died: its HAProxy died with it
+                pass
+            ray.kill(self.front)
+            self.front = None
 
 
-def build_application(config: ServeConfig, plans: dict[str, ModelPlan]) -> Any:
-    """The bound Serve application (gateway + one deployment per replica group)."""
-    handles: dict[str, list[Any]] = {}
-    for name, mp in plans.items():
-        entry = mp.entry
-        replica = serve.deployment(ModelReplica).options(
-            max_ongoing_requests=entry.ongoing_limit,
-            health_check_period_s=entry.health_check_period_s,
-            graceful_shutdown_timeout_s=5.0,
-            logging_config=QUIET,
-        )
-        batching = entry.batching.model_dump()
-        handles[name] = [replica.options(**g.serve_options()).bind(mp.spec, batching)
-                         for g in mp.groups]
-    # the batching settings, with the batches in flight that take effect (default resolved)
+def route_table(config: ServeConfig, plans: dict[str, ModelPlan]) -> RouteTable:
     batching = {n: {**mp.entry.batching.model_dump(), "in_flight": mp.entry.batches_in_flight}
                 for n, mp in plans.items()}
-    table = RouteTable(
+    return RouteTable(
         app=config.name,
         specs={n: mp.input for n, mp in plans.items()},
         chains={n: fallback_chain(config, n) for n in plans},
@@ -455,9 +766,34 @@ def build_application(config: ServeConfig, plans: dict[str, ModelPlan]) -> Any:
         retries=config.gateway.retries,
         batching=batching,
         describe={n: {"precision": mp.entry.precision, "batching": batching[n],
-                      "placement": [g.describe() for g in mp.groups]}
+                      "placement": [g.describe() for g in mp.groups],
+                      "path": "gateway" if n in via_gateway(plans) else "direct"}
                   for n, mp in plans.items()},
+        via_gateway=frozenset(via_gateway(plans)),
+        generative={n: mp.input.width for n, mp in plans.items() if mp.generative},
+        max_new_tokens=config.limits.max_new_tokens,
     )
+
+
+def build_applications(config: ServeConfig, plans: dict[str, ModelPlan]) -> list[Any]:
+    """The Serve applications (``serve.RunTarget``): one per replica group, whose ingress is
+    the model replica itself, and the gateway's."""
+    targets = []
+    for name, mp in plans.items():
+        entry = mp.entry
+        server = serve.deployment(ModelServer).options(
+            max_ongoing_requests=entry.ongoing_limit,
+            health_check_period_s=entry.health_check_period_s,
+            graceful_shutdown_timeout_s=5.0,
+            logging_config=QUIET,
+        )
+        settings = ServerSettings(config.name, name, mp.input, entry.batching.model_dump(),
+                                  config.limits.body_bytes, config.limits.max_rows)
+        for index, group in enumerate(mp.groups):
+            app = server.options(**group.serve_options()).bind(mp.spec, settings)
+            targets.append(serve.RunTarget(app, name=group.deployment,
+                                           route_prefix=group_prefix(config.name, name, index),
+                                           logging_config=QUIET))
     gateway = serve.deployment(Gateway).options(
         name=f"{config.name}.gateway", num_replicas=config.gateway.replicas,
         ray_actor_options={"num_cpus": config.gateway.cpus},
@@ -465,14 +801,40 @@ def build_application(config: ServeConfig, plans: dict[str, ModelPlan]) -> Any:
         graceful_shutdown_timeout_s=5.0,
         logging_config=QUIET,
     )
-    return gateway.bind(handles, table)
+    targets.append(serve.RunTarget(gateway.bind(route_table(config, plans)), name=config.name,
+                                   route_prefix=app_prefix(config.name), logging_config=QUIET))
+    return targets
 
 
-def plan_models(config: ServeConfig) -> dict[str, ModelPlan]:
-    """Checkpoints found (or trained), input specs and replica groups for every model.
-    Needs a connected Ray (it reads the live hetflow snapshot)."""
+def front_plan(config: ServeConfig, plans: dict[str, ModelPlan]) -> FrontPlan:
+    return FrontPlan(
+        app=config.name, host=config.http.host, port=config.http.port,
+        models={n: [g.deployment for g in mp.groups] for n, mp in plans.items()},
+        gateway_app=config.name, request_timeout_s=config.limits.request_timeout_s,
+        retries=config.gateway.retries, max_body_bytes=config.limits.body_bytes,
+        client_timeout_s=config.limits.client_timeout_s,
+        route_prefix=config.http.route_prefix,
+        fallbacks={n: fallback_chain(config, n)[1:] for n in plans},
+        via_gateway=frozenset(via_gateway(plans)))
+
+
+def via_gateway(plans: dict[str, ModelPlan]) -> set[str]:
+    """Models served through the gateway rather than straight to their replicas (see
+    ``FrontPlan.via_gateway``): the autoscaled ones."""
+    return {n for n, mp in plans.items() if mp.entry.autoscaling is not None}
+
+
+def plan_models(config: ServeConfig, dry_run: bool = False) -> dict[str, ModelPlan]:
+    """Checkpoints found (or trained, unless ``dry_run``), input specs and replica groups for
+    every model. Needs a connected Ray (it reads the live hetflow snapshot)."""
     from hetflow.runtime.binding import live_snapshot
-    from hetflow.workloads.serve.inference import estimate_memory_bytes, input_spec, train_config_of
+    from hetflow.workloads.serve.inference import (
+        entry_input_spec,
+        entry_output,
+        estimate_memory_bytes,
+        source_of,
+        train_config_of,
+    )
     from hetflow.workloads.serve.placement import check_memory, plan_replica_groups
 
     snapshot = live_snapshot()
@@ -480,14 +842,18 @@ def plan_models(config: ServeConfig) -> dict[str, ModelPlan]:
     plans: dict[str, ModelPlan] = {}
     for entry in config.models:
         train = train_config_of(entry)
-        checkpoint = ensure_checkpoint(entry, train)
-        memory = check_memory(entry, estimate_memory_bytes(train, entry.precision))
+        checkpoint = ensure_checkpoint(entry, train, dry_run) if train is not None and \
+            not entry.safetensors else None
+        memory = check_memory(entry, estimate_memory_bytes(
+            train, entry.precision, entry.torchscript or entry.exported))
         groups = plan_replica_groups(config.name, entry, snapshot, ray_gpus, memory)
         # Slots planned for this model hold memory for the next model's plan too.
         device = "cpu" if groups[0].compute == "cpu" else entry.device
-        spec = ReplicaSpec(entry.name, train.model_dump(mode="json"), checkpoint,
-                           entry.precision, device, entry.threads_per_replica)
-        plans[entry.name] = ModelPlan(entry, spec, input_spec(train), groups, memory)
+        spec = ReplicaSpec(entry.name, train.model_dump(mode="json") if train else None,
+                           checkpoint, entry.precision, device, entry.threads_per_replica,
+                           source_of(entry))
+        plans[entry.name] = ModelPlan(entry, spec, entry_input_spec(entry, train), groups,
+                                      memory, entry_output(train) == "sequence_logits")
         snapshot = _with_groups(snapshot, config.name, entry, groups, memory)
     _check_fallback_inputs(config, plans)
     return plans
@@ -522,9 +888,9 @@ def _check_fallback_inputs(config: ServeConfig, plans: dict[str, ModelPlan]) -> 
                              f"{entry.name} ({plans[entry.name].input.description})")
 
 
-def ensure_checkpoint(entry: Any, train: Any) -> str | None:
+def ensure_checkpoint(entry: Any, train: Any, dry_run: bool = False) -> str | None:
     """The checkpoint directory to load (None for random weights); trains first when
-    ``train_if_missing`` and no complete checkpoint exists."""
+    ``train_if_missing`` and no complete checkpoint exists (not with ``dry_run``)."""
     from pathlib import Path
 
     from hetflow.core.errors import InputError
@@ -537,6 +903,8 @@ def ensure_checkpoint(entry: Any, train: Any) -> str | None:
         if not entry.train_if_missing:
             raise InputError(f"model {entry.name}: no complete checkpoint in {directory}; train "
                              "it first (hetflow train) or set train_if_missing: true")
+        if dry_run:
+            return str(directory)  # it would be trained first
         from hetflow.workloads.train.job import run_training
 
         if entry.checkpoint_dir:
@@ -546,82 +914,162 @@ def ensure_checkpoint(entry: Any, train: Any) -> str | None:
 
 
 def connect_ray(address: str | None) -> bool:
-    """Join ``address`` (or a running local cluster, or start one); True when started here."""
+    """Join ``address`` (or a running local cluster, or start one); True when started here.
+    A cluster started here gets Serve's fast-path settings (:data:`front.FAST_ENV`)."""
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     if ray.is_initialized():
         return False
+    for key, value in FAST_ENV.items():
+        os.environ.setdefault(key, value)
     ray.init(address=address, include_dashboard=False, log_to_driver=False)
     return True
 
 
+def _free_port(host: str) -> int:
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as s:
+        s.bind((host if host not in ("0.0.0.0", "::") else "127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def deploy(config: ServeConfig, *, timeout_s: float = 300.0) -> Served:
-    """Deploy ``config`` and return once every deployment is running.
+    """Deploy ``config`` and return once it is ready: every model (or its fallback) has a
+    replica the front door routes to.
 
     Connects to Ray (``ray_address``, or a running local cluster, or a new one), trains the
-    models that need it, plans the replicas and starts Serve's proxy on ``http.host:port``.
-    Raises InputError / Unschedulable / ServeFailed with what to change.
+    models that need it, plans the replicas, deploys one Serve application per replica group
+    (the model replica is the ingress) and the gateway's, and starts the front door
+    (HAProxy) on ``http.host:port``. Raises InputError / Unschedulable / ServeFailed.
     """
+    from hetflow.workloads.serve.front import FrontDoor, haproxy_binary
+
     started = connect_ray(config.ray_address)
+    front = None
     try:
+        haproxy_binary()  # no binary: one clear line now, not a failed actor later
         plans = plan_models(config)
-        host, port = config.http.host, config.http.port
+        host = config.http.host
         loopback = host in ("127.0.0.1", "localhost", "::1")
-        serve.start(http_options={"host": host, "port": port},
+        # Serve's own HTTP proxy stays on an internal port (the front door owns http.port);
+        # the replicas' own HTTP servers bind Serve's http host.
+        serve.start(http_options={"host": host, "port": _free_port(host)},
                     proxy_location="HeadOnly" if loopback else "EveryNode")
-        host, port = _proxy_address(host, port)
-        app = build_application(config, plans)
+        _check_host(host)
         try:
-            serve.run(app, name=config.name, route_prefix="/", blocking=False)
-            _wait_running(config.name, timeout_s)
-        except ServeFailed:
-            raise
+            serve.run_many(build_applications(config, plans),
+                           wait_for_applications_running=False)
         except Exception as exc:  # noqa: BLE001 - Serve raises several kinds; say which
             raise ServeFailed(f"application {config.name} failed to deploy: {exc}") from None
+        here = ray.get_runtime_context().get_node_id()
+        actor = ray.remote(FrontDoor).options(
+            name=front_name(config.name), namespace="serve", num_cpus=0, max_concurrency=64,
+            lifetime="detached",  # it outlives `hetflow serve --detach`, like the Serve apps
+            scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False))
+        try:
+            front = actor.remote(front_plan(config, plans))
+            ray.get(front.run.remote(), timeout=60)
+        except ray.exceptions.RayActorError as exc:
+            raise ServeFailed(f"the front door (HAProxy on {host}:{config.http.port}) did not "
+                              f"start: {exc}; is the port free?") from None
+        served = Served(config, _url(host, config.http.port) + config.http.route_prefix.rstrip("/"),
+                        plans, started_ray=started, front=front)
+        _wait_ready(served, timeout_s)
     except BaseException:
+        if front is not None:
+            ray.kill(front)
         if started:
             ray.shutdown()
         raise
-    url_host = f"[{host}]" if ":" in host else host
-    return Served(config, f"http://{url_host}:{port}", plans, started_ray=started)
+    return served
 
 
-def _proxy_address(host: str, port: int) -> tuple[str, int]:
-    """Where Serve's HTTP proxy really listens. A cluster has one proxy: when Serve was already
-    running (an earlier application, another ``hetflow serve``), ``serve.start`` keeps its host
-    and port and ignores ours, so the application is reachable there - say so, and use it."""
+def stop(config: ServeConfig) -> list[str]:
+    """Stop a (detached) deployment of ``config`` on the connected cluster: its Serve
+    applications and its front door. Returns the applications deleted."""
+    apps = [a for a in serve.status().applications
+            if a == config.name or a.startswith(config.name + ".")]
+    for app in apps:
+        serve.delete(app)
+    try:
+        front = ray.get_actor(front_name(config.name), namespace="serve")
+        ray.get(front.stop.remote(), timeout=30)
+        ray.kill(front)
+    except ValueError:
+        pass  # no front door
+    return apps
+
+
+def describe_plan(config: ServeConfig, plans: dict[str, ModelPlan]) -> dict[str, Any]:
+    """What ``deploy`` would place and start (``hetflow serve --dry-run``)."""
+    fast = set(plans) - via_gateway(plans)
+    return {
+        "front_door": {"url": _url(config.http.host, config.http.port), "haproxy": None},
+        "applications": [
+            *[{"name": g.deployment, "model": n, "route_prefix": group_prefix(config.name, n, i),
+               "ingress": "ModelServer", "replicas": g.num_replicas,
+               "autoscaling": g.autoscaling, "compute": g.compute,
+               "device": str(g.device) if g.device else None,
+               "path": "direct" if n in fast else "gateway"}
+              for n, mp in plans.items() for i, g in enumerate(mp.groups)],
+            {"name": config.name, "route_prefix": app_prefix(config.name), "ingress": "Gateway",
+             "replicas": config.gateway.replicas}],
+        "models": {n: {"input": mp.input.description, "precision": mp.entry.precision,
+                       "checkpoint": mp.spec.checkpoint, "source": mp.spec.source or None,
+                       "memory_bytes": mp.memory_bytes, "fallback": mp.entry.fallback,
+                       "generative": mp.generative,
+                       "placement": [g.describe() for g in mp.groups]}
+                   for n, mp in plans.items()},
+    }
+
+
+def _url(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def _check_host(host: str) -> None:
+    """Warn when Serve already ran with another HTTP host: its replicas bind that one."""
     from ray.serve.context import _get_global_client
 
     try:
-        config = _get_global_client().http_config
-        actual = (config.host, int(config.port))
+        actual = _get_global_client().http_config.host
     except Exception:  # noqa: BLE001 - private API; without it, trust what we asked for
-        return host, port
-    if actual != (host, port):
-        log.warning("Serve was already running on this cluster at %s:%d, so the application "
-                       "is served there, not at %s:%d (one HTTP proxy per cluster; run `serve "
-                       "shutdown` first to move it)", actual[0], actual[1], host, port)
-    return actual
+        return
+    if actual != host:
+        log.warning("Serve was already running on this cluster with HTTP host %s, so the "
+                    "replicas listen there, not on %s (run `serve shutdown` to change it)",
+                    actual, host)
 
 
 class ServeFailed(HetflowError):
     """The application did not come up (a replica failed to start, or time ran out)."""
 
 
-def _wait_running(app: str, timeout_s: float) -> None:
+def _wait_ready(served: Served, timeout_s: float) -> None:
+    """Until the front door routes every model (or its fallback) to a running replica;
+    a failed deployment or time running out raises ServeFailed."""
     deadline = time.monotonic() + timeout_s
     last = ""
     while time.monotonic() < deadline:
-        status = serve.status().applications.get(app)
-        if status is not None:
-            if str(status.status).endswith("RUNNING"):
-                return
-            if str(status.status).endswith("DEPLOY_FAILED"):
-                raise ServeFailed(f"application {app} failed to deploy: {status.message}")
-            last = status.message or str(status.status)
-        time.sleep(0.2)
-    raise ServeFailed(f"application {app} was not running after {timeout_s:g}s ({last}); "
-                      "check `ray status` for resources the replicas wait on")
+        apps = serve.status().applications
+        for name in served.applications:
+            status = apps.get(name)
+            if status is not None and str(status.status).endswith("DEPLOY_FAILED"):
+                raise ServeFailed(f"application {name} failed to deploy: {status.message}")
+        state = served.state()
+        # Ready for hetflow serve: every model's own planned replicas routed (stricter than
+        # /health's ready, which a fallback also satisfies).
+        waiting = [m for m, n in served.expected_replicas().items() if state["up"].get(m, 0) < n]
+        if state["ready"] and not waiting:
+            return
+        last = (f"waiting for {', '.join(waiting) or 'the gateway'}"
+                + (f"; front door: {state['error']}" if state.get("error") else ""))
+        time.sleep(0.1)
+    raise ServeFailed(f"application {served.config.name} was not ready after {timeout_s:g}s "
+                      f"({last}); check `ray status` for resources the replicas wait on")
 
 
-__all__ = ["Gateway", "ModelPlan", "ModelReplica", "RouteTable", "Served", "ServeFailed",
-           "build_application", "connect_ray", "deploy", "ensure_checkpoint", "plan_models"]
+__all__ = ["Gateway", "ModelPlan", "ModelReplica", "ModelServer", "RouteTable", "Served",
+           "ServeFailed", "ServerSettings", "build_applications", "connect_ray", "deploy",
+           "describe_plan", "ensure_checkpoint", "front_name", "plan_models", "stop"]

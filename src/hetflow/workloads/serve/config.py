@@ -44,13 +44,16 @@ class _Section(BaseModel):
 
 
 class HTTPConfig(_Section):
-    """Where Ray Serve's HTTP proxy listens."""
+    """Where the front door (HAProxy) listens."""
 
     host: str = "127.0.0.1"
-    """Address to bind. The default is loopback only; anything else exposes the models to the
-    network, with no authentication."""
+    """Address to bind (the replicas' own ports bind it too). The default is loopback only;
+    anything else exposes the models to the network, with no authentication."""
     port: int = Field(8000, ge=1, le=65535)
-    """TCP port of the HTTP proxy."""
+    """TCP port of the front door."""
+    route_prefix: str = Field("/", pattern=r"^/([A-Za-z0-9._~-]+(/[A-Za-z0-9._~-]+)*)?$")
+    """Path every endpoint lives under, e.g. ``/digits`` -> ``/digits/v1/models/<m>/predict``
+    (and the OpenAI client's ``base_url`` ``.../digits/v1``)."""
 
 
 class LimitsConfig(_Section):
@@ -62,6 +65,11 @@ class LimitsConfig(_Section):
     """Most input rows in one request; more gets 413."""
     request_timeout_s: float = Field(30.0, gt=0)
     """How long the gateway waits for a model's answer before replying 504."""
+    max_new_tokens: int = Field(256, gt=0)
+    """Most tokens one ``/v1/completions`` request may ask for (``max_tokens``); more is a 400."""
+    client_timeout_s: float = Field(10.0, gt=0)
+    """How long a client may take to send its request (headers and body); a slower one gets
+    408 from the front door and holds no replica meanwhile."""
 
     @property
     def body_bytes(self) -> int:
@@ -139,6 +147,24 @@ class BatchingConfig(_Section):
     however many replicas it has."""
 
 
+class InputSection(_Section):
+    """What one request row is, for a model file that does not say (TorchScript, torch.export)
+    or to override a spec's description."""
+
+    kind: Literal["float", "int"] = "float"
+    """``float``: JSON numbers; ``int``: whole numbers (token ids)."""
+    width: int = Field(gt=0)
+    """Values per row."""
+    low: float | None = None
+    """Smallest value allowed (inclusive), when the model has a range."""
+    high: float | None = None
+    """Largest value allowed (inclusive)."""
+    outputs: int = Field(gt=1)
+    """Classes (or vocabulary) the model's logits cover."""
+    description: str = ""
+    """Shown in error messages, e.g. ``8 coordinates of a point``."""
+
+
 class ModelServeConfig(_Section):
     """One served model: where its weights come from, how it runs, how many replicas."""
 
@@ -148,7 +174,26 @@ class ModelServeConfig(_Section):
     """Training YAML that produced the checkpoint (relative to this file). Its model section
     builds the network and its checkpoint directory holds the weights."""
     train: dict[str, Any] | None = None
-    """The training config inline, instead of ``train_config`` (same keys as a training YAML)."""
+    """The training config inline, instead of ``train_config`` (same keys as a training YAML).
+    Its ``model`` section names the network: a built-in (``kind: mlp``) or the user's spec by
+    import path (``spec: "pkg.mod:SPEC"``)."""
+    torchscript: str | None = None
+    """A TorchScript file (``torch.jit.save``) to serve instead of a spec's model; needs
+    ``input``. Relative to this file."""
+    exported: str | None = None
+    """A ``torch.export`` program (``torch.export.save``, ``.pt2``) to serve; needs ``input``.
+    Relative to this file."""
+    safetensors: str | None = None
+    """Weights (``safetensors.torch.save_file`` of the model's ``state_dict``) for the model
+    the training config's spec builds, instead of a hetflow checkpoint. Relative to this file."""
+    input: InputSection | None = None
+    """The request row (required with ``torchscript``/``exported``; else the spec's)."""
+    preprocess: str | None = None
+    """``pkg.mod:fn``: called on each batch's checked rows (a numpy array) before the model;
+    returns an array or tensor the model takes."""
+    postprocess: str | None = None
+    """``pkg.mod:fn``: called on the model's output tensor; returns the logits
+    (``(rows, outputs)``) predictions are taken from."""
     checkpoint_dir: str | None = None
     """Take weights from the newest complete checkpoint here instead of the training config's
     directory (relative paths from the current directory, as in training)."""
@@ -281,8 +326,27 @@ class ServeConfig(_Section):
 def model_errors(m: ModelServeConfig) -> list[str]:
     """Rules inside one model entry; each message says how to fix the file."""
     errors = []
-    if (m.train_config is None) == (m.train is None):
-        errors.append("give exactly one of train_config (a training YAML) or train (inline)")
+    sources = [k for k in ("train_config", "train", "torchscript", "exported")
+               if getattr(m, k) is not None]
+    if len(sources) != 1:
+        errors.append("give exactly one of train_config (a training YAML), train (inline), "
+                      "torchscript or exported (a model file)"
+                      + (f"; got {', '.join(sources)}" if sources else ""))
+    if (m.torchscript or m.exported) and m.input is None:
+        errors.append("a torchscript or exported model needs input: {kind, width, outputs} "
+                      "(the file does not say what a request row is)")
+    if (m.torchscript or m.exported) and m.precision == "int8":
+        errors.append("int8 quantises the modules of a spec's model; a torchscript or "
+                      "exported file serves at fp32, bf16 or fp16")
+    if m.safetensors and (m.torchscript or m.exported):
+        errors.append("safetensors are weights for a spec's model (train/train_config), "
+                      "not for a model file")
+    if m.safetensors and (m.weights == "random" or m.checkpoint_dir):
+        errors.append("give safetensors, or checkpoint_dir / weights: random, not both")
+    for key in ("preprocess", "postprocess"):
+        value = getattr(m, key)
+        if value is not None and ":" not in value:
+            errors.append(f"{key} must be 'package.module:function', got {value!r}")
     if m.replicas is not None and m.autoscaling is not None:
         errors.append("give replicas (a fixed count) or autoscaling, not both")
     if m.precision in ("bf16", "fp16") and m.device == "cpu":
@@ -369,22 +433,27 @@ def _read_training_configs(config: ServeConfig, source: str) -> None:
     model spec that does not import is one line here, not a failed deployment later."""
     from hetflow.workloads.serve.inference import serving_info, train_config_of
 
+    from hetflow.workloads.serve.inference import check_model_source
+
     for entry in config.models:
         try:
             train = train_config_of(entry)  # its errors name models[<name>].train or the file
         except InputError as exc:
             raise InputError(f"{source}: {exc}") from None
         try:
-            serving_info(train)
+            if train is not None:
+                serving_info(train)
+            check_model_source(entry)
         except InputError as exc:
             raise InputError(f"{source}: models[{entry.name}]: {exc}") from None
 
 
 def _absolute_train_path(entry: Any, base: Path) -> Any:
-    if isinstance(entry, dict) and isinstance(entry.get("train_config"), str):
-        path = Path(entry["train_config"])
-        if not path.is_absolute():
-            entry = {**entry, "train_config": str((base / path).resolve())}
+    for key in ("train_config", "torchscript", "exported", "safetensors"):
+        if isinstance(entry, dict) and isinstance(entry.get(key), str):
+            path = Path(entry[key])
+            if not path.is_absolute():
+                entry = {**entry, key: str((base / path).resolve())}
     return entry
 
 
@@ -396,7 +465,8 @@ def load_serve_config(path: str | Path) -> ServeConfig:
 
 
 __all__ = [
-    "AutoscalingConfig", "BatchingConfig", "GatewayConfig", "HTTPConfig", "LimitsConfig",
+    "AutoscalingConfig", "BatchingConfig", "GatewayConfig", "HTTPConfig", "InputSection",
+    "LimitsConfig",
     "ModelServeConfig", "ServeConfig", "DEFAULT_BATCH_WAIT_TIMEOUT_S", "DEFAULT_MAX_BATCH_SIZE",
     "fallback_chain", "load_serve_config", "serve_config_from_dict",
 ]

@@ -43,21 +43,78 @@ class ReplicaSpec:
     """Everything a replica needs to build its model (plain data: it travels to Ray workers)."""
 
     model: str  # the served name
-    train: dict[str, Any]  # the training config, as JSON
+    train: dict[str, Any] | None  # the training config, as JSON (None: a model file)
     checkpoint: str | None  # checkpoint directory; None: the untrained initial weights
     precision: str  # fp32 | bf16 | fp16 | int8
     device: str  # cpu | gpu | auto
     threads: int = 1
+    # Where else the model comes from: {"torchscript" | "exported" | "safetensors": path,
+    # "input": InputSection as a dict, "preprocess"/"postprocess": "pkg.mod:fn"}
+    source: dict[str, Any] | None = None
 
     @property
-    def train_config(self) -> TrainConfig:
+    def train_config(self) -> TrainConfig | None:
+        if self.train is None:
+            return None
         return config_from_dict(self.train, source=f"model {self.model}")
 
 
-def train_config_of(entry: Any) -> TrainConfig:
-    """The training config a serving model entry names (file or inline)."""
+def source_of(entry: Any) -> dict[str, Any]:
+    """The ``ReplicaSpec.source`` of a serving model entry."""
+    out = {k: getattr(entry, k) for k in ("torchscript", "exported", "safetensors",
+                                          "preprocess", "postprocess") if getattr(entry, k)}
+    if entry.input is not None:
+        out["input"] = entry.input.model_dump()
+    return out
+
+
+def import_hook(path: str) -> Any:
+    """``pkg.mod:fn`` -> the function; InputError naming what is missing."""
+    import importlib
+
+    module, _, name = path.partition(":")
+    try:
+        fn = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as exc:
+        raise InputError(f"cannot import {path} ({exc}); is its package on PYTHONPATH (for "
+                         "Ray's workers too)?") from None
+    if not callable(fn):
+        raise InputError(f"{path} is not a function")
+    return fn
+
+
+def check_model_source(entry: Any) -> None:
+    """Files exist and hooks import (when the serving config is read, before any Ray)."""
+    from pathlib import Path
+
+    for key in ("torchscript", "exported", "safetensors"):
+        path = getattr(entry, key)
+        if path is not None and not Path(path).is_file():
+            raise InputError(f"{key} file {path} does not exist")
+    for key in ("preprocess", "postprocess"):
+        if getattr(entry, key) is not None:
+            import_hook(getattr(entry, key))
+
+
+def entry_input_spec(entry: Any, train: TrainConfig | None) -> InputSpec:
+    """The request row of a serving entry: its ``input`` section, else its spec's."""
+    if entry.input is not None:
+        return InputSpec(**entry.input.model_dump())
+    assert train is not None
+    return input_spec(train)
+
+
+def entry_output(train: TrainConfig | None) -> str:
+    return serving_info(train).output if train is not None else "logits"
+
+
+def train_config_of(entry: Any) -> TrainConfig | None:
+    """The training config a serving model entry names (file or inline); None for a model
+    file (``torchscript`` / ``exported``)."""
     if entry.train_config is not None:
         return load_config(entry.train_config)
+    if entry.train is None:
+        return None
     return config_from_dict(entry.train, source=f"models[{entry.name}].train")
 
 
@@ -77,7 +134,10 @@ def input_spec(config: TrainConfig) -> InputSpec:
 
 def apply_precision(model: nn.Module, precision: str, device: torch.device) -> nn.Module:
     """``model`` (fp32, on CPU) converted to ``precision`` and moved to ``device``."""
-    model = model.eval()
+    try:
+        model = model.eval()
+    except NotImplementedError:  # a torch.export program's module: already inference-only
+        pass
     if precision == "int8":
         if device.type != "cpu":
             raise InputError("int8 dynamic quantisation runs on CPU; use bf16 or fp16 on GPUs")
@@ -91,6 +151,8 @@ def apply_precision(model: nn.Module, precision: str, device: torch.device) -> n
             return quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)
     if precision not in PRECISION_DTYPES:
         raise InputError(f"unknown precision {precision!r}; use fp32, bf16, fp16 or int8")
+    if precision == "fp32" and device.type == "cpu":
+        return model  # as loaded (a torch.export module may not take .to())
     return model.to(device=device, dtype=PRECISION_DTYPES[precision])
 
 
@@ -110,8 +172,11 @@ class ModelRunner:
     """One model on one device at one precision; ``predict`` is safe for any valid batch."""
 
     def __init__(self, model: nn.Module, spec: InputSpec, precision: str,
-                 device: torch.device, output: str = "logits") -> None:
+                 device: torch.device, output: str = "logits", preprocess: Any = None,
+                 postprocess: Any = None) -> None:
         self.model = model
+        self.preprocess = preprocess
+        self.postprocess = postprocess
         self.spec = spec
         self.precision = precision
         self.device = device
@@ -125,8 +190,17 @@ class ModelRunner:
         for a model whose output is ``sequence_logits``)."""
         if not rows.flags.writeable:  # Ray hands arrays over read-only (zero-copy)
             rows = rows.copy()
-        x = torch.from_numpy(np.ascontiguousarray(rows)).to(self.device, self.input_dtype)
+        if self.preprocess is None:
+            x = torch.from_numpy(np.ascontiguousarray(rows)).to(self.device, self.input_dtype)
+        else:  # the user's hook shapes the input; floats still take the serving precision
+            x = self.preprocess(rows)
+            if not isinstance(x, torch.Tensor):
+                x = torch.from_numpy(np.ascontiguousarray(x))
+            dtype = PRECISION_DTYPES.get(self.precision) if x.is_floating_point() else None
+            x = x.to(self.device, dtype) if dtype is not None else x.to(self.device)
         out = self.model(x)
+        if self.postprocess is not None:
+            out = self.postprocess(out)
         if self.output == "sequence_logits":
             out = out[:, -1, :]
         return out.float().cpu()
@@ -157,28 +231,57 @@ class ModelRunner:
 
 
 def build_runner(spec: ReplicaSpec) -> ModelRunner:
-    """Load the weights, apply the precision, move to the device (in a replica or in-process)."""
+    """Load the model (a spec's with a hetflow checkpoint, safetensors or its initial weights;
+    or a TorchScript / torch.export file), apply the precision, move to the device."""
     from hetflow.workloads.train.checkpoint import latest_checkpoint, load_model_weights
     from hetflow.workloads.train.models import build_model
 
     torch.set_num_threads(spec.threads)
+    source = spec.source or {}
     config = spec.train_config
-    model = build_model(config)
-    if spec.checkpoint is not None:
-        info = latest_checkpoint(spec.checkpoint)
-        if info is None:
-            raise InputError(f"model {spec.model}: no complete checkpoint in {spec.checkpoint}; "
-                             "train it first (hetflow train) or set train_if_missing: true")
-        load_model_weights(info, model)
+    if source.get("torchscript"):
+        model = torch.jit.load(source["torchscript"], map_location="cpu")
+    elif source.get("exported"):
+        model = torch.export.load(source["exported"]).module()
+    else:
+        assert config is not None
+        model = build_model(config)
+        if source.get("safetensors"):
+            from safetensors.torch import load_file
+
+            try:
+                model.load_state_dict(load_file(source["safetensors"]))
+            except RuntimeError as exc:
+                raise InputError(f"model {spec.model}: {source['safetensors']} does not fit the "
+                                 f"spec's model: {str(exc).splitlines()[0]}") from None
+        elif spec.checkpoint is not None:
+            info = latest_checkpoint(spec.checkpoint)
+            if info is None:
+                raise InputError(f"model {spec.model}: no complete checkpoint in "
+                                 f"{spec.checkpoint}; train it first (hetflow train) or set "
+                                 "train_if_missing: true")
+            load_model_weights(info, model)
     device = torch.device("cpu") if spec.precision == "int8" else resolve_device(spec.device)
     prepared = apply_precision(model, spec.precision, device)
-    return ModelRunner(prepared, input_spec(config), spec.precision, device,
-                       serving_info(config).output)
+    if "input" in source:
+        row = InputSpec(**source["input"])
+    else:
+        assert config is not None
+        row = input_spec(config)
+    hooks = [import_hook(source[k]) if source.get(k) else None
+             for k in ("preprocess", "postprocess")]
+    return ModelRunner(prepared, row, spec.precision, device, entry_output(config), *hooks)
 
 
-def estimate_memory_bytes(config: TrainConfig, precision: str) -> int:
+def estimate_memory_bytes(config: TrainConfig | None, precision: str,
+                          model_file: str | None = None) -> int:
     """Device memory one replica needs: runtime overhead plus twice the weights (the weights
-    and room for activations and the allocator's rounding of small batches)."""
+    and room for activations and the allocator's rounding of small batches). A model file
+    counts by its size (fp32 weights, scaled to the precision)."""
+    if config is None:
+        assert model_file is not None
+        weights = os.path.getsize(model_file) * BYTES_PER_PARAM[precision] // 4
+        return RUNTIME_OVERHEAD_BYTES + 2 * weights
     from hetflow.workloads.train.models import build_model
 
     params = sum(p.numel() for p in build_model(config).parameters())
@@ -196,5 +299,6 @@ def accuracy(runner: ModelRunner, inputs: np.ndarray, targets: np.ndarray,
 
 
 __all__ = ["ModelRunner", "ReplicaSpec", "accuracy", "apply_precision", "build_runner",
+           "check_model_source", "entry_input_spec", "entry_output", "import_hook", "source_of",
            "estimate_memory_bytes", "input_spec", "resolve_device", "serving_info",
            "train_config_of"]

