@@ -83,6 +83,10 @@ def run_start(args: argparse.Namespace) -> int:
 
     if args.num_cpus is not None and args.num_cpus < 0:
         raise InputError("--num-cpus must be >= 0")
+    if args.address and not args.print_only:
+        from hetflow.runtime.session import check_reachable
+
+        check_reachable(args.address)  # `ray start --address` retries a dead head for minutes
     node = _node(args)
     store_bytes, store_reason = _object_store(args, node)
     extra = [f"--node-ip-address={args.node_ip_address}"] if args.node_ip_address else []

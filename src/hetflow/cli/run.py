@@ -19,6 +19,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from hetflow.cli.main import require
+from hetflow.runtime.session import check_reachable
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -41,6 +44,9 @@ def run(args: argparse.Namespace) -> int:
     from hetflow.workflow.spec import load_workflow
 
     spec = load_workflow(args.workflow)
+    require("torch", dataset=spec.train_config().dataset)
+    # no address: an embedded local Ray (RAY_ADDRESS is not read, docs/workflow.md)
+    check_reachable(args.address or spec.ray.address or "local")
     result = run_workflow(spec, address=args.address, fresh=args.fresh,
                           progress=not args.no_progress and sys.stdout.isatty())
     for stage in result.stages:

@@ -82,6 +82,13 @@ def _missing_bench(parser: argparse.ArgumentParser) -> int:
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    from hetflow.cli.main import require
+    from hetflow.runtime.session import check_reachable
+
+    require("torch")
+    # Before the config, whose reading imports the serving code (seconds): a cluster nobody
+    # answers on is one line at once. The config's ray_address is read raw here for that only.
+    check_reachable(args.address or _raw_address(args.config))
     from hetflow.workloads.serve.config import load_serve_config
 
     config = load_serve_config(args.config)
@@ -91,7 +98,6 @@ def run_serve(args: argparse.Namespace) -> int:
         overrides["ray_address"] = args.address
     if overrides:
         config = config.with_overrides(**overrides)
-
     from hetflow.workloads.serve.app import deploy
 
     served = deploy(config)
@@ -119,6 +125,18 @@ def run_serve(args: argparse.Namespace) -> int:
 
             ray.shutdown()
     return 0
+
+
+def _raw_address(path: str) -> str | None:
+    """The config file's top-level ``ray_address``, if it is readable (errors come later)."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(open(path, encoding="utf-8"))
+    except (OSError, ValueError, yaml.YAMLError):
+        return None
+    address = data.get("ray_address") if isinstance(data, dict) else None
+    return address if isinstance(address, str) else None
 
 
 def _wait(duration: float | None) -> None:

@@ -23,7 +23,7 @@ import sys
 import time
 from typing import Any
 
-from hetflow.core.errors import HetflowError, InputError
+from hetflow.core.errors import InputError
 
 GIB = 1 << 30
 
@@ -192,16 +192,22 @@ def render(view):
 
 def _connect(address: str | None) -> bool:
     """Connect to Ray unless this process already is; True when this call connected."""
+    import os
+
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     import ray
+
+    from hetflow.runtime.session import check_reachable
 
     if ray.is_initialized():
         return False
+    check_reachable(address, default="auto")
     try:
         ray.init(address=address or "auto", log_to_driver=False, logging_level="ERROR")
-    except ConnectionError as err:
-        raise HetflowError(
-            f"cannot reach a Ray cluster at {address or 'the local node'} ({err}); start one with "
-            "`hetflow node start` or pass --address HEAD:6379"
+    except ConnectionError as err:  # same meaning (and exit code 2) as submit/status without a cluster
+        raise InputError(
+            f"no running Ray cluster found ({str(err).splitlines()[0]}); start one with "
+            "`ray start --head` / `hetflow node start`, or pass --address HEAD:6379"
         ) from None
     return True
 

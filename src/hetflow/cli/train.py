@@ -19,7 +19,9 @@ from typing import Any
 
 import yaml
 
+from hetflow.cli.main import require
 from hetflow.core.errors import InputError
+from hetflow.runtime.session import check_reachable
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -60,6 +62,8 @@ def run(args: argparse.Namespace) -> int:
         overrides.setdefault("resources", {})["ray_address"] = args.address
     if overrides:
         config = config.with_overrides(**overrides)
+    require("torch", dataset=config.dataset)
+    check_reachable(config.resources.ray_address)
 
     from hetflow.workloads.train.job import run_training
 

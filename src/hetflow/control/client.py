@@ -34,8 +34,10 @@ def connect(address: str | None = None) -> Iterator[None]:
     if ray.is_initialized():
         yield
         return
+    from hetflow.runtime.session import check_reachable
+
     target = address or "auto"
-    _check_reachable(target)
+    check_reachable(target)  # an address nobody answers on: one line in seconds, not Ray's retries
     try:
         ray.init(address=target, namespace="hetflow", log_to_driver=False, logging_level="ERROR")
     except (ConnectionError, RuntimeError, ValueError) as exc:
@@ -56,23 +58,6 @@ def connect(address: str | None = None) -> Iterator[None]:
         yield
     finally:
         ray.shutdown()
-
-
-def _check_reachable(address: str) -> None:
-    """Fail in seconds, not minutes, on a ``host:port`` nobody listens on (``ray.init`` keeps
-    retrying such an address for a long time)."""
-    import socket
-
-    if address == "auto" or "://" in address or ":" not in address:
-        return
-    host, _, port = address.rpartition(":")
-    try:
-        with socket.create_connection((host, int(port)), timeout=5):
-            return
-    except (OSError, ValueError) as exc:
-        raise InputError(f"cannot reach the Ray cluster at {address} ({exc}); check the head's "
-                         "address (`ray status` on the head prints it) or start one with "
-                         "`ray start --head` / `hetflow node start`") from None
 
 
 def controller(settings: dict[str, Any] | None = None, create: bool = True) -> Any:
