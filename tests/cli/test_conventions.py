@@ -35,13 +35,13 @@ def dead_address() -> str:
 
 
 def hetflow(*args: str, env: dict[str, str] | None = None, prelude: str = "",
-            cwd: Path = REPO) -> subprocess.CompletedProcess:
+            cwd: Path = REPO, timeout: float = DEADLINE_S) -> subprocess.CompletedProcess:
     """``hetflow ARGS`` in a fresh interpreter (``prelude`` runs first, e.g. to hide a package)."""
     base = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     base["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), str(REPO), base.get("PYTHONPATH", "")])
     code = f"import sys\n{prelude}\nfrom hetflow.cli.main import main\nsys.exit(main())"
     return subprocess.run([sys.executable, "-c", code, *args], env={**base, **(env or {})}, cwd=cwd,
-                          capture_output=True, text=True, timeout=DEADLINE_S)
+                          capture_output=True, text=True, timeout=timeout)
 
 
 def one_line_error(done: subprocess.CompletedProcess, code: int, pattern: str) -> str:
@@ -86,6 +86,17 @@ def test_a_cluster_ray_start_recorded_but_gone_is_named(tmp_path: Path) -> None:
         done = hetflow(*argv, env={"RAY_TMPDIR": str(tmp_path)})
         one_line_error(done, 2, rf"no Ray cluster answers at {re.escape(addr)}, the cluster `ray start` "
                                 r"last started here .*ray_current_cluster.*`ray stop`")
+
+
+def test_a_port_that_accepts_but_is_no_ray_head_fails_fast() -> None:
+    """Something listens there but never answers (ray.init would wait for minutes)."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        addr = "127.0.0.1:%d" % listener.getsockname()[1]
+        done = hetflow("status", "--address", addr)
+    one_line_error(done, 2, rf"{re.escape(addr)} \(from --address\) accepts connections but does not answer "
+                            r"as a Ray head")
 
 
 def test_a_malformed_address_is_bad_input() -> None:
@@ -184,3 +195,47 @@ def test_bash_completion_completes_verbs_options_and_files(tmp_path: Path) -> No
     assert "--dry-run" in complete(script, "hetflow train --")
     assert "examples/train_digits.yaml" in complete(script, "hetflow train examples/train_d")
     assert complete(script, "hetflow completion ") == ["bash", "tcsh", "zsh"]
+
+
+DRY_RUNS = [
+    (["train", "examples/train_digits.yaml"], lambda d: d["placement"]["ranks"] == 2 and d["backend"] == "gloo"),
+    (["launch", "--nproc", "2", "examples/launch/ddp_snapshot.py", "--steps", "5"],
+     lambda d: d["placement"]["ranks"] == 2 and d["argv"][-2:] == ["--steps", "5"]),
+    (["submit", "examples/jobs/digits-cpu.yaml"], lambda d: d["job"]["name"] == "digits-cpu" and d["cluster"] is None),
+    (["run", "examples/digits.yaml"], lambda d: d["placement"]["ranks"] == 2 and d["stages"]["tune"] == "off"),
+]
+
+
+def ray_processes_under(root: Path) -> list[str]:
+    """Command lines of live processes that name ``root`` (Ray's raylet and GCS name their temp dir)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            cmd = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue  # the process ended meanwhile
+        if str(root) in cmd:
+            found.append(cmd)
+    return found
+
+
+@pytest.mark.parametrize("argv, check", DRY_RUNS, ids=lambda a: a[0] if isinstance(a, list) else "")
+def test_dry_run_says_what_would_start_and_starts_nothing(argv: list[str], check, tmp_path: Path) -> None:
+    env = {"RAY_TMPDIR": str(tmp_path)}  # a new local Ray would make its session directory here
+    # a launched script's own options come after SCRIPT: --dry-run and --json go before it
+    argv = argv[:1] + ["--dry-run", "--json"] + argv[1:]
+    done = hetflow(*argv, env=env, timeout=60)  # (reading a workflow imports torch: seconds)
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert data["dry_run"] is True and check(data), data
+    assert data.get("ray", {"new_local_ray": True}).get("new_local_ray") is True
+    assert not (tmp_path / "ray").exists() or not list((tmp_path / "ray").glob("session_*"))
+    assert ray_processes_under(tmp_path) == []
+    text = hetflow(*[a for a in argv if a != "--json"], env=env, timeout=60)
+    assert text.returncode == 0 and text.stdout.startswith("dry run: nothing was started\n"), text.stderr
+
+
+def test_a_dry_run_that_cannot_fit_exits_3_like_the_run(tmp_path: Path) -> None:
+    done = hetflow("train", "examples/train_digits.yaml", "--dry-run", "--set", "layout.dp=64",
+                   "--set", "train.batch_size=128", env={"RAY_TMPDIR": str(tmp_path)})
+    one_line_error(done, 3, r"64 ranks x 1 CPUs = 64 CPUs, a new local Ray on this machine .* has \d+")

@@ -35,6 +35,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                                     "bestfit); default hetflow when the controller starts")
     p.add_argument("--round-s", type=float, help="round length of preemptive policies, seconds")
     p.add_argument("--json", action="store_true", help="print the job's record as JSON")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print what would be queued and, with a running cluster, whether and where it "
+                        "could run; queue nothing, start no controller")
     p.set_defaults(func=run_submit)
 
     p = sub.add_parser("status", parents=[common], help="queue, running jobs and their devices, "
@@ -75,6 +78,8 @@ def run_submit(args: argparse.Namespace) -> int:
 
     spec = load_job(args.job)  # a bad file fails before any connection
     settings = _settings(args)
+    if args.dry_run:
+        return dry_run_submit(spec, args.address, settings, args.json)
     with client.connect(args.address):
         if settings:
             client.configure(settings)
@@ -85,6 +90,77 @@ def run_submit(args: argparse.Namespace) -> int:
         print(record["job_id"])
         print(f"  {record['status']}: {record['reason']}", file=sys.stderr)
     return 0
+
+
+def describe_job(spec: Any) -> list[tuple[str, str]]:
+    """What a job would ask for and run, as ``key: value`` lines (``submit --dry-run``)."""
+    import shlex
+
+    if spec.kind == "train":
+        config = spec.train_config()
+        layout = config.layout
+        what = (f"training {config.name}: dp {layout.dp} x pp {layout.pp} x tp {layout.tp} ranks, "
+                f"{config.train.steps} steps, checkpoints in {config.checkpoint_dir}")
+    elif spec.kind == "launch":
+        job = spec.launch
+        what = f"{job.nproc} rank(s) of `{job.script or '-m ' + str(job.module)}` (hetflow launch)"
+    elif spec.kind == "python":
+        py = spec.python
+        what = "`" + shlex.join(["python", py.script] + list(py.args) if py.script else
+                                 ["python", "-c", "<call>", str(py.entrypoint)] + list(py.args)) + "`"
+    else:
+        what = f"`hetflow tune {spec.tune} --address auto`"
+    if spec.cpu_only:
+        memory = f", {spec.memory}" if spec.memory else ""
+        ask = f"{spec.job_cpus:g} CPUs{memory} on one node, no accelerator"
+    else:
+        d = spec.devices
+        kinds = " ".join(x for x in (d.vendor, d.type) if x) or "any"
+        ask = (f"{spec.num_devices} device(s) ({kinds}" + (f", {d.memory} each" if d.memory else "")
+               + f"), {spec.cpus_per_device:g} CPU(s) per device")
+    work = "open-ended" if spec.total_work == float("inf") else (
+        f"{spec.total_work:g} {'seconds' if spec.work.seconds is not None else 'steps'}")
+    return [("job", f"{spec.name} ({spec.kind}); its id would be {spec.name}-N"), ("runs", what),
+            ("asks for", ask), ("work", work),
+            ("preemptible", "yes" if spec.is_preemptible else "no"),
+            ("attempts", f"at most {spec.max_attempts} failures")]
+
+
+def dry_run_submit(spec: Any, address: str | None, settings: dict[str, Any], as_json: bool) -> int:
+    """What ``submit`` would queue; with a cluster running (``--address``, RAY_ADDRESS or the one
+    ``ray start`` recorded), the controller's own admission check on it - which device types could
+    run the job, or exit 3 with why none can. No controller is started and nothing is queued."""
+    from hetflow.cli.dryrun import show
+    from hetflow.runtime.session import check_reachable, effective_address
+
+    lines = describe_job(spec)
+    data: dict[str, Any] = {"job": spec.model_dump(mode="json"), "cluster": None, "could_run_on": None}
+    target, source = effective_address(address or "auto")
+    if target in (None, "auto"):
+        lines.append(("cluster", "none given or recorded: not checked (submit needs a running cluster; "
+                                 "`ray start --head` or `hetflow node start` starts one)"))
+        return show(lines, data, as_json)
+    check_reachable(address, default="auto")
+    from hetflow.control import client
+    from hetflow.control.controller import settings_from
+    from hetflow.control.hosts import host_view
+    from hetflow.control.scheduler import LiveScheduler
+
+    with client.connect(address):
+        import ray
+        from ray.util import placement_group_table
+
+        from hetflow.runtime.binding import live_snapshot
+
+        config = settings_from(None, settings)
+        view = host_view(live_snapshot(config.inter_node_gbps), ray.nodes(), placement_group_table())
+        rates = LiveScheduler(config).admit(spec, view.snapshot)  # Unschedulable (exit 3): never fits
+    lines.append(("cluster", f"{target} (from {source}): {len(view.snapshot.nodes)} node(s)"))
+    lines.append(("could run on", ", ".join(f"{t} ({r:g} work/s)" for t, r in sorted(rates.items()))))
+    lines.append(("policy", f"{config.policy} decides when and where (a running controller keeps its own)"))
+    data.update(cluster={"address": target, "source": source, "nodes": [n.name for n in view.snapshot.nodes]},
+                could_run_on=rates, policy=config.policy)
+    return show(lines, data, as_json)
 
 
 def run_status(args: argparse.Namespace) -> int:

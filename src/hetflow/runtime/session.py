@@ -125,6 +125,41 @@ def check_reachable(address: str | None, default: str | None = None) -> None:
         raise InputError(f"cannot reach the Ray cluster at {target} (from {source}: {why}); check "
                          "the head's address (`ray status` on the head prints it), or start one with "
                          "`ray start --head` / `hetflow node start`") from None
+    if not target.startswith("ray://"):
+        _probe_gcs(target, where, source)
+
+
+def _probe_gcs(target: str, where: tuple[str, int], source: str) -> None:
+    """One real call to the GCS (``GetClusterId``) with a deadline: a port that accepts
+    connections but is not a Ray head (or a head that hangs) would make ``ray.init`` wait for
+    minutes too. A refusal for want of a token means a Ray head is there (Ray says the rest)."""
+    import grpc
+
+    host, port = where
+    with grpc.insecure_channel(f"[{host}]:{port}" if ":" in host else f"{host}:{port}") as channel:
+        call = channel.unary_unary("/ray.rpc.NodeInfoGcsService/GetClusterId",
+                                   request_serializer=lambda b: b, response_deserializer=lambda b: b)
+        try:
+            call(b"", timeout=CONNECT_TIMEOUT_S)
+            return
+        except grpc.RpcError as exc:
+            code = exc.code()
+    if code in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNIMPLEMENTED):
+        what = "does not answer as" if code is grpc.StatusCode.DEADLINE_EXCEEDED else "is not"
+        raise InputError(f"{target} (from {source}) accepts connections but {what} a Ray head (GCS) "
+                         f"({code.name.lower()} within {CONNECT_TIMEOUT_S:g}s); check the head's address "
+                         "and port (`ray status` on the head prints it)") from None
+
+
+def check_embedded(ranks: int, what: str = "--nproc") -> int:
+    """The cores of an embedded local Ray for ``ranks`` ranks; Unschedulable when too many."""
+    cores = os.cpu_count() or 1
+    if ranks > RANKS_PER_CORE * cores:
+        raise Unschedulable(
+            f"{what} {ranks}: this machine has {cores} CPU cores and an embedded local Ray runs "
+            f"at most {RANKS_PER_CORE} ranks per core ({RANKS_PER_CORE * cores}); use fewer "
+            "ranks, or join a cluster with --address")
+    return cores
 
 
 def connect(address: str | None, ranks: int, runtime_env: dict[str, Any] | None = None,
@@ -147,12 +182,7 @@ def connect(address: str | None, ranks: int, runtime_env: dict[str, Any] | None 
         ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR,
                  runtime_env=runtime_env)
         return Session(True, None)
-    cores = os.cpu_count() or 1
-    if ranks > RANKS_PER_CORE * cores:
-        raise Unschedulable(
-            f"{what} {ranks}: this machine has {cores} CPU cores and an embedded local Ray runs "
-            f"at most {RANKS_PER_CORE} ranks per core ({RANKS_PER_CORE * cores}); use fewer "
-            "ranks, or join a cluster with --address")
+    cores = check_embedded(ranks, what)
     # A Ray of this run only: nobody scrapes its metrics, and on a small machine their
     # collection competes with the ranks for the same cores.
     ray.init(address="local", num_cpus=cores, include_dashboard=False, log_to_driver=False,
@@ -161,5 +191,5 @@ def connect(address: str | None, ranks: int, runtime_env: dict[str, Any] | None 
     return Session(True, cores)
 
 
-__all__ = ["CONNECT_TIMEOUT_S", "RANKS_PER_CORE", "Session", "check_reachable", "connect", "effective_address",
+__all__ = ["CONNECT_TIMEOUT_S", "RANKS_PER_CORE", "Session", "check_embedded", "check_reachable", "connect", "effective_address",
            "ray_address_file"]
