@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 import uuid
 from typing import Any, Iterator
 
@@ -122,8 +123,27 @@ def cancel(job_id: str) -> dict[str, Any]:
     return _call(controller(create=False).cancel, job_id)
 
 
-def logs(job_id: str, nbytes: int = 64 * 1024) -> str:
-    return _call(controller(create=False).logs, job_id, nbytes)
+def logs(job_id: str, nbytes: int = 64 * 1024, lines: int | None = None) -> str:
+    """The job's output (every attempt, the last ``nbytes`` kept); ``lines``: only the last N lines."""
+    return _call(controller(create=False).logs, job_id, nbytes, lines)
+
+
+FOLLOW_POLL_S = 0.5
+
+EXIT_BY_STATUS = {"SUCCEEDED": 0, "FAILED": 1, "CANCELLED": 4}  # hetflow's exit codes (docs/cli.md)
+
+
+def follow(job_id: str, write: Any, *, from_start: bool = True) -> dict[str, Any]:
+    """Write the job's output as it comes (every attempt) until the job ends; its final record.
+    ``from_start``: the current attempt's output from its start, else only what comes from now."""
+    handle = controller(create=False)
+    state = _call(handle.follow, job_id, None, None if from_start else -1)
+    write(state["text"])
+    while not state["finished"]:
+        time.sleep(FOLLOW_POLL_S)
+        state = _call(handle.follow, job_id, state["token"], state["offset"])
+        write(state["text"])
+    return status(job_id)[0]
 
 
 def configure(settings: dict[str, Any]) -> dict[str, Any]:
@@ -135,4 +155,5 @@ def info() -> dict[str, Any]:
     return _call(controller(create=False).info)
 
 
-__all__ = ["cancel", "configure", "connect", "controller", "info", "logs", "status", "submit"]
+__all__ = ["EXIT_BY_STATUS", "cancel", "configure", "connect", "controller", "follow", "info", "logs", "status",
+           "submit"]
