@@ -31,6 +31,7 @@ from ray.cluster_utils import Cluster
 from hetflow.control import client
 from hetflow.control.controller import NAMESPACE
 from hetflow.control.jobspec import load_job
+from tests.control.test_controller_ray import wait_for
 
 pytestmark = pytest.mark.ray
 
@@ -117,16 +118,6 @@ def ray_status(cluster: dict, submission_id: str) -> str | None:
         return JobSubmissionClient(cluster["api"]).get_job_status(submission_id).value
     except RuntimeError:  # not submitted yet
         return None
-
-
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_submit_wait_exits_with_the_outcome_and_each_attempt_is_a_ray_job(cluster: dict) -> None:
