@@ -133,3 +133,41 @@ def test_devices_held_outside_the_controller_are_not_handed_out() -> None:
     assert plan.reasons["x-1"] == "waiting: needs 1x L40S; L40S: none free"
     free = LiveScheduler(ControllerSettings(policy="fifo")).decide([job], SNAPSHOT, 0.0, False, force=True)
     assert [l.held.text() for l in free.launches] == ["1x L40S on b [0]"]
+
+
+# --- the planner decides ranks inside the policy's choice --------------------------------
+
+DGX1 = ClusterSnapshot(nodes=(synthetic_node("8x V100", "dgx1"),))
+
+
+def _launch_spec(name: str, nproc: int, tp: int) -> JobSpec:
+    return job_from_dict({"name": name, "kind": "launch",
+                          "launch": {"script": "/x.py", "nproc": nproc, "tp": tp},
+                          "work": {"seconds": 60.0}})
+
+
+def _first_launch(snapshot: ClusterSnapshot, s: JobSpec) -> Any:
+    plan = LiveScheduler(ControllerSettings(policy="fifo")).decide(
+        [record(1, s)], snapshot, 0.0, False, force=True)
+    (launch,) = plan.launches
+    return launch
+
+
+def test_a_tp4_job_on_a_dgx1_lands_on_an_nvlink_quad() -> None:
+    busy = replace(DGX1, allocations=(Allocation("someone-else", "dgx1", 0),))
+    launch = _first_launch(busy, _launch_spec("tp4", 4, 4))
+    assert sorted(s.device for s in launch.held.slots) == [4, 5, 6, 7]  # the free NVLink quad
+    assert [d.device for d in launch.placement.devices] == [s.device for s in launch.held.slots]
+    assert launch.placement.tp_group_gbps == (25.0,)  # NV1 at worst, never PCIe
+    assert "bottleneck 25 GB/s" in launch.placement.explain()
+
+
+def test_tp_pairs_of_a_controller_job_get_the_nv2_links() -> None:
+    launch = _first_launch(DGX1, _launch_spec("tp2", 4, 2))
+    devices = [d.device for d in launch.placement.devices]
+    assert launch.placement.layout.tp == 2 and launch.placement.layout.dp == 2
+    node = DGX1.nodes[0]
+    assert [node.bandwidth(devices[0], devices[1]), node.bandwidth(devices[2], devices[3])] == [50.0, 50.0]
+    assert launch.placement.tp_group_gbps == (50.0, 50.0)
+    assert sorted(s.device for s in launch.held.slots) == sorted(devices)
+    assert any("chosen by the cluster policy" in n for n in launch.placement.notes)

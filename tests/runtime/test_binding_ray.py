@@ -157,3 +157,134 @@ def test_resources_restored_after_jobs(cluster) -> None:
         time.sleep(0.2)
     assert live_snapshot().allocations == ()
     assert all(g["state"] == "REMOVED" for g in placement_group_table().values())
+
+
+# --- hetflow.placement: the planner's devices for the user's own Ray code ------------------
+
+
+@ray.remote(num_cpus=0)
+def _bound_visibility() -> dict:
+    """A task as a Tune trial or any process holding planned devices would run: bind first."""
+    import hetflow.placement as hp
+
+    where = hp.bind()
+    return {"where": where, "env": os.environ.get("CUDA_VISIBLE_DEVICES")}
+
+
+def _no_live_group(name: str) -> bool:
+    return not [g for g in placement_group_table().values()
+                if g["name"] == f"hetflow-{name}" and g["state"] != "REMOVED"]
+
+
+def test_placement_options_put_a_users_actor_on_the_planned_device(cluster) -> None:
+    import hetflow.placement as hp
+
+    opts = hp.options(devices=1, model="L40S", cpus=0, name="user-actor")
+    actor = Rank.options(**opts).remote()
+    try:
+        seen = ray.get(actor.visible.remote(), timeout=60)
+    finally:
+        ray.kill(actor)
+    assert seen["node"] == "pcie4"
+    assert seen["env"]["CUDA_VISIBLE_DEVICES"] in {"0", "1", "2", "3"}
+    assert seen["gpu_ids"] == []
+    hp.release(opts)
+    hp.release(opts)  # twice is fine
+    assert wait_removed(opts["scheduling_strategy"].placement_group)
+
+
+def test_placement_group_gives_each_rank_its_planned_device_and_releases_on_exit(cluster) -> None:
+    import hetflow.placement as hp
+
+    with hp.group(devices=2, model="L40S", cpus_per_rank=0, name="user-gang") as g:
+        pg, options = g
+        assert pg is g.pg and len(options) == 2
+        planned = [r.device for r in g.placement.devices]
+        actors = [Rank.options(**o).remote() for o in options]
+        try:
+            seen = ray.get([a.visible.remote() for a in actors], timeout=60)
+        finally:
+            for a in actors:
+                ray.kill(a)
+        node = live_snapshot().node("pcie4")
+        assert node.device(planned[0]).numa_node == node.device(planned[1]).numa_node
+        assert [s["env"]["CUDA_VISIBLE_DEVICES"] for s in seen] == [str(d) for d in planned]
+        assert "bottleneck" in g.explain()
+    assert wait_removed(pg)
+
+
+def test_placement_options_give_one_process_several_devices_on_one_node(cluster) -> None:
+    import hetflow.placement as hp
+
+    opts = hp.options(devices=4, vendor="amd", cpus=0, name="engine")
+    try:
+        seen = ray.get(Rank.options(**opts).remote().visible.remote(), timeout=60)
+        held = live_snapshot().allocations
+    finally:
+        hp.release(opts)
+    devices = seen["env"]["HIP_VISIBLE_DEVICES"].split(",")
+    assert seen["node"] == "mi300x" and len(devices) == 4
+    assert seen["env"]["CUDA_VISIBLE_DEVICES"] == seen["env"]["HIP_VISIBLE_DEVICES"]
+    assert sorted(int(d) for d in devices) == sorted(a.device for a in held if a.job_id == "engine")
+    assert wait_removed(opts["scheduling_strategy"].placement_group)
+
+
+def test_placement_that_cannot_fit_is_refused_at_once(cluster) -> None:
+    import hetflow.placement as hp
+
+    with pytest.raises(Unschedulable, match="cannot place"):
+        hp.options(devices=9, vendor="amd", cpus=0, name="too-big")
+    with pytest.raises(Unschedulable, match="cannot mix vendors"):
+        hp.group(devices=16, cpus_per_rank=0, name="both-vendors")  # 8 AMD + 8+4 NVIDIA
+    assert _no_live_group("too-big") and _no_live_group("both-vendors")
+
+
+def _trial(config: dict) -> None:
+    import hetflow.placement as hp
+    from ray import tune
+
+    where = hp.bind()  # first thing, before anything touches a GPU
+    tune.report({"where": where, "env": os.environ.get("CUDA_VISIBLE_DEVICES")})
+
+
+def test_tune_resources_and_bind_give_a_trial_its_planned_device(cluster, tmp_path) -> None:
+    from ray import tune
+
+    import hetflow.placement as hp
+
+    factory = hp.tune_resources(devices=1, model="H100", cpus=0, name="trial")
+    (resource,) = [k for k in factory.bundles[0] if k.startswith("hetflow_dev_")]
+    tuner = tune.Tuner(tune.with_resources(_trial, factory),
+                       run_config=tune.RunConfig(storage_path=str(tmp_path), name="placed", verbose=0))
+    (result,) = list(tuner.fit())
+    device = resource.removeprefix("hetflow_dev_")
+    assert result.error is None
+    assert (result.metrics["where"], result.metrics["env"]) == (f"h100:{device}", device)
+
+
+def test_serve_options_put_a_deployment_replica_on_the_planned_device(cluster) -> None:
+    import socket
+
+    from ray import serve
+
+    import hetflow.placement as hp
+
+    opts = hp.serve_options(devices=1, vendor="amd", cpus=0, name="replica")
+    device = opts["ray_actor_options"]["runtime_env"]["env_vars"]["HIP_VISIBLE_DEVICES"]
+
+    @serve.deployment
+    class Where:
+        def __call__(self) -> dict:
+            return {"hip": os.environ.get("HIP_VISIBLE_DEVICES"),
+                    "node": ray.get_runtime_context().get_node_labels().get("hetflow.io/node")}
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    try:
+        handle = serve.run(Where.options(**opts).bind(), name="where", route_prefix=None)
+        got = handle.remote().result(timeout_s=60)
+    finally:
+        serve.shutdown()
+    assert got == {"hip": device, "node": "mi300x"}

@@ -27,6 +27,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from hetflow.accelerators.synthetic import DGX1_CUBE_MESH
+from hetflow.core.errors import Unschedulable
+from hetflow.core.placement import Placement
 from hetflow.core.request import ParallelLayout, PlacementRequest
 from hetflow.core.topology import (
     Allocation, ClusterSnapshot, Device, Link, LinkKind, NodeTopology, PcieLevel, Vendor,
@@ -149,14 +151,17 @@ def pair_gbps(snapshot: ClusterSnapshot, x: tuple[str, int], y: tuple[str, int])
     return snapshot.node(x[0]).bandwidth(x[1], y[1])
 
 
-def free_devices(snapshot: ClusterSnapshot) -> list[tuple[str, int]]:
+def free_devices(snapshot: ClusterSnapshot, vendor: Vendor | None = None) -> list[tuple[str, int]]:
     taken = {(a.node, a.device) for a in snapshot.allocations}
-    return [(n.name, d.index) for n in snapshot.nodes for d in n.devices if (n.name, d.index) not in taken]
+    return [(n.name, d.index) for n in snapshot.nodes for d in n.devices
+            if (n.name, d.index) not in taken and vendor in (None, d.vendor)]
 
 
-def brute_force_bottleneck(snapshot: ClusterSnapshot, tp: int, groups: int) -> float:
-    """Highest achievable minimum TP-group bottleneck, by exhaustive search."""
-    devices = free_devices(snapshot)
+def brute_force_bottleneck(snapshot: ClusterSnapshot, tp: int, groups: int,
+                           vendor: Vendor | None = None) -> float:
+    """Highest achievable minimum TP-group bottleneck, by exhaustive search (over the devices
+    of ``vendor`` only, when given)."""
+    devices = free_devices(snapshot, vendor)
     scored = []  # (bottleneck, bitmask over `devices`, lowest member)
     for combo in itertools.combinations(range(len(devices)), tp):
         value = min(pair_gbps(snapshot, devices[a], devices[b]) for a, b in itertools.combinations(combo, 2))
@@ -195,8 +200,17 @@ def disjoint_sets_exist(by_lowest: dict[int, list[int]], n: int, groups: int, tp
     return search(0, 0, groups)
 
 
-def check_against_brute_force(snapshot: ClusterSnapshot, layout: ParallelLayout) -> None:
+def check_against_brute_force(snapshot: ClusterSnapshot, layout: ParallelLayout) -> Placement | None:
+    """The planner's bottleneck is the best over single vendors (a job never mixes vendors),
+    and it refuses when no vendor alone has enough free devices."""
+    vendors = {snapshot.node(n).device(i).vendor for n, i in free_devices(snapshot)}
+    fitting = [v for v in vendors if len(free_devices(snapshot, v)) >= layout.world_size]
+    if not fitting:
+        with pytest.raises(Unschedulable, match="cannot mix vendors"):
+            plan(snapshot, PlacementRequest("job", layout=layout))
+        return None
     placement = plan(snapshot, PlacementRequest("job", layout=layout))
+    assert len({snapshot.node(d.node).device(d.device).vendor for d in placement.devices}) == 1
     free = set(free_devices(snapshot))
     assert len(placement.devices) == layout.world_size
     assert len(set(placement.devices)) == layout.world_size
@@ -206,9 +220,10 @@ def check_against_brute_force(snapshot: ClusterSnapshot, layout: ParallelLayout)
         members = placement.devices[g * layout.tp:(g + 1) * layout.tp]
         real = min(pair_gbps(snapshot, x, y) for x, y in itertools.combinations(members, 2))
         assert placement.tp_group_gbps[g] == real
-    expected = brute_force_bottleneck(snapshot, layout.tp, layout.num_tp_groups)
+    expected = max(brute_force_bottleneck(snapshot, layout.tp, layout.num_tp_groups, v) for v in fitting)
     assert placement.tp_bottleneck_gbps == expected, placement.explain()
     assert not any("not proven" in n for n in placement.notes)
+    return placement
 
 
 def occupy(nodes: list[NodeTopology], busy: dict[str, list[int]], inter: float) -> ClusterSnapshot:
@@ -314,8 +329,9 @@ def test_seeded_clusters_of_up_to_4_nodes_x_8_match_brute_force() -> None:
         if tp < 2:
             continue
         layout = random_layout(rng, snapshot, tp)
-        check_against_brute_force(snapshot, layout)
-        placement = plan(snapshot, PlacementRequest("job", layout=layout))
+        placement = check_against_brute_force(snapshot, layout)
+        if placement is None:  # no vendor alone holds it (checked: refused)
+            continue
         spanning += any(
             len({d.node for d in placement.devices[g * tp:(g + 1) * tp]}) > 1
             for g in range(layout.num_tp_groups)

@@ -44,6 +44,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="size the object store for this workload (default: Ray's 30%% share)")
     s.add_argument("--object-store-memory", metavar="SIZE",
                    help="object store size, e.g. 200GiB (default: chosen from memory and --workload)")
+    s.add_argument("--ray-gpus", metavar="K|I,J",
+                   help="leave devices to Ray's own GPU accounting (num_gpus works for them): a "
+                        "count K (the K highest-numbered) or device indices (6,7; one: 7,); "
+                        "hetflow manages the rest, no device is in both")
     s.add_argument("--print", dest="print_only", action="store_true",
                    help="print the command and exit without starting anything")
     s.set_defaults(func=run_start)
@@ -79,7 +83,13 @@ def _object_store(args: argparse.Namespace, node) -> tuple[int | None, str]:
 
 
 def run_start(args: argparse.Namespace) -> int:
-    from hetflow.runtime.resources import fast_islands, format_command, ray_start_command
+    from hetflow.runtime.resources import (
+        fast_islands,
+        format_command,
+        ray_gpu_env,
+        ray_start_command,
+        split_ray_gpus,
+    )
 
     if args.num_cpus is not None and args.num_cpus < 0:
         raise InputError("--num-cpus must be >= 0")
@@ -87,19 +97,25 @@ def run_start(args: argparse.Namespace) -> int:
         from hetflow.runtime.session import check_reachable
 
         check_reachable(args.address)  # `ray start --address` retries a dead head for minutes
-    node = _node(args)
+    whole = _node(args)
+    node, ray_devices = split_ray_gpus(whole, args.ray_gpus)
+    env = ray_gpu_env(whole, ray_devices)
     store_bytes, store_reason = _object_store(args, node)
     extra = [f"--node-ip-address={args.node_ip_address}"] if args.node_ip_address else []
     cmd = ray_start_command(node, args.address, num_cpus=args.num_cpus,
-                            object_store_memory=store_bytes, extra=extra)
+                            object_store_memory=store_bytes, extra=extra, ray_gpus=len(ray_devices))
     islands = fast_islands(node)
-    print(f"# node {node.name}: {len(node.accelerators)} accelerators, fast-link islands "
-          f"{[len(i) for i in islands] if islands else []}")
+    print(f"# node {node.name}: {len(node.accelerators)} accelerators managed by hetflow, fast-link "
+          f"islands {[len(i) for i in islands] if islands else []}")
+    if ray_devices:
+        print(f"# left to Ray's GPU accounting (num_gpus): devices {', '.join(map(str, ray_devices))}")
     print(f"# {store_reason}")
-    print(format_command(cmd))
+    print(format_command(cmd, env))
     if args.print_only:
         return 0
-    done = subprocess.run([_ray_executable(), *cmd[1:]], check=False)
+    import os
+
+    done = subprocess.run([_ray_executable(), *cmd[1:]], check=False, env={**os.environ, **env})
     if done.returncode != 0:
         raise HetflowError(f"`ray start` failed with exit code {done.returncode} (see its output above)")
     import ray

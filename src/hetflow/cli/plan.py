@@ -50,6 +50,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     which.add_argument("--min-memory", metavar="SIZE", help="only devices with at least this much memory")
     which.add_argument("--share", action="store_true",
                        help="share devices with other jobs by free memory (needs --mem or --params)")
+    which.add_argument("--mixed-models", action="store_true",
+                       help="let a tensor-parallel group mix device models of one vendor (by default "
+                            "a group shares one model; a job never mixes vendors)")
     which.add_argument("--spread", action="store_true",
                        help="put replicas on different nodes instead of packing them")
     p.add_argument("--job", default="job", help="job id shown in the plan (default: job)")
@@ -80,6 +83,7 @@ def build_request(args: argparse.Namespace) -> PlacementRequest:
         min_memory_bytes=parse_bytes(args.min_memory) if args.min_memory else None,
         exclusive=not args.share,
         strategy=Strategy.SPREAD if args.spread else Strategy.PACK,
+        mixed_models=args.mixed_models,
     )
 
 

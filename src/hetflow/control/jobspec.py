@@ -247,6 +247,20 @@ class JobSpec(_Section):
         return 1
 
     @property
+    def layout(self) -> Any:
+        """The ranks' layout (a :class:`~hetflow.core.request.ParallelLayout`): a training
+        config's dp x pp x tp, a launch's nproc / (tp x pp) x pp x tp, else one gang of
+        ``num_devices`` (planned as one tensor-parallel group, like ``hetflow plan --count``)."""
+        from hetflow.core.request import ParallelLayout
+
+        if self.kind == "train" and isinstance(self.train, dict):
+            return self.train_config().layout.parallel
+        if self.kind == "launch" and self.launch is not None:
+            job = self.launch
+            return ParallelLayout(dp=job.nproc // (job.tp * job.pp), pp=job.pp, tp=job.tp)
+        return ParallelLayout(tp=max(1, self.num_devices))
+
+    @property
     def cpu_only(self) -> bool:
         return self.num_devices == 0
 

@@ -157,8 +157,11 @@ class JobRunner:
         except FileNotFoundError:
             return ""
 
-    def record(self, records: list[dict[str, Any]]) -> None:
-        """Loss records from training rank 0 (this actor is the group's progress sink)."""
+    def record(self, reports: list[dict[str, Any]]) -> None:
+        """Training rank 0's reports (this actor is the group's progress sink)."""
+        from hetflow.workloads.train.loop import loss_records
+
+        records = loss_records(reports)
         self._log("".join(f"step {r['step']} loss {r['loss']:.6f}\n" for r in records))
         if records:
             self._set(step=int(records[-1]["step"]))
@@ -333,8 +336,8 @@ class JobRunner:
     def _run_training(self, bound: Any) -> tuple[str, str, bool]:
         import ray
 
-        from hetflow.workloads.train.group import TrainingCodeError, WorkerFailure
-        from hetflow.workloads.train.loop import STOP_FILE_ENV
+        from hetflow.workloads.train.group import Placed, RankGroup, TrainingCodeError, WorkerFailure
+        from hetflow.workloads.train.loop import STOP_FILE_ENV, train_func
 
         config = self.spec.train_config()
         options = []
@@ -345,11 +348,16 @@ class JobRunner:
             options.append(opts)
         me = ray.get_runtime_context().current_actor
         how = self.placement.explain() if self.placement is not None else f"the controller reserved {self._where()}"
-        group = _ReservedGroup(config, self.job_id, self.token, me, options, how)
+        # the devices reserved here: the group neither places nor releases them
+        placed = Placed(options, lambda: None, how,
+                        devices="cpu" if self.placement is None else "hetflow")
+        group = RankGroup(config.layout.parallel, config.resources, self.job_id, self.token,
+                          placed=placed)
         self._group = group
         try:
             group.start()
-            ranks = group.run()
+            ranks = group.run(train_func, {"config": config, "data": None},
+                              {"checkpoint_dir": str(config.checkpoint_dir)}, me)
         except TrainingCodeError as exc:
             return "failed", str(exc), True
         except WorkerFailure as exc:
@@ -441,39 +449,6 @@ class _LogWriter:
 
     def flush(self) -> None:
         pass
-
-
-def _reserved_group_class() -> type:
-    from ray.exceptions import GetTimeoutError, RayActorError
-
-    import ray
-    from hetflow.workloads.train.group import Placed, WorkerFailure, WorkerGroup
-    from hetflow.workloads.train.worker import TrainWorker
-
-    class ReservedGroup(WorkerGroup):
-        """The training actor group on devices the controller already reserved: the ranks get
-        the given ``.options()``; the runner, not the group, releases the reservation."""
-
-        def __init__(self, config: Any, job_id: str, attempt: int, progress: Any,
-                     options: list[dict[str, Any]], how: str) -> None:
-            super().__init__(config, job_id, attempt, progress=progress)
-            self._given = Placed(options, lambda: None, how)
-
-        def start(self) -> None:
-            self.placed = self._given
-            remote = ray.remote(max_restarts=0, max_concurrency=1)(TrainWorker)
-            self.actors = [remote.options(**opts).remote() for opts in self._given.options]
-            try:
-                self.where = ray.get([a.where.remote() for a in self.actors],
-                                     timeout=self.config.resources.placement_timeout_s)
-            except (RayActorError, GetTimeoutError) as exc:
-                raise WorkerFailure(f"a worker of job {self.job_id} did not start: {exc}") from None
-
-    return ReservedGroup
-
-
-def _ReservedGroup(*args: Any) -> Any:  # noqa: N802 - a class built on first use (imports torch)
-    return _reserved_group_class()(*args)
 
 
 __all__ = ["JobRunner", "RUNNER_PREFIX", "runner_name"]

@@ -26,6 +26,7 @@ types the model does not know run at 1.0 unit/s on every allowed type (:class:`U
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
@@ -174,6 +175,63 @@ class LiveCluster:
                                a.cpu_milli, a.memory_mib)
         return HeldDevices(a.device_type, [Slot(self.model.nodes[n].machine, self.model.nodes[n].devices[p])
                                            for n, p in a.slots], a.milli)
+
+    def plan_ranks(self, job_id: str, a: Assignment, spec: JobSpec, after: FreeCapacity,
+                   blocked: set[tuple[int, int]]) -> tuple[Assignment, Placement]:
+        """The planner's ranks inside the policy's choice: the policy chose the device type, the
+        share and how many devices on which nodes; the planner picks the devices on those nodes
+        (among the ones free once the decision is applied, and ``a``'s own) and maps the job's
+        layout onto them - tensor-parallel groups on the fastest links, pipeline neighbours next.
+        ``after`` is updated when the devices change. A shared device, or a planner that would
+        put a different count on some node, keeps the policy's devices (ranks still ordered by
+        the planner)."""
+        from hetflow.core.request import PlacementRequest
+        from hetflow.core.topology import Allocation
+        from hetflow.scheduling.planner import plan
+
+        layout = spec.layout
+        if layout.world_size != len(a.slots):
+            layout = ParallelLayout(tp=len(a.slots))
+        counts: dict[int, int] = {}
+        for n, _ in a.slots:
+            counts[n] = counts.get(n, 0) + 1
+        own = set(a.slots)
+        options = [own]
+        if a.milli == WHOLE:
+            wider = own | {(n, pos) for n in counts for pos in range(len(self.model.nodes[n].devices))
+                           if after.milli[n, pos] == WHOLE and (n, pos) not in blocked}
+            if wider != own:
+                options.insert(0, wider)
+        request = PlacementRequest(job_id, layout=layout, mixed_models=True)
+        machines = {self.model.nodes[n].machine for n in counts}
+        for allowed in options:
+            usable = {(self.model.nodes[n].machine, self.model.nodes[n].devices[pos]) for n, pos in allowed}
+            sub = ClusterSnapshot(
+                nodes=tuple(node for node in self.snapshot.nodes if node.name in machines),
+                inter_node_gbps=self.snapshot.inter_node_gbps,
+                allocations=tuple(Allocation("other", node.name, d.index)
+                                  for node in self.snapshot.nodes if node.name in machines
+                                  for d in node.devices if (node.name, d.index) not in usable))
+            try:
+                placed = plan(sub, request)
+            except Unschedulable:
+                continue
+            slots = tuple(self.slot_of[(r.node, r.device)] for r in placed.devices)
+            got: dict[int, int] = {}
+            for n, _ in slots:
+                got[n] = got.get(n, 0) + 1
+            if got != counts:
+                continue
+            new = Assignment(a.device_type, slots, a.milli, a.host, a.cpu_milli, a.memory_mib,
+                             group_gbps=self.model.group_gbps(tuple(sorted(slots))))
+            if set(slots) != own:
+                after.release(a)
+                after.take(new)
+            held = self.held(new)
+            return new, dataclasses.replace(
+                placed, memory_bytes=spec.devices.memory_bytes, exclusive=a.milli == WHOLE,
+                notes=placed.notes + (f"devices chosen by the cluster policy: {held.text()}",))
+        return a, self.placement(job_id, self.held(a), spec.devices.memory_bytes)
 
     def placement(self, job_id: str, held: HeldDevices, memory_bytes: int | None) -> Placement:
         """A core Placement of one rank per device, in slot order (what ``reserve`` binds)."""
@@ -509,9 +567,11 @@ class LiveScheduler:
                 plan.reasons[jid] = (f"waiting: policy {self.policy.name} chose {cluster.held(a).text()}, "
                                      f"still held by {', '.join(dict.fromkeys(holders))} until it checkpoints")
                 continue
-            held = cluster.held(a)
             spec = job.spec  # type: ignore[attr-defined]
-            placement = None if not a.slots else cluster.placement(jid, held, spec.devices.memory_bytes)
+            placement = None
+            if a.slots:  # the planner decides which devices inside the policy's choice get which rank
+                a, placement = cluster.plan_ranks(jid, a, spec, after, blocked)
+            held = cluster.held(a)
             if a.slots:  # its devices are free (``blocked`` above); its ranks' CPUs are taken now
                 self._charge_cpus(physical, cluster, self._device_cpus(spec, a, cluster))
             else:

@@ -169,6 +169,7 @@ class PlacementRequest:
     min_memory_bytes: int | None = None  # only devices with at least this much memory in total
     exclusive: bool = True  # False: share devices with other jobs by free memory
     strategy: Strategy = Strategy.PACK
+    mixed_models: bool = False  # True: a tensor-parallel group may mix device models (one vendor always)
 
     def __post_init__(self) -> None:
         if not isinstance(self.job_id, str) or not self.job_id:

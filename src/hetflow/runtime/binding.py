@@ -267,6 +267,40 @@ def reserve_cpus(
     return BoundCpus(group, per_cpu, per_mem)
 
 
+@dataclasses.dataclass(frozen=True)
+class BoundDevice:
+    """What a running process holds: ``where`` is ``node:device[,device...]``,
+    ``ray-gpu:<ids>`` or ``cpu``; ``units`` the share of the hetflow device resource (MiB)."""
+
+    where: str
+    units: float = 0.0
+
+
+def bind_assigned_devices() -> BoundDevice:
+    """In a Ray task, actor or Tune trial: make the hetflow devices its bundle holds the only
+    visible ones.
+
+    Call before anything initialises a GPU. The devices come from the resources Ray assigned
+    to this process (``hetflow_dev_<i>``), their vendor from the node's published topology.
+    """
+    import os
+
+    context = ray.get_runtime_context()
+    assigned = context.get_assigned_resources()
+    held = {int(name[len(DEVICE_RESOURCE_PREFIX):]): amount for name, amount in assigned.items()
+            if name.startswith(DEVICE_RESOURCE_PREFIX)}
+    if not held:
+        gpu_ids = ray.get_gpu_ids()
+        return BoundDevice(f"ray-gpu:{','.join(str(g) for g in gpu_ids)}" if gpu_ids else "cpu")
+    devices = sorted(held)
+    label = (context.get_node_labels() or {}).get(NODE_LABEL, "")
+    node = next((n for n in published_nodes().values() if label_value(n.name) == label), None)
+    vendor = node.device(devices[0]).vendor if node is not None else Vendor.NVIDIA
+    os.environ.update(visibility_env(vendor, devices))
+    name = node.name if node is not None else label
+    return BoundDevice(f"{name}:{','.join(str(d) for d in devices)}", float(sum(held.values())))
+
+
 def wait_removed(group: PlacementGroup, timeout_s: float = 10.0) -> bool:
     """True once Ray reports the group REMOVED (used by tests and cleanup checks)."""
     from ray.util import placement_group_table
@@ -280,6 +314,6 @@ def wait_removed(group: PlacementGroup, timeout_s: float = 10.0) -> bool:
 
 
 __all__ = [
-    "BoundCpus", "BoundPlacement", "publish_node", "reserve_cpus", "published_nodes", "live_snapshot", "reserve",
+    "BoundCpus", "BoundDevice", "BoundPlacement", "bind_assigned_devices", "publish_node", "reserve_cpus", "published_nodes", "live_snapshot", "reserve",
     "wait_removed", "DEVICE_RESOURCE_PREFIX", "HetflowError",
 ]

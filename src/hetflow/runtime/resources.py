@@ -24,6 +24,7 @@ import json
 import re
 import shlex
 
+from hetflow.core.errors import InputError
 from hetflow.core.topology import Device, LinkKind, NodeTopology, Vendor
 
 DEVICE_RESOURCE_PREFIX = "hetflow_dev_"
@@ -107,18 +108,67 @@ def node_labels(node: NodeTopology) -> dict[str, str]:
     return labels
 
 
+def split_ray_gpus(node: NodeTopology, spec: str | None) -> tuple[NodeTopology, tuple[int, ...]]:
+    """Split ``node`` for ``hetflow node start --ray-gpus``: ``spec`` is a count K (the K
+    highest-numbered accelerators) or a list of device indices ("6,7"; one device: "7,"). Returns the node hetflow
+    manages (those devices and their links removed) and the devices left to Ray's own GPU
+    accounting. No device is in both."""
+    if spec is None or str(spec).strip() in ("", "0"):
+        return node, ()
+    accs = sorted(d.index for d in node.accelerators)
+    text = str(spec).strip()
+    try:
+        if "," in text:  # device indices ("6,7"; one device: "7,")
+            chosen = tuple(sorted({int(x) for x in text.split(",") if x.strip()}))
+        else:
+            count = int(text)
+            if count > len(accs):
+                raise InputError(f"--ray-gpus {count}: node {node.name} has {len(accs)} accelerators; "
+                                 f"give at most {len(accs)}, or a list of device indices")
+            chosen = tuple(accs[len(accs) - count:])
+    except ValueError:
+        raise InputError(f"--ray-gpus {spec!r}: give a count (e.g. 2) or device indices (e.g. 6,7)") from None
+    unknown = [i for i in chosen if i not in accs]
+    if unknown:
+        raise InputError(f"--ray-gpus: node {node.name} has no accelerator {unknown[0]} "
+                         f"(it has {', '.join(str(i) for i in accs)})")
+    vendors = {node.device(i).vendor for i in chosen}
+    if len(vendors) > 1:
+        raise InputError("--ray-gpus: Ray's GPU resource is one vendor's; the devices given mix "
+                         + " and ".join(sorted(v.value for v in vendors)))
+    import dataclasses
+
+    kept = dataclasses.replace(
+        node, devices=tuple(d for d in node.devices if d.index not in chosen),
+        links=tuple(l for l in node.links if l.a not in chosen and l.b not in chosen))
+    return kept, chosen
+
+
+def ray_gpu_env(node: NodeTopology, devices: tuple[int, ...]) -> dict[str, str]:
+    """The environment ``ray start`` runs with so that Ray's GPU accounting holds exactly
+    ``devices`` (Ray reads the visibility variable at start and hands out only those ids)."""
+    if not devices:
+        return {}
+    ids = ",".join(str(d) for d in devices)
+    if node.device(devices[0]).vendor is Vendor.AMD:
+        return {"HIP_VISIBLE_DEVICES": ids}
+    return {"CUDA_VISIBLE_DEVICES": ids}
+
+
 def ray_start_command(
     node: NodeTopology,
     address: str | None,
     num_cpus: int | None = None,
     extra: list[str] | None = None,
     object_store_memory: int | None = None,
+    ray_gpus: int = 0,
 ) -> list[str]:
-    """``ray start`` for this node: no Ray GPUs, one resource per device, hetflow labels, and
-    the object store size when one is given (None: Ray's default)."""
+    """``ray start`` for this node: ``ray_gpus`` Ray GPUs (0 unless some devices are left to
+    Ray, see :func:`split_ray_gpus`), one resource per hetflow-managed device, hetflow labels,
+    and the object store size when one is given (None: Ray's default)."""
     cmd = ["ray", "start"]
     cmd += [f"--address={address}"] if address else ["--head"]
-    cmd += ["--num-gpus=0"]
+    cmd += [f"--num-gpus={ray_gpus}"]
     if num_cpus is not None:
         cmd.append(f"--num-cpus={num_cpus}")
     if object_store_memory is not None:
@@ -130,8 +180,9 @@ def ray_start_command(
     return cmd + list(extra or [])
 
 
-def format_command(cmd: list[str]) -> str:
-    return " ".join(shlex.quote(c) for c in cmd)
+def format_command(cmd: list[str], env: dict[str, str] | None = None) -> str:
+    prefix = [f"{k}={shlex.quote(v)}" for k, v in sorted((env or {}).items())]
+    return " ".join(prefix + [shlex.quote(c) for c in cmd])
 
 
 def visibility_env(vendor: Vendor, devices: list[int] | tuple[int, ...]) -> dict[str, str]:

@@ -37,6 +37,7 @@ Tensor-parallel groups stay inside one node whenever the optimal level allows it
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from dataclasses import dataclass, field
@@ -56,6 +57,7 @@ _MODEL_CACHE_LIMIT = 4096  # distinct topologies (and node objects) remembered
 _MEMO_LIMIT = 200_000  # entries per memo table before it is dropped (big partitioned nodes)
 
 INF = math.inf
+UNKNOWN_MODEL = "unknown model"
 
 
 # ============================================================================================
@@ -102,6 +104,10 @@ class _NodeModel:
         self._clique_memo: dict[float, dict[int, int]] = {}
         self._profile_memo: dict[tuple[float, int, int], dict[int, dict[tuple[int, ...], tuple[int, ...]]]] = {}
         self.static_masks: dict[tuple, tuple[int, dict[str, int], dict[str, set[str]]]] = {}
+        self.kind_masks: dict[tuple[Vendor, str], int] = {}  # (vendor, model) -> its devices
+        for bit, d in enumerate(self.devices):
+            kind = (d.vendor, d.model or UNKNOWN_MODEL)
+            self.kind_masks[kind] = self.kind_masks.get(kind, 0) | 1 << bit
 
     @staticmethod
     def key(node: NodeTopology) -> tuple:
@@ -919,14 +925,145 @@ def _build_spanning(cands: list[_Candidate], groups_found: list[list[tuple[int, 
 # ============================================================================================
 
 
-def plan(snapshot: ClusterSnapshot, request: PlacementRequest) -> Placement:
+def plan(snapshot: ClusterSnapshot, request: PlacementRequest,
+         _within: _Eligibility | None = None) -> Placement:
     """Choose a device for every rank of ``request`` (see the module docstring for the rules).
 
     Raises :class:`Unschedulable` when fewer usable devices exist than ranks; the message names
     the constraint that excluded each kind of node and what to change. Never changes
     ``snapshot``: apply the result with ``Placement.apply_to``.
     """
-    elig = _eligibility(snapshot, request)
+    elig = _within or _eligibility(snapshot, request)
+    asked = request.parallel_layout
+    layout = asked.resolve(elig.total_usable)
+    if layout is None or layout.world_size > elig.total_usable:
+        needed = None if layout is None else layout.world_size
+        raise _unschedulable(request, asked, needed, elig)
+    kinds = _kinds(elig)
+    vendors = sorted({v for v, _ in kinds}, key=lambda v: v.value)
+    if len(vendors) > 1:  # one collective group never mixes vendors (NCCL and RCCL do not meet)
+        return _best_of(snapshot, request, elig, [{k for k in kinds if k[0] is v} for v in vendors],
+                        "vendor", kinds)
+    models = sorted((k for k in kinds if k[1] != UNKNOWN_MODEL), key=lambda k: k[1])
+    if len(models) > 1 and not request.mixed_models:  # devices of unknown model go with any
+        # One device model for the whole job when one can hold it; otherwise replicas may span
+        # models but a tensor-parallel group may not.
+        try:
+            return _best_of(snapshot, request, elig, [{k} for k in models], "model", kinds)
+        except Unschedulable:
+            placed = _plan_within(snapshot, request, elig)
+            mixed = _mixed_tp_groups(placed, snapshot)
+            if mixed:
+                raise Unschedulable(
+                    f"cannot place job {request.job_id!r}: {mixed} of its tensor-parallel groups "
+                    f"would mix device models ({_kind_counts(kinds)} usable), and a group steps "
+                    "at its slowest device's pace. To fit: ask for fewer or smaller groups, name "
+                    "one model (--model), or allow mixing models (--mixed-models)") from None
+            return _with_model_note(placed, snapshot)
+    return _with_model_note(_plan_within(snapshot, request, elig), snapshot)
+
+
+def _with_model_note(placed: Placement, snapshot: ClusterSnapshot) -> Placement:
+    """Say when a job spans device models, and what that costs."""
+    models: dict[str, int] = {}
+    for r in placed.devices:
+        model = snapshot.node(r.node).device(r.device).model or UNKNOWN_MODEL
+        models[model] = models.get(model, 0) + 1
+    if len(set(models) - {UNKNOWN_MODEL}) < 2:
+        return placed
+    spread = ", ".join(f"{n} x {m}" for m, n in sorted(models.items()))
+    return dataclasses.replace(placed, notes=placed.notes + (
+        f"spans device models ({spread}): synchronous ranks wait for the slowest model at "
+        "every step, so the faster devices idle part of each step (name one with --model)",))
+
+
+def _kinds(elig: _Eligibility) -> dict[tuple[Vendor, str], int]:
+    """Usable devices per (vendor, model)."""
+    out: dict[tuple[Vendor, str], int] = {}
+    for c in elig.candidates:
+        for kind, mask in c.model.kind_masks.items():
+            n = _popcount(c.usable & mask)
+            if n:
+                out[kind] = out.get(kind, 0) + n
+    return out
+
+
+def _kind_counts(kinds: dict[tuple[Vendor, str], int], by_vendor: bool = False) -> str:
+    counts: dict[str, int] = {}
+    for (vendor, model), n in kinds.items():
+        key = vendor.value if by_vendor else f"{model}"
+        counts[key] = counts.get(key, 0) + n
+    return ", ".join(f"{k} {n}" for k, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def _restricted(elig: _Eligibility, kinds: set[tuple[Vendor, str]]) -> _Eligibility:
+    """``elig`` with only the devices of ``kinds`` usable (fresh candidates)."""
+    out = _Eligibility(candidates=[], excluded=elig.excluded, details=elig.details)
+    for c in elig.candidates:
+        mask = 0
+        for kind in kinds:
+            mask |= c.model.kind_masks.get(kind, 0)
+        usable = c.usable & mask
+        if usable:
+            count = _popcount(usable)
+            out.candidates.append(_Candidate(pos=c.pos, node=c.node, model=c.model, usable=usable,
+                                             untouched=c.untouched, free_count=count))
+            out.total_usable += count
+    return out
+
+
+def _best_of(snapshot: ClusterSnapshot, request: PlacementRequest, elig: _Eligibility,
+             subsets: list[set[tuple[Vendor, str]]], what: str,
+             kinds: dict[tuple[Vendor, str], int]) -> Placement:
+    """The best placement inside one subset of device kinds (highest score; ties: the subset
+    with more usable devices, then the first); Unschedulable when no subset alone fits."""
+    best: tuple[tuple, Placement] | None = None
+    inner: Unschedulable | None = None  # why a subset with enough devices still failed
+    for i, subset in enumerate(subsets):
+        sub = _restricted(elig, subset)
+        layout = request.parallel_layout.resolve(sub.total_usable)
+        if layout is None or layout.world_size > sub.total_usable:
+            continue
+        try:
+            placed = plan(snapshot, request, _within=sub) if what == "vendor" else \
+                _plan_within(snapshot, request, sub)
+        except Unschedulable as exc:
+            inner = inner or exc
+            continue
+        key = (placed.score, sub.total_usable, -i)
+        if best is None or key > best[0]:
+            best = (key, placed)
+    if best is None:
+        if what == "model":
+            raise Unschedulable(f"job {request.job_id!r}: no single device model holds it")
+        if inner is not None:
+            raise inner
+        needed = request.parallel_layout.resolve(elig.total_usable)
+        n = needed.world_size if needed is not None else request.parallel_layout.fixed_product()
+        raise Unschedulable(
+            f"cannot place job {request.job_id!r}: {n} ranks form collective groups, which "
+            f"cannot mix vendors (NCCL and RCCL cannot form one communicator), and no vendor "
+            f"alone has enough usable devices ({_kind_counts(kinds, by_vendor=True)}). To fit: "
+            f"ask for at most {max(sum(n for k, n in kinds.items() if k[0] is v) for v in {k[0] for k in kinds})} "
+            "devices, or add devices of one vendor")
+    placed = best[1]
+    if what == "vendor" and len(subsets) > 1:
+        chosen = snapshot.node(placed.devices[0].node).device(placed.devices[0].device).vendor
+        placed = dataclasses.replace(placed, notes=placed.notes + (
+            f"one vendor only ({chosen.value}): ranks of one job never mix vendors in a "
+            f"collective group ({_kind_counts(kinds, by_vendor=True)} usable)",))
+    return placed
+
+
+def _mixed_tp_groups(placed: Placement, snapshot: ClusterSnapshot) -> int:
+    layout = placed.layout
+    models = [snapshot.node(r.node).device(r.device).model for r in placed.devices]
+    return sum(1 for g in range(layout.num_tp_groups)
+               if len(set(models[g * layout.tp:(g + 1) * layout.tp]) - {None}) > 1)
+
+
+def _plan_within(snapshot: ClusterSnapshot, request: PlacementRequest, elig: _Eligibility) -> Placement:
+    """:func:`plan` on the candidates of ``elig`` (already restricted to one vendor)."""
     asked = request.parallel_layout
     layout = asked.resolve(elig.total_usable)
     if layout is None or layout.world_size > elig.total_usable:

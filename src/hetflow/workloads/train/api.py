@@ -61,7 +61,6 @@ from hetflow.core.request import ParallelLayout
 
 META_FILE = ".hetflow_checkpoint.json"
 CHECKPOINT_RE = re.compile(r"^checkpoint_(\d{6})$")
-FAILURE_GRACE_S = 5.0
 
 
 class TrainingFailed(HetflowError):
@@ -235,12 +234,86 @@ def report(metrics: Mapping[str, Any], checkpoint: Checkpoint | str | os.PathLik
 
 
 def _jsonable(metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """Metrics as JSON values: tensors and numpy scalars as numbers, lists and dicts of JSON
+    values kept, anything else as its text."""
     out = {}
     for key, value in metrics.items():
         if hasattr(value, "item") and callable(value.item):
             value = value.item()
-        out[str(key)] = value if isinstance(value, (int, float, str, bool, type(None))) else str(value)
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError):
+            value = str(value)
+        out[str(key)] = value
     return out
+
+
+class ProgressLog:
+    """Rank 0's reports of every attempt, kept outside the ranks so that they survive a failed
+    attempt (an actor of its own; no CPU reserved)."""
+
+    def __init__(self) -> None:
+        self.records: list[dict[str, Any]] = []
+
+    def record(self, records: list[dict[str, Any]]) -> None:
+        self.records.extend(records)
+
+    def since(self, index: int) -> list[dict[str, Any]]:
+        return self.records[index:]
+
+
+@contextlib.contextmanager
+def rank_context(layout: tuple[int, int, int], device_kind: str, threads: int,
+                 info: Mapping[str, Any], progress: Any = None,
+                 init_method: str = "env://") -> Iterator[TrainContext]:
+    """This process as one rank of a run: process group joined (the torchrun variables in
+    ``os.environ``: RANK, WORLD_SIZE, LOCAL_RANK, ... and, with ``env://``, MASTER_ADDR/PORT),
+    the (dp, pp, tp) mesh built, the ``hetflow.train`` context set; all undone on exit.
+
+    ``device_kind``: "cpu" (no device), else the rank's one visible device when torch sees one
+    (``cuda:0``, nccl - RCCL on ROCm builds), the CPU and gloo otherwise. Used by the Ray actor
+    of every rank (:class:`FuncWorker`) and by launchers without Ray (``loop.train_rank``).
+    """
+    global _CONTEXT
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    env = os.environ
+    rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
+    torch.set_num_threads(max(1, threads))
+    if device_kind != "cpu" and torch.cuda.is_available():
+        torch.cuda.set_device(0)  # the one device this rank sees: its planned device
+        device, backend = torch.device("cuda", 0), "nccl"
+    else:
+        device, backend = torch.device("cpu"), "gloo"
+    from datetime import timedelta
+
+    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world,
+                            timeout=timedelta(minutes=10))
+    try:
+        group = dist.new_group(backend="gloo") if backend != "gloo" else None
+        mesh = init_device_mesh(device.type, layout, mesh_dim_names=("dp", "pp", "tp"))
+        root = Path(info["checkpoint_dir"])
+        latest = latest_checkpoint(root)
+        if rank == 0 and root.is_dir():
+            for stale in root.glob(".tmp-checkpoint_*"):  # a failed attempt's half-copied files
+                shutil.rmtree(stale, ignore_errors=True)
+        dist.barrier()
+        _CONTEXT = TrainContext(
+            world_rank=rank, world_size=world, local_rank=int(env.get("LOCAL_RANK", rank)),
+            local_world_size=int(env.get("LOCAL_WORLD_SIZE", world)),
+            node_rank=int(env.get("GROUP_RANK", 0)), layout=ParallelLayout(*layout), device=device,
+            backend=backend, device_mesh=mesh, attempt=int(info.get("attempt", 0)),
+            name=str(info.get("name", "train-func")), checkpoint_dir=str(root),
+            _keep_last=info.get("keep_last"), _latest=latest,
+            _next_index=(latest.index or 0) + 1 if latest else 1, _group=group,
+            _progress=progress)
+        yield _CONTEXT
+    finally:
+        _CONTEXT = None
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 class FuncWorker:
@@ -256,42 +329,10 @@ class FuncWorker:
 
     def run(self, fn: Callable[..., Any], config: Any, env: dict[str, str], layout: tuple[int, int, int],
             device_kind: str, threads: int, info: dict[str, Any], progress: Any) -> Any:
-        global _CONTEXT
         os.environ.update(env)
-        import torch
-        import torch.distributed as dist
-        from torch.distributed.device_mesh import init_device_mesh
-
-        torch.set_num_threads(max(1, threads))
-        if device_kind != "cpu" and torch.cuda.is_available():
-            torch.cuda.set_device(0)  # the one device this rank sees: its planned device
-            device, backend = torch.device("cuda", 0), "nccl"
-        else:
-            device, backend = torch.device("cpu"), "gloo"
-        dist.init_process_group(backend)
-        try:
-            group = dist.new_group(backend="gloo") if backend != "gloo" else None
-            mesh = init_device_mesh(device.type, layout, mesh_dim_names=("dp", "pp", "tp"))
-            latest = latest_checkpoint(info["checkpoint_dir"])
-            root = Path(info["checkpoint_dir"])
-            if int(env["RANK"]) == 0 and root.is_dir():
-                for stale in root.glob(".tmp-checkpoint_*"):  # a failed attempt's half-copied files
-                    shutil.rmtree(stale, ignore_errors=True)
-            dist.barrier()
-            _CONTEXT = TrainContext(
-                world_rank=int(env["RANK"]), world_size=int(env["WORLD_SIZE"]),
-                local_rank=int(env["LOCAL_RANK"]), local_world_size=int(env["LOCAL_WORLD_SIZE"]),
-                node_rank=int(env["GROUP_RANK"]), layout=ParallelLayout(*layout), device=device,
-                backend=backend, device_mesh=mesh, attempt=info["attempt"], name=info["name"],
-                checkpoint_dir=info["checkpoint_dir"], _keep_last=info["keep_last"], _latest=latest,
-                _next_index=(latest.index or 0) + 1 if latest else 1, _group=group,
-                _progress=progress)
+        with rank_context(layout, device_kind, threads, info, progress):
             takes_config = bool(inspect.signature(fn).parameters)
             return fn(config) if takes_config else fn()
-        finally:
-            _CONTEXT = None
-            if dist.is_initialized():
-                dist.destroy_process_group()
 
 
 # -- the driver ---------------------------------------------------------------------------------
@@ -368,20 +409,21 @@ def run(train_func: Callable[..., Any], config: Any = None, *, layout: Any = Non
     reports = None
     try:
         res = _resources(resources, session, world)
-        from hetflow.workloads.train.worker import ProgressLog  # rank 0's reports, kept apart
+        from hetflow.workloads.train.group import RankGroup, TrainingCodeError, WorkerFailure
 
-        reports = ray.remote(num_cpus=0)(ProgressLog).remote()
+        reports = ray.remote(num_cpus=0)(ProgressLog).remote()  # rank 0's reports, kept apart
         failures: list[str] = []
         starts: list[float] = []
         attempt = 0
+        info = {"checkpoint_dir": str(root), "keep_last": keep_last}
         while True:
             starts.append(time.time())
-            group = _FuncGroup(lay, res, name, attempt)
+            group = RankGroup(lay, res, name, attempt)
             try:
                 group.start()
-                value = group.run(train_func, config, reports, str(root), keep_last)
+                value = group.run(train_func, config, info, reports, poll_s=0.5)[0]
                 break
-            except _AttemptFailed as exc:
+            except (WorkerFailure, TrainingCodeError) as exc:  # Ray Train's rule: both count
                 failures.append(str(exc))
                 if len(failures) > max_failures:
                     latest = latest_checkpoint(root)
@@ -403,94 +445,5 @@ def run(train_func: Callable[..., Any], config: Any = None, *, layout: Any = Non
         session.close()
 
 
-class _AttemptFailed(Exception):
-    pass
-
-
-class _FuncGroup:
-    def __init__(self, layout: ParallelLayout, res: Any, name: str, attempt: int) -> None:
-        self.layout, self.res, self.name, self.attempt = layout, res, name, attempt
-        self.placed: Any = None
-        self.actors: list[Any] = []
-        self.where: list[dict[str, Any]] = []
-        self.how = ""
-
-    def start(self) -> None:
-        import ray
-
-        from hetflow.workloads.train.group import place_layout
-
-        self.placed = place_layout(self.layout, self.res, f"{self.name}-{self.attempt}")
-        self.how = self.placed.how
-        remote = ray.remote(max_restarts=0, max_concurrency=1)(FuncWorker)
-        self.actors = [remote.options(**opts).remote() for opts in self.placed.options]
-        try:
-            self.where = ray.get([a.where.remote() for a in self.actors],
-                                 timeout=self.res.placement_timeout_s)
-        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
-            raise _AttemptFailed(f"a rank did not start: {exc}") from None
-
-    def run(self, fn: Callable[..., Any], config: Any, reports: Any, root: str,
-            keep_last: int | None) -> Any:
-        import ray
-
-        from hetflow.workloads.launch.env import torchrun_env
-
-        envs = torchrun_env([w["node_id"] for w in self.where], self.where[0]["ip"],
-                            self.where[0]["port"], run_id=f"{self.name}", restart_count=self.attempt,
-                            max_restarts=0, omp_threads=self.res.threads_per_rank)
-        if self.placed.devices == "cpu":  # no device visible (Ray leaves the variables unset)
-            from hetflow.core.topology import Vendor
-            from hetflow.runtime.resources import visibility_env
-
-            envs = [{**visibility_env(Vendor.CPU, []), **env} for env in envs]
-        info = {"attempt": self.attempt, "name": self.name, "checkpoint_dir": root,
-                "keep_last": keep_last}
-        fn_ref = ray.put(fn)
-        refs = [a.run.remote(fn_ref, config, env, self.layout.shape, self.placed.devices,
-                             self.res.threads_per_rank, info, reports if rank == 0 else None)
-                for rank, (a, env) in enumerate(zip(self.actors, envs))]
-        pending = list(refs)
-        while pending:
-            done, pending = ray.wait(pending, num_returns=1, timeout=0.5)
-            for ref in done:
-                try:
-                    ray.get(ref)
-                except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError):
-                    ray.wait(pending, num_returns=len(pending), timeout=FAILURE_GRACE_S)
-                    raise _AttemptFailed(_first_cause(refs)) from None
-        return ray.get(refs[0])
-
-    def shutdown(self) -> None:
-        import ray
-
-        for actor in self.actors:
-            ray.kill(actor, no_restart=True)
-        self.actors = []
-        if self.placed is not None:
-            self.placed.release()
-            self.placed = None
-
-
-def _first_cause(refs: list[Any]) -> str:
-    """Why the attempt failed: a rank's own error before a dead process, both before a rank that
-    merely lost its peers (they fail in their collectives because of the first)."""
-    import ray
-
-    from hetflow.workloads.train.group import _cause_text, _is_lost_peer
-
-    own, died, lost = [], [], []
-    for rank, ref in enumerate(refs):
-        try:
-            ray.get(ref, timeout=0)
-        except ray.exceptions.RayActorError:
-            died.append(f"rank {rank}'s process died")
-        except ray.exceptions.RayTaskError as exc:
-            (lost if _is_lost_peer(exc) else own).append(f"rank {rank} raised {_cause_text(exc)}")
-        except ray.exceptions.GetTimeoutError:
-            pass  # still blocked in a collective, waiting for the failed rank
-    return (own or died or lost or ["a rank failed"])[0]
-
-
-__all__ = ["Checkpoint", "Result", "TrainContext", "TrainingFailed", "committed_checkpoints",
-           "get_checkpoint", "get_context", "latest_checkpoint", "report", "run"]
+__all__ = ["Checkpoint", "ProgressLog", "Result", "TrainContext", "TrainingFailed", "committed_checkpoints",
+           "get_checkpoint", "get_context", "latest_checkpoint", "rank_context", "report", "run"]

@@ -22,7 +22,7 @@ A placement that Ray does not commit within ``placement_timeout_s`` is removed a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
@@ -32,10 +32,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from hetflow.core.errors import HetflowError, Unschedulable
 from hetflow.core.request import ParallelLayout, PlacementRequest, parse_vendor
 from hetflow.core.units import parse_bytes
-from hetflow.workloads.train.config import ResourcesConfig, TrainConfig
-
-if TYPE_CHECKING:  # torch is imported by the ranks, not by whoever places them (hetflow launch)
-    from hetflow.workloads.train.loop import RankResult
+from hetflow.workloads.train.config import ResourcesConfig
 
 FAILURE_GRACE_S = 5.0  # after one rank fails, how long the others get to fail or finish too
 
@@ -56,11 +53,6 @@ class Placed:
     release: Callable[[], None]
     how: str  # one line for the user: which path and which devices
     devices: str = "cpu"  # "hetflow" (planned devices), "ray-gpu" (Ray's first fit) or "cpu"
-
-
-def place_ranks(config: TrainConfig, job_id: str) -> Placed:
-    """Reserve resources for every rank of ``config.layout`` (see the module docstring)."""
-    return place_layout(config.layout.parallel, config.resources, job_id)
 
 
 def place_layout(layout: ParallelLayout, res: ResourcesConfig, job_id: str) -> Placed:
@@ -139,49 +131,69 @@ def _place_on_hetflow_nodes(layout: ParallelLayout, res: ResourcesConfig, job_id
     return Placed(options, bound.release, placement.explain(), devices="hetflow")
 
 
-class WorkerGroup:
-    """One attempt: ``world_size`` actors, one per rank, on the placement of ``place_ranks``."""
+class RankGroup:
+    """One attempt: one actor per rank of ``layout`` running a function on every rank.
 
-    def __init__(self, config: TrainConfig, job_id: str, attempt: int,
-                 progress: Any | None = None, data: Any | None = None) -> None:
-        self.config = config
-        self.data = data  # ObjectRef of the split's arrays (or None: ranks load the dataset)
-        self.job_id = job_id
-        self.attempt = attempt
-        self.progress = progress
+    The one actor group of hetflow's training paths: ``hetflow.train.run`` (a user's
+    ``train_func``), ``hetflow train`` (the built-in models' train function, ``loop.train_func``)
+    and the controller's train jobs (``placed``: devices the controller already reserved, which
+    the group does not release). Each actor is a :class:`~hetflow.workloads.train.api.FuncWorker`
+    that joins the process group, sets the ``hetflow.train`` context and calls the function.
+    """
+
+    def __init__(self, layout: ParallelLayout, resources: ResourcesConfig, name: str, attempt: int,
+                 placed: Placed | None = None) -> None:
+        self.layout, self.res, self.name, self.attempt = layout, resources, name, attempt
+        self._given = placed
         self.placed: Placed | None = None
         self.actors: list[Any] = []
         self.where: list[dict[str, Any]] = []
+        self.how = ""
 
     def start(self) -> None:
-        """Reserve, create the actors and wait until each has started (torch imported)."""
-        from hetflow.workloads.train.worker import TrainWorker
+        """Reserve (unless given), create the actors and wait until each has started."""
+        from hetflow.workloads.train.api import FuncWorker
 
-        self.placed = place_ranks(self.config, f"{self.job_id}-{self.attempt}")
-        remote = ray.remote(max_restarts=0, max_concurrency=1)(TrainWorker)
+        self.placed = self._given or place_layout(self.layout, self.res, f"{self.name}-{self.attempt}")
+        self.how = self.placed.how
+        remote = ray.remote(max_restarts=0, max_concurrency=1)(FuncWorker)
         self.actors = [remote.options(**opts).remote() for opts in self.placed.options]
         try:
             self.where = ray.get([a.where.remote() for a in self.actors],
-                                 timeout=self.config.resources.placement_timeout_s)
+                                 timeout=self.res.placement_timeout_s)
         except (RayActorError, GetTimeoutError) as exc:
-            raise WorkerFailure(f"a worker of job {self.job_id} did not start: {exc}") from None
+            raise WorkerFailure(f"a rank of {self.name} did not start: {exc}") from None
 
     @property
     def pids(self) -> list[int]:
         return [w["pid"] for w in self.where]
 
-    def run(self, tick: Callable[[], None] | None = None, poll_s: float = 0.1) -> list[RankResult]:
-        """Train to the end; ``tick`` is called about every ``poll_s`` while waiting.
+    def run(self, fn: Callable[..., Any], config: Any, info: dict[str, Any], progress: Any | None,
+            tick: Callable[[], None] | None = None, poll_s: float = 0.1) -> list[Any]:
+        """``fn(config)`` on every rank until all return; each rank's return value, rank order.
+        ``info``: ``checkpoint_dir`` and ``keep_last`` for ``hetflow.train.report``; rank 0's
+        reports go to ``progress`` (an actor with ``record(records)``); ``tick`` is called about
+        every ``poll_s`` while waiting.
 
         Raises WorkerFailure when a rank's process died (or its collectives lost a peer), and
         TrainingCodeError when a rank raised an error of its own.
         """
-        assert self.actors, "start() first"
-        rendezvous = f"tcp://{self.where[0]['ip']}:{self.where[0]['port']}"
-        world = len(self.actors)
-        refs = [a.train.remote(self.config, rank, world, rendezvous, self.progress, self.attempt,
-                               self.data)
-                for rank, a in enumerate(self.actors)]
+        from hetflow.workloads.launch.env import torchrun_env
+
+        assert self.actors and self.placed is not None, "start() first"
+        envs = torchrun_env([w["node_id"] for w in self.where], self.where[0]["ip"],
+                            self.where[0]["port"], run_id=self.name, restart_count=self.attempt,
+                            max_restarts=0, omp_threads=self.res.threads_per_rank)
+        if self.placed.devices == "cpu":  # no device visible (Ray leaves the variables unset)
+            from hetflow.core.topology import Vendor
+            from hetflow.runtime.resources import visibility_env
+
+            envs = [{**visibility_env(Vendor.CPU, []), **env} for env in envs]
+        info = {"attempt": self.attempt, "name": self.name, **info}
+        fn_ref = ray.put(fn)
+        refs = [a.run.remote(fn_ref, config, env, self.layout.shape, self.placed.devices,
+                             self.res.threads_per_rank, info, progress if rank == 0 else None)
+                for rank, (a, env) in enumerate(zip(self.actors, envs))]
         pending = list(refs)
         while pending:
             done, pending = ray.wait(pending, num_returns=1, timeout=poll_s)
@@ -192,10 +204,7 @@ class WorkerGroup:
                     ray.get(ref)
                 except (RayActorError, RayTaskError) as exc:
                     self._raise_failure(refs, refs.index(ref), exc)
-        results: list[RankResult] = ray.get(refs)
-        for result, where in zip(results, self.where):
-            result.node_id = where["node_id"]
-        return results
+        return ray.get(refs)
 
     def _raise_failure(self, refs: list[Any], first_rank: int, first: Exception) -> None:
         """Decide between 'a process died' (restartable) and 'the code failed' (not)."""
@@ -215,19 +224,19 @@ class WorkerGroup:
         died = sorted(r for r, e in errors.items() if isinstance(e, RayActorError))
         if own and not died:
             rank, exc = min(own.items())
-            raise TrainingCodeError(
-                f"rank {rank} of job {self.job_id} failed: {_cause_text(exc)}")
+            raise TrainingCodeError(f"rank {rank} of {self.name} raised {_cause_text(exc)}")
         what = (f"rank {died[0]}'s process died" if died
                 else f"rank {min(errors)} lost its peers ({_cause_text(errors[min(errors)])})")
         raise WorkerFailure(f"{what} (attempt {self.attempt})")
 
     def shutdown(self) -> None:
-        """Kill the actors and give the resources back; safe to call twice."""
+        """Kill the actors and give the resources back (not given ones); safe to call twice."""
         for actor in self.actors:
             ray.kill(actor, no_restart=True)
         self.actors = []
         if self.placed is not None:
-            self.placed.release()
+            if self.placed is not self._given:
+                self.placed.release()
             self.placed = None
 
 
@@ -251,4 +260,4 @@ def _cause_text(exc: Exception) -> str:
     return str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
 
 
-__all__ = ["Placed", "TrainingCodeError", "WorkerFailure", "WorkerGroup", "place_layout", "place_ranks"]
+__all__ = ["Placed", "RankGroup", "TrainingCodeError", "WorkerFailure", "place_layout"]

@@ -5,7 +5,8 @@
     result = run_training(load_config("examples/train_digits.yaml"))
     print(result.metrics["val_accuracy"])
 
-The job runs attempts until one finishes. Each attempt is a fresh :class:`WorkerGroup` that
+The job runs attempts until one finishes. Each attempt is a fresh ``group.RankGroup`` (the actor group of
+``hetflow.train.run``) running the built-in ``loop.train_func``, which
 resumes from the newest complete checkpoint. When a worker process dies (or its peers lose
 it), the group is torn down and a new attempt starts, up to ``resources.max_failures`` times;
 then the job fails with :class:`TrainingFailed`, saying where the last checkpoint is. An error
@@ -31,7 +32,7 @@ from typing import Any, Callable
 from hetflow.core.errors import HetflowError, Unschedulable
 from hetflow.workloads.train.checkpoint import CheckpointInfo, latest_checkpoint
 from hetflow.workloads.train.config import TrainConfig
-from hetflow.workloads.train.loop import RankResult
+from hetflow.workloads.train.loop import RankResult, loss_records, train_func
 
 ProgressCallback = Callable[[dict[str, Any], "TrainingJob"], None]
 
@@ -82,6 +83,7 @@ class TrainingJob:
         self.attempt = 0
         self._progress: Any = None
         self._how = ""  # how the current attempt was placed
+        self._seen = 0  # rank 0's reports read so far
 
     def run(self) -> TrainResult:
         import ray
@@ -102,8 +104,8 @@ class TrainingJob:
     def _run(self) -> TrainResult:
         import ray
 
-        from hetflow.workloads.train.group import TrainingCodeError, WorkerFailure, WorkerGroup
-        from hetflow.workloads.train.worker import ProgressLog
+        from hetflow.workloads.train.api import ProgressLog
+        from hetflow.workloads.train.group import TrainingCodeError, WorkerFailure
 
         t0 = time.time()
         config = self.config
@@ -111,11 +113,15 @@ class TrainingJob:
         failures: list[str] = []
         failed_at: list[float] = []
         while True:
-            group = WorkerGroup(config, config.name, self.attempt, self._progress, self.data)
+            group = None
             try:
-                config, group = self._start(group, config, failures)
+                config, group = self._start(config, failures)
                 self.worker_pids = group.pids
-                ranks = group.run(tick=self._poll)
+                ranks = group.run(train_func, {"config": config, "data": self.data},
+                                  {"checkpoint_dir": str(config.checkpoint_dir)}, self._progress,
+                                  tick=self._poll)
+                for result, where in zip(ranks, group.where):
+                    result.node_id = where["node_id"]
                 break
             except WorkerFailure as exc:
                 failed_at.append(time.time())
@@ -126,30 +132,34 @@ class TrainingJob:
                 raise TrainingFailed(f"job {config.name}: {exc}; fix the cause and run again "
                                      "(completed checkpoints are kept and resumed)") from None
             finally:
-                group.shutdown()
+                if group is not None:
+                    group.shutdown()
                 self.worker_pids = []
             self.attempt += 1
         self._poll()
         return self._result(config, ranks, failures, failed_at, t0)
 
-    def _start(self, group: Any, config: TrainConfig, failures: list[str]) -> tuple[TrainConfig, Any]:
-        """Start ``group``; with ``elastic``, shrink dp until it fits after a failure."""
-        from hetflow.workloads.train.group import WorkerGroup
+    def _start(self, config: TrainConfig, failures: list[str]) -> tuple[TrainConfig, Any]:
+        """Start the attempt's group; with ``elastic``, shrink dp until it fits after a failure."""
+        from hetflow.workloads.train.group import RankGroup
 
         candidates = [config]
         if failures and config.resources.elastic:
             candidates += smaller_layouts(config)
         for i, candidate in enumerate(candidates):
+            group = RankGroup(candidate.layout.parallel, candidate.resources, candidate.name,
+                              self.attempt)
             try:
-                if i:
-                    group = WorkerGroup(candidate, candidate.name, self.attempt, self._progress, self.data)
                 group.start()
-                self._how = group.placed.how if group.placed else ""
+                self._how = group.how
                 return candidate, group
             except Unschedulable:
                 group.shutdown()
                 if i == len(candidates) - 1:
                     raise
+            except BaseException:
+                group.shutdown()
+                raise
         raise AssertionError("unreachable")
 
     def _arrays(self) -> Any | None:
@@ -163,8 +173,9 @@ class TrainingJob:
     def _poll(self) -> None:
         import ray
 
-        new = ray.get(self._progress.since.remote(len(self.records)))
-        for record in new:
+        new = ray.get(self._progress.since.remote(self._seen))
+        self._seen += len(new)
+        for record in loss_records(new):
             self.records.append(record)
             if self.on_progress is not None:
                 self.on_progress(record, self)

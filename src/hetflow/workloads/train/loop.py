@@ -1,13 +1,12 @@
-"""One rank's training: process group, device mesh, model, steps, checkpoints.
+"""The built-in models' training function: model, steps, checkpoints of one rank.
 
-``train_rank`` is plain PyTorch - no Ray - so the same function runs inside a Ray actor
-(:mod:`~hetflow.workloads.train.worker`), under ``torch.multiprocessing`` in the tests, or under
-any other launcher that gives each process its rank and a rendezvous address.
+:func:`train_func` is a ``hetflow.train`` train function like a user's: ``hetflow train`` runs it
+with the same actor group, process group and context as ``hetflow.train.run`` runs a user's
+(``group.RankGroup``, ``api.rank_context``). :func:`train_rank` runs it without Ray (any launcher
+that gives each process its rank and a rendezvous address; ``torch.multiprocessing`` in the tests).
 
-Device and collective backend, the only vendor-specific choice (made here, nowhere else):
-a worker whose placement made a GPU visible (``CUDA_VISIBLE_DEVICES`` / ``HIP_VISIBLE_DEVICES``
-set before the process started) uses ``cuda:0`` and ``nccl`` - on ROCm builds of PyTorch
-(``torch.version.hip``) the device type is still "cuda" and "nccl" is RCCL. Otherwise the CPU
+Device and collective backend come from the context (``api.rank_context``): a rank whose
+placement made a GPU visible uses ``cuda:0`` and ``nccl`` (RCCL on ROCm builds), else the CPU
 and ``gloo``.
 
 Losses are reduced in batches (one all-reduce per ``log_every`` steps, per checkpoint and at
@@ -22,7 +21,6 @@ import os
 import socket
 import time
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import Any, Callable, Mapping
 
 import torch
@@ -42,9 +40,7 @@ from hetflow.workloads.train.checkpoint import (
 from hetflow.workloads.train.config import TrainConfig
 from hetflow.workloads.train.data import StepOrder, dataset_from_arrays, load_split
 from hetflow.workloads.train.models import build_model, model_spec
-from hetflow.workloads.train.parallelize import ParallelModel, build_mesh, parallelize
-
-Report = Callable[[list[dict[str, Any]]], None]
+from hetflow.workloads.train.parallelize import ParallelModel, parallelize
 
 
 @dataclass
@@ -76,31 +72,31 @@ VISIBILITY_VARS = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_
 STOP_FILE_ENV = "HETFLOW_STOP_FILE"
 
 
-def select_device(preference: str) -> torch.device:
-    """``cuda:0`` when a GPU is visible and wanted, else the CPU; ``gpu`` with none is an error."""
-    if preference != "cpu" and torch.cuda.is_available():
-        return torch.device("cuda", 0)  # the placement made exactly this rank's GPU visible
-    if preference == "gpu":
+def check_device(preference: str, device: torch.device) -> None:
+    """``resources.device: gpu`` and this rank sees no GPU: an error that says what to install."""
+    if preference == "gpu" and device.type != "cuda":
         seen = {k: os.environ.get(k) for k in VISIBILITY_VARS}
         raise HetflowError(
             f"resources.device is gpu but this worker sees no GPU (torch {torch.__version__}, "
             f"visibility {seen}); install a CUDA or ROCm build of torch on the workers, or set "
             "resources.device: cpu"
         )
-    return torch.device("cpu")
+
+
+def select_device(preference: str) -> torch.device:
+    """``cuda:0`` when a GPU is visible and wanted, else the CPU; ``gpu`` with none is an error
+    (one-process trials of ``hetflow tune``)."""
+    if preference != "cpu" and torch.cuda.is_available():
+        return torch.device("cuda", 0)  # the placement made exactly this rank's GPU visible
+    device = torch.device("cpu")
+    check_device(preference, device)
+    return device
 
 
 def runtime_name(device: torch.device) -> str:
     if device.type != "cuda":
         return "cpu"
     return "rocm" if torch.version.hip else "cuda"
-
-
-def free_port() -> int:
-    """A TCP port free on this host now (the rendezvous port rank 0 listens on)."""
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 def _sync(device: torch.device) -> None:
@@ -132,34 +128,52 @@ class _LossBook:
         return out
 
 
-def train_rank(config: TrainConfig, rank: int, world_size: int, init_method: str,
-               report: Report | None = None, attempt: int = 0,
-               data: Mapping[str, Any] | None = None) -> RankResult:
-    """Train this rank to ``config.train.steps``, resuming from the latest complete checkpoint.
+def train_func(job: Mapping[str, Any]) -> RankResult:
+    """The built-in models' ``train_func`` for ``hetflow.train``: train this rank to
+    ``config.train.steps``, resuming from the latest complete checkpoint.
 
-    Every rank of the world calls this with the same config. ``report`` (rank 0 only) receives
-    ``{"step", "loss", "time", "attempt"}`` records at each loss flush. ``data``: the split's
-    arrays prepared elsewhere (:func:`~hetflow.workloads.train.data.dataset_from_arrays`, used
-    without a copy); None loads the config's split here (``data.load_split``).
+    ``job``: ``{"config": TrainConfig, "data": ...}`` - ``data`` the split's arrays (or an
+    ObjectRef of them in Ray's object store, mapped here without a copy), None to load the
+    config's split here. Device, backend, mesh and rank come from ``hetflow.train.get_context()``;
+    losses are reported with ``hetflow.train.report`` at each flush (metrics ``step``, ``loss``
+    and ``losses``: every flushed ``[step, loss]``). The checkpoints are the built-in's own
+    sharded DCP checkpoints (``checkpoint.py``; each rank writes its shards in place, where
+    ``report(checkpoint=)`` would copy them).
     """
-    assert world_size == config.layout.world_size, "world size must be dp * pp * tp"
-    torch.set_num_threads(config.resources.threads_per_rank)
-    device = select_device(config.resources.device)
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size,
-                            timeout=timedelta(minutes=10))
-    try:
-        return _train(config, rank, device, report, attempt, data)
-    finally:
-        dist.destroy_process_group()
+    from hetflow.workloads.train.api import get_context
+
+    config: TrainConfig = job["config"]
+    data = job.get("data")
+    if data is not None and not isinstance(data, Mapping):  # an ObjectRef
+        import ray
+
+        data = ray.get(data)
+    ctx = get_context()
+    assert ctx.world_size == config.layout.world_size, "world size must be dp * pp * tp"
+    check_device(config.resources.device, ctx.device)
+    return _train(config, ctx, data)
 
 
-def _train(config: TrainConfig, rank: int, device: torch.device, report: Report | None,
-           attempt: int, data: Mapping[str, Any] | None = None) -> RankResult:
+def train_rank(config: TrainConfig, rank: int, world_size: int, init_method: str,
+               data: Mapping[str, Any] | None = None) -> RankResult:
+    """:func:`train_func` as rank ``rank`` of ``world_size`` processes started by any launcher
+    (no Ray: ``torch.multiprocessing`` in the tests), rendezvous at ``init_method``."""
+    from hetflow.workloads.train.api import rank_context
+
+    os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world_size),
+                       "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world_size)})
+    with rank_context(config.layout.parallel.shape, config.resources.device,
+                      config.resources.threads_per_rank,
+                      {"checkpoint_dir": str(config.checkpoint_dir), "name": config.name},
+                      init_method=init_method):
+        return train_func({"config": config, "data": data})
+
+
+def _train(config: TrainConfig, ctx: Any, data: Mapping[str, Any] | None) -> RankResult:
+    from hetflow.workloads.train.api import report
+
     layout, train = config.layout, config.train
-    mesh = build_mesh(config, device.type)
+    rank, device, mesh, attempt = ctx.world_rank, ctx.device, ctx.device_mesh, ctx.attempt
     dp_index = mesh[MeshAxis.DP.value].get_local_rank()
     loss_fn = model_spec(config).loss
     model = parallelize(build_model(config), config, mesh, device)
@@ -195,9 +209,9 @@ def _train(config: TrainConfig, rank: int, device: torch.device, report: Report 
             flushed = book.flush()
             if result.first_step_at is None:
                 result.first_step_at = time.time()
-            if rank == 0 and report is not None and flushed:
-                report([{"step": s, "loss": v, "time": time.time(), "attempt": attempt}
-                        for s, v in flushed])
+            if flushed:  # every rank flushed the same steps; report is a collective
+                report({"step": flushed[-1][0], "loss": flushed[-1][1],
+                        "losses": [list(item) for item in flushed]})
         if done == train.steps:
             _sync(device)
             if t_start is not None and done > timed_from:
@@ -280,4 +294,14 @@ def _step(model: ParallelModel, optimizer: torch.optim.Optimizer,
     return loss
 
 
-__all__ = ["STOP_FILE_ENV", "RankResult", "free_port", "select_device", "runtime_name", "train_rank"]
+def loss_records(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """:func:`train_func`'s reports (as rank 0 sent them) as one ``{"step", "loss", "time",
+    "attempt"}`` record per step."""
+    return [{"step": int(step), "loss": float(loss), "time": r["time"], "attempt": r["attempt"]}
+            for r in reports for step, loss in r["metrics"].get("losses", ())]
+
+
+__all__ = ["STOP_FILE_ENV", "RankResult", "check_device", "loss_records", "runtime_name",
+           "select_device",
+           "train_func", "train_rank"]
+

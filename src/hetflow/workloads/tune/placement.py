@@ -39,6 +39,8 @@ from hetflow.core.errors import Unschedulable
 from hetflow.core.request import PlacementRequest
 from hetflow.core.topology import Allocation, ClusterSnapshot
 from hetflow.core.units import format_bytes
+from hetflow.runtime.binding import BoundDevice
+from hetflow.runtime.binding import bind_assigned_devices as bind_planned_device
 from hetflow.runtime.resources import (
     DEVICE_RESOURCE_PREFIX,
     NODE_LABEL,
@@ -251,43 +253,6 @@ def place_trials(config: Any, key: str) -> TrialPlacement:
     slot = TrialSlot({"CPU": float(cpus), "GPU": 1.0}) if gpus else cpu_slot(cpus)
     where = "one Ray GPU each (Ray chooses which)" if gpus else f"{cpus:g} CPU each"
     return TrialPlacement(slot.factory(), concurrent, f"trials get {where}", (slot,))
-
-
-@dataclass(frozen=True)
-class BoundDevice:
-    """What a running trial holds: ``where`` is ``node:device``, ``ray-gpu:<ids>`` or ``cpu``;
-    ``units`` the share of the hetflow device resource (MiB), 0 when none."""
-
-    where: str
-    units: float = 0.0
-
-
-def bind_planned_device() -> BoundDevice:
-    """In a trial: make the hetflow device its bundle holds the only visible one.
-
-    Call before anything initialises a GPU. The device comes from the resources Ray assigned
-    to this process (``hetflow_dev_<i>``), its vendor from the node's published topology.
-    """
-    import ray
-
-    from hetflow.core.topology import Vendor
-    from hetflow.runtime.binding import published_nodes
-    from hetflow.runtime.resources import visibility_env
-
-    context = ray.get_runtime_context()
-    assigned = context.get_assigned_resources()
-    held = {int(name[len(DEVICE_RESOURCE_PREFIX):]): amount for name, amount in assigned.items()
-            if name.startswith(DEVICE_RESOURCE_PREFIX)}
-    if not held:
-        gpu_ids = ray.get_gpu_ids()
-        return BoundDevice(f"ray-gpu:{','.join(str(g) for g in gpu_ids)}" if gpu_ids else "cpu")
-    devices = sorted(held)
-    label = (context.get_node_labels() or {}).get(NODE_LABEL, "")
-    node = next((n for n in published_nodes().values() if label_value(n.name) == label), None)
-    vendor = node.device(devices[0]).vendor if node is not None else Vendor.NVIDIA
-    os.environ.update(visibility_env(vendor, devices))
-    name = node.name if node is not None else label
-    return BoundDevice(f"{name}:{','.join(str(d) for d in devices)}", float(sum(held.values())))
 
 
 __all__ = [
