@@ -28,9 +28,12 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster
 
+from hetflow.accelerators.synthetic import synthetic_node
 from hetflow.control import client
 from hetflow.control.controller import NAMESPACE
 from hetflow.control.jobspec import load_job
+from hetflow.runtime.binding import publish_node
+from hetflow.runtime.resources import node_labels, node_resources
 from tests.control.test_controller_ray import wait_for
 
 pytestmark = pytest.mark.ray
@@ -53,8 +56,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
         "num_cpus": 2, "node_ip_address": "127.0.0.1", "include_dashboard": True, "dashboard_host": "127.0.0.1",
         "dashboard_port": dashboard, "dashboard_agent_listen_port": free_port()})
     root = tmp_path_factory.mktemp("rayjobs")
+    gpus = synthetic_node("2x MI210", "a")  # a node that declares devices it does not have
     try:
+        head.add_node(num_cpus=1, num_gpus=0, resources=node_resources(gpus), labels=node_labels(gpus))
         ray.init(address=head.address, namespace=NAMESPACE)
+        publish_node(gpus)
         client.controller({"policy": "fifo", "tick_s": 0.2, "log_dir": str(root / "logs"), "stop_grace_s": 5.0})
         yield {"address": head.address, "api": f"http://127.0.0.1:{dashboard}", "root": root}
     finally:
@@ -186,3 +192,18 @@ def test_submit_dry_run_checks_admission_on_the_cluster_and_queues_nothing(clust
     refused = hetflow(cluster, "submit", str(big), "--dry-run")
     assert refused.returncode == 3 and "can never run on this cluster" in refused.stderr, refused.stderr
     assert [r["job_id"] for r in client.status()] == [r["job_id"] for r in before]  # nothing was queued
+
+
+def test_train_dry_run_plans_exact_devices_on_the_cluster_and_reserves_nothing(cluster: dict) -> None:
+    from ray.util import placement_group_table
+
+    done = hetflow(cluster, "train", "examples/train_digits.yaml", "--dry-run", "--json",
+                   "--set", "resources.device=gpu")
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert data["ray"]["address"] == cluster["address"] and data["ray"]["hetflow_nodes"] == ["a"]
+    assert data["placement"]["devices"] == "hetflow" and sorted(data["placement"]["where"]) == ["a:0", "a:1"]
+    assert not [g for g in placement_group_table().values() if g["state"] != "REMOVED"]
+    refused = hetflow(cluster, "train", "examples/train_digits.yaml", "--dry-run", "--set", "resources.device=gpu",
+                      "--set", "layout.dp=4")
+    assert refused.returncode == 3, refused.stderr
