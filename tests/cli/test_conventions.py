@@ -194,7 +194,7 @@ def test_bash_completion_completes_verbs_options_and_files(tmp_path: Path) -> No
     assert {"--follow", "--tail"} <= set(complete(script, "hetflow logs --"))
     assert "--dry-run" in complete(script, "hetflow train --")
     assert "examples/train_digits.yaml" in complete(script, "hetflow train examples/train_d")
-    assert complete(script, "hetflow completion ") == ["bash", "tcsh", "zsh"]
+    assert sorted(complete(script, "hetflow completion ")) == ["bash", "tcsh", "zsh"]
 
 
 DRY_RUNS = [
