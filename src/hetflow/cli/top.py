@@ -194,14 +194,14 @@ def _connect(address: str | None) -> bool:
     """Connect to Ray unless this process already is; True when this call connected."""
     import os
 
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    import ray
-
     from hetflow.runtime.session import check_reachable
+
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    check_reachable(address, default="auto")  # (skipped when this process already joined Ray)
+    import ray
 
     if ray.is_initialized():
         return False
-    check_reachable(address, default="auto")
     try:
         ray.init(address=address or "auto", log_to_driver=False, logging_level="ERROR")
     except ConnectionError as err:  # same meaning (and exit code 2) as submit/status without a cluster
@@ -213,14 +213,13 @@ def _connect(address: str | None) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hetflow.runtime import metrics
-
     if args.interval <= 0:
         raise InputError("--interval must be > 0 seconds")
     if args.json and not args.once:
         raise InputError("--json goes with --once (a live view is not JSON)")
     stale = args.stale if args.stale is not None else max(30.0, 3 * args.interval)
     connected = _connect(args.address)
+    from hetflow.runtime import metrics
     try:
         if args.stop_agents:
             print(f"stopped {metrics.stop_metrics()} hetflow metrics actors", file=sys.stderr)

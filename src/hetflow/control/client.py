@@ -29,16 +29,17 @@ CALL_TIMEOUT_S = 120.0  # a controller that restarts answers within this (its ca
 @contextlib.contextmanager
 def connect(address: str | None = None) -> Iterator[None]:
     """Connect this process to the cluster for the block (unless it already is)."""
+    from hetflow.runtime.session import check_reachable
+
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    target = address or "auto"
+    # an address nobody answers on: one line in seconds, not Ray's retries (and before Ray's import)
+    check_reachable(target)
     import ray
 
     if ray.is_initialized():
         yield
         return
-    from hetflow.runtime.session import check_reachable
-
-    target = address or "auto"
-    check_reachable(target)  # an address nobody answers on: one line in seconds, not Ray's retries
     try:
         ray.init(address=target, namespace="hetflow", log_to_driver=False, logging_level="ERROR")
     except (ConnectionError, RuntimeError, ValueError) as exc:
