@@ -173,8 +173,8 @@ class JobRunner:
 
         self._log(f"=== {self.job_id} attempt {self.token}: {self._where()} "
                   f"({time.strftime('%Y-%m-%d %H:%M:%S')}) ===\n")
-        if self.settings.get("ray_jobs", True):
-            self._submit_ray_job()
+        if self.settings.get("ray_jobs", True):  # beside the work: a slow dashboard never delays it
+            threading.Thread(target=self._submit_ray_job, name=f"rayjob-{self.job_id}", daemon=True).start()
         try:
             bound = self._reserve()
         except Unschedulable as exc:
@@ -233,26 +233,33 @@ class JobRunner:
                 metadata={"hetflow_job": self.job_id, "attempt": str(self.token), "kind": self.spec.kind,
                           "where": self._where()})
             self.ray_job = sid
-            threading.Thread(target=self._watch_cancel, name=f"cancel-{self.job_id}", daemon=True).start()
         except Exception as exc:  # noqa: BLE001 - a listing must never stop the job
             if "already exists" in str(exc):  # this attempt's Ray job was submitted before: one per attempt
                 self.ray_job = submission_id(self.job_id, self.token)
-                return
-            self._log(f"(not shown in `ray job list`: {type(exc).__name__}: {str(exc).splitlines()[0][:200]})\n")
+            else:
+                self._log(f"(not shown in `ray job list`: {type(exc).__name__}: "
+                          f"{str(exc).splitlines()[0][:200]})\n")
+        if self.ray_job is not None and self._watch_cancel():
+            import json
 
-    def _watch_cancel(self) -> None:
-        """`ray job stop` on the attempt's Ray job: cancel the hetflow job (as `hetflow cancel`)."""
+            from hetflow.control.attempt_job import STOPPED
+
+            if json.loads(self.outcome_file.read_text())["outcome"] in STOPPED:
+                self._stop_ray_job()  # a preempted or cancelled attempt's Ray job ends STOPPED
+
+    def _watch_cancel(self) -> bool:
+        """`ray job stop` on the attempt's Ray job: cancel the hetflow job (as `hetflow cancel`).
+        Runs in the submitting thread until the attempt ends; False when it was stopped that way."""
         while not self.outcome_file.exists():
             if self.cancel_file.exists():
                 self._log("=== `ray job stop` on this attempt's Ray job: cancelling the job ===\n")
                 self.stop(cancel=True)
-                return
+                return False
             time.sleep(0.5)
+        return True
 
     def _stop_ray_job(self) -> None:
-        """A preempted or cancelled attempt's Ray job ends STOPPED (it did not finish)."""
-        if self.ray_job is None:
-            return
+        """Stop the attempt's Ray job (it then shows STOPPED: the attempt did not finish)."""
         try:
             from ray._private import ray_constants
             from ray.experimental.internal_kv import _internal_kv_get
@@ -431,9 +438,7 @@ class JobRunner:
         self.stop_file.unlink(missing_ok=True)
         from hetflow.control.attempt_job import write_outcome
 
-        write_outcome(self.outcome_file, outcome, message)
-        if outcome in ("preempted", "cancelled"):
-            self._stop_ray_job()
+        write_outcome(self.outcome_file, outcome, message)  # its Ray job ends with it (_submit_ray_job)
         self._set(phase="done", outcome=outcome, message=message, fatal=fatal)
 
 
