@@ -53,6 +53,7 @@ def main() -> None:
         model.load_state_dict(snap["model"])
         optimizer.load_state_dict(snap["optimizer"])
         start = snap["step"]
+        mean = snap.get("loss", float("nan"))  # the loss of the snapshot's last step
         if rank == 0:
             print(f"resumed from step {start}", flush=True)
     ddp = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)
@@ -78,7 +79,7 @@ def main() -> None:
         if args.snapshot and rank == 0 and (step + 1) % args.save_every == 0:
             tmp = args.snapshot + ".tmp"
             torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                        "step": step + 1}, tmp)
+                        "step": step + 1, "loss": mean}, tmp)
             os.replace(tmp, args.snapshot)
         if args.step_sleep:
             time.sleep(args.step_sleep)

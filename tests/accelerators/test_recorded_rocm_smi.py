@@ -468,3 +468,49 @@ def test_json_with_a_character_removed_parses_or_names_the_line(data):
             json.loads(garbled)
         except json.JSONDecodeError:
             assert e.line is not None and 1 <= e.line <= garbled.count("\n") + 1
+
+
+# ---------------------------------------------------------------- --showtopoweight alone
+
+def _weight_only(weights: dict[tuple[int, int], int], n: int) -> str:
+    """``rocm-smi --showtopoweight`` as the tool prints it: the weight matrix, nothing else."""
+    head = "=" * 23 + " ROCm System Management Interface " + "=" * 23
+    rows = [head, "=" * 28 + " Weight between two GPUs " + "=" * 27,
+            "       " + "".join(f"GPU{j:<10}" for j in range(n))]
+    for i in range(n):
+        cells = [0 if i == j else weights[(min(i, j), max(i, j))] for j in range(n)]
+        rows.append(f"GPU{i}   " + "".join(f"{c:<13}" for c in cells))
+    rows.append("=" * 30 + " End of ROCm SMI Log " + "=" * 29)
+    return "\n".join(rows) + "\n"
+
+
+def test_weight_only_output_of_the_mi210_fixture_is_xgmi():
+    full = fixture_path("amd-mi210x4-xgmi-bridge-nps4_rocm-smi-showtopo.txt").read_text()
+    weights = {}
+    for i, line in enumerate(full.splitlines()[3:7]):  # the weight matrix's rows
+        for j, cell in enumerate(line.split()[1:]):
+            if i < j:
+                weights[(i, j)] = int(cell)
+    node = BY_NAME["rocm-smi-showtopo"].parse(_weight_only(weights, 4), "weights.txt")
+    assert {(l.kind, l.weight) for l in node.links} == {(LinkKind.XGMI, 15)}
+
+
+def test_weight_only_pairs_keep_the_weights_order_and_the_planner_follows_them():
+    from hetflow.accelerators.enrich import enrich_node
+    from hetflow.core.request import PlacementRequest
+    from hetflow.core.topology import ClusterSnapshot
+    from hetflow.scheduling.planner import plan
+
+    # two xGMI pairs (0-1 direct, 2-3 over two hops), PCIe in one NUMA node, PCIe across sockets
+    weights = {(0, 1): 15, (2, 3): 30, (0, 2): 40, (1, 3): 52, (0, 3): 60, (1, 2): 60}
+    node = BY_NAME["rocm-smi-showtopo"].parse(_weight_only(weights, 4), "weights.txt")
+    kinds = {(l.a, l.b): (l.kind, l.pcie_level) for l in node.links}
+    assert kinds[(0, 1)][0] is kinds[(2, 3)][0] is LinkKind.XGMI
+    assert [kinds[p][1].name for p in ((0, 2), (1, 3), (0, 3))] == ["PHB", "NODE", "SYS"]
+    enriched = enrich_node(node)
+    gbps = {p: enriched.bandwidth(*p) for p in weights}
+    by_weight = sorted(weights, key=weights.get)
+    assert [gbps[p] for p in by_weight] == sorted(gbps.values(), reverse=True)  # lower weight, faster
+    assert gbps[(0, 1)] > gbps[(2, 3)] > gbps[(0, 2)] > gbps[(1, 3)] > gbps[(0, 3)]
+    pair = plan(ClusterSnapshot(nodes=(enriched,)), PlacementRequest("tp2", count=2))
+    assert sorted(r.device for r in pair.devices) == [0, 1]

@@ -171,3 +171,17 @@ def test_tp_pairs_of_a_controller_job_get_the_nv2_links() -> None:
     assert launch.placement.tp_group_gbps == (50.0, 50.0)
     assert sorted(s.device for s in launch.held.slots) == sorted(devices)
     assert any("chosen by the cluster policy" in n for n in launch.placement.notes)
+
+
+def test_a_job_files_device_type_matches_models_as_the_planner_does() -> None:
+    from hetflow.control.scheduler import LiveCluster
+
+    snapshot = ClusterSnapshot(nodes=(synthetic_node("2x H100-SXM", "sxm"), synthetic_node("2x H100-PCIe", "pcie"),
+                                      synthetic_node("2x A100-80GB", "a100"), synthetic_node("2x A10", "a10")))
+    cluster = LiveCluster.of(snapshot)
+    scheduler = LiveScheduler(ControllerSettings(policy="fifo"))
+    allowed = lambda t: scheduler.allowed_types(spec("j", 1, 5.0, devices={"type": t}), cluster)  # noqa: E731
+    assert allowed("H100") == {"H100-SXM", "H100-PCIE"}  # as `hetflow plan --model H100`
+    assert allowed("H100-SXM") == {"H100-SXM"}
+    assert allowed("A10") == {"A10"}  # not A100-80GB
+    assert allowed("A100") == {"A100-80GB"}

@@ -28,7 +28,7 @@ import types
 import typing
 from importlib import resources
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Callable, Any, Iterator
 
 import yaml
 
@@ -64,6 +64,32 @@ def name_tokens(text: str) -> list[str]:
         if nvml:
             return [f"0x{nvml.group(1)}"]
     return tokens
+
+
+def model_matcher(text: str | None) -> "Callable[[str | None], bool] | None":
+    """The one model-name rule of every request (``hetflow plan --model``, a job file's
+    ``devices.type``, train/tune/serve's ``accelerator``): a device's model matches when it is
+    the asked-for catalog model ("RTX4090" is "RTX-4090") or starts with the asked-for words,
+    ignoring case, punctuation and vendor words - "H100" matches "H100-SXM" and "H100-PCIe",
+    "V100" both V100 rows, but "A10" not "A100-80GB". None for no constraint."""
+    if not text:
+        return None
+    catalog = default_catalog()
+    spec = catalog.find(text)
+    canonical = spec.name if spec else None
+    words = tuple(name_tokens(text))
+
+    def matches(model: str | None) -> bool:
+        if canonical is not None and model is not None:
+            if model == canonical:
+                return True
+            found = catalog.find(model)  # another spelling of the same catalog model
+            if found is not None and found.name == canonical:
+                return True
+        tokens = tuple(name_tokens(model or ""))
+        return bool(words) and tokens[:len(words)] == words
+
+    return matches
 
 
 def canonical_key(text: str) -> str:

@@ -61,7 +61,9 @@ class DeviceRequest(_Section):
     job's world size (dp x pp x tp) - or 0 when its config says ``resources.device: cpu`` and
     this section is left out - else 1."""
     type: str | None = None
-    """Only this device type, as the catalog names it (``MI300X``, ``H100-SXM``); any alias works."""
+    """Only devices of this model, by the planner's rule (``hetflow plan --model``): a catalog
+    name or alias (``MI300X``, ``H100-SXM``), or its first words - ``H100`` is H100-SXM and
+    H100-PCIe, ``A10`` is not A100."""
     vendor: Literal["nvidia", "amd"] | None = None
     """Only devices of this vendor."""
     memory: str | None = None

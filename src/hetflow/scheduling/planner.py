@@ -43,7 +43,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
-from hetflow.accelerators.catalog import name_tokens
+from hetflow.accelerators.catalog import model_matcher
 from hetflow.core.errors import Unschedulable
 from hetflow.core.placement import DeviceRef, Placement
 from hetflow.core.request import ParallelLayout, PlacementRequest, Strategy
@@ -307,7 +307,7 @@ class _Eligibility:
 
 def _static_key(request: PlacementRequest) -> tuple:
     return (
-        request.vendor, _wanted_model(request.model),
+        request.vendor, request.model or None,
         (request.arch or "").lower() or None,
         request.min_memory_bytes, request.memory_bytes, request.memory_bytes is not None,
     )
@@ -320,7 +320,8 @@ def _static_mask(model: _NodeModel, request: PlacementRequest) -> tuple[int, dic
     hit = model.static_masks.get(key)
     if hit is not None:
         return hit
-    vendor, model_name, arch, min_mem, need_total, wants_memory = key
+    vendor, model_text, arch, min_mem, need_total, wants_memory = key
+    model_name = model_matcher(model_text)  # the catalog's one model-name rule
     mask = 0
     reasons: dict[str, int] = {}
     details: dict[str, set[str]] = {}
@@ -330,7 +331,7 @@ def _static_mask(model: _NodeModel, request: PlacementRequest) -> tuple[int, dic
             reason = "no accelerator"
         elif vendor is not None and d.vendor is not vendor:
             reason, fact = "vendor", d.vendor.value
-        elif model_name is not None and not _model_matches(model_name, d.model):
+        elif model_name is not None and not model_name(d.model):
             reason, fact = "model", d.model or "unknown model"
         elif arch is not None and (d.arch or "").lower() != arch:
             reason, fact = "arch", d.arch or "unknown arch"
@@ -348,27 +349,6 @@ def _static_mask(model: _NodeModel, request: PlacementRequest) -> tuple[int, dic
             details.setdefault(reason, set()).add(fact)
     model.static_masks[key] = (mask, reasons, details)
     return mask, reasons, details
-
-
-def _wanted_model(text: str | None) -> tuple[tuple[str, ...], str | None] | None:
-    """The asked-for model as words, and as the catalog's canonical name when it names one."""
-    if not text:
-        return None
-    from hetflow.accelerators.catalog import default_catalog
-
-    spec = default_catalog().find(text)
-    return tuple(name_tokens(text)), spec.name if spec else None
-
-
-def _model_matches(wanted: tuple[tuple[str, ...], str | None], model: str | None) -> bool:
-    """Whether a device's model is the asked-for catalog model ("RTX4090" is "RTX-4090"), or
-    starts with the asked-for words, ignoring case, punctuation and vendor words: "H100"
-    matches "H100-SXM" and "H100-PCIe", "V100" both V100 rows, but "A10" not "A100-80GB"."""
-    words, canonical = wanted
-    if canonical is not None and model == canonical:
-        return True
-    tokens = tuple(name_tokens(model or ""))
-    return bool(words) and tokens[:len(words)] == words
 
 
 def _allocation_index(snapshot: ClusterSnapshot) -> dict[str, dict[int, list[Allocation]]]:
@@ -944,23 +924,20 @@ def plan(snapshot: ClusterSnapshot, request: PlacementRequest,
     if len(vendors) > 1:  # one collective group never mixes vendors (NCCL and RCCL do not meet)
         return _best_of(snapshot, request, elig, [{k for k in kinds if k[0] is v} for v in vendors],
                         "vendor", kinds)
+    placed = _plan_within(snapshot, request, elig)
+    if request.mixed_models or not _mixed_tp_groups(placed, snapshot):
+        return _with_model_note(placed, snapshot)
+    # A tensor-parallel group mixes device models: the best placement inside one model instead.
     models = sorted((k for k in kinds if k[1] != UNKNOWN_MODEL), key=lambda k: k[1])
-    if len(models) > 1 and not request.mixed_models:  # devices of unknown model go with any
-        # One device model for the whole job when one can hold it; otherwise replicas may span
-        # models but a tensor-parallel group may not.
-        try:
-            return _best_of(snapshot, request, elig, [{k} for k in models], "model", kinds)
-        except Unschedulable:
-            placed = _plan_within(snapshot, request, elig)
-            mixed = _mixed_tp_groups(placed, snapshot)
-            if mixed:
-                raise Unschedulable(
-                    f"cannot place job {request.job_id!r}: {mixed} of its tensor-parallel groups "
-                    f"would mix device models ({_kind_counts(kinds)} usable), and a group steps "
-                    "at its slowest device's pace. To fit: ask for fewer or smaller groups, name "
-                    "one model (--model), or allow mixing models (--mixed-models)") from None
-            return _with_model_note(placed, snapshot)
-    return _with_model_note(_plan_within(snapshot, request, elig), snapshot)
+    try:
+        return _best_of(snapshot, request, elig, [{k} for k in models], "model", kinds)
+    except Unschedulable:
+        raise Unschedulable(
+            f"cannot place job {request.job_id!r}: {_mixed_tp_groups(placed, snapshot)} of its "
+            f"tensor-parallel groups would mix device models ({_kind_counts(kinds)} usable) and no "
+            "model alone holds it; a group steps at its slowest device's pace. To fit: ask for "
+            "fewer or smaller groups, name one model (--model), or allow mixing models "
+            "(--mixed-models)") from None
 
 
 def _with_model_note(placed: Placement, snapshot: ClusterSnapshot) -> Placement:

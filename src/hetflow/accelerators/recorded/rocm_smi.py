@@ -28,7 +28,7 @@ from typing import Callable
 
 from hetflow.accelerators.recorded.base import RecordedFormat
 from hetflow.core.errors import ParseError
-from hetflow.core.topology import Device, Link, LinkKind, NodeTopology, Vendor
+from hetflow.core.topology import Device, Link, LinkKind, NodeTopology, PcieLevel, Vendor
 
 NODE_NAME = "node0"
 
@@ -253,8 +253,28 @@ class _Facts:
 
     def _link(self, a: int, b: int) -> Link:
         attrs = {name: value for name, (value, _) in self.links[(a, b)].items()}
-        kind = attrs.pop("kind", None) or LinkKind.UNKNOWN
-        return Link(a=a, b=b, kind=kind, **attrs)  # type: ignore[arg-type]
+        kind = attrs.pop("kind", None)
+        if kind is None and attrs.get("weight") is not None:  # --showtopoweight alone
+            kind, level = kind_from_weight(int(attrs["weight"]))  # type: ignore[arg-type]
+            if level is not None:
+                attrs["pcie_level"] = level
+        return Link(a=a, b=b, kind=kind or LinkKind.UNKNOWN, **attrs)  # type: ignore[arg-type]
+
+
+def kind_from_weight(weight: int) -> tuple[LinkKind, PcieLevel | None]:
+    """The link kind a KFD weight implies when no link type was reported (``rocm-smi
+    --showtopoweight`` alone). KFD adds 15 per xGMI hop and 20 per PCIe segment; observed:
+    15/30/45 over xGMI (MI250), 13 between partitions of one socket (MI300X CPX), 40 or 52 for
+    PCIe pairs, 60 across sockets (fixtures/topology/API-NOTES.md). So <= 45 and a multiple of 15
+    (or below 15) is xGMI; above that PCIe: <= 40 through one host bridge (PHB), <= 52 inside a
+    NUMA node (NODE), more across sockets (SYS) - which keeps the pairs in the weights' order."""
+    if weight < 15 or (weight <= 45 and weight % 15 == 0):
+        return LinkKind.XGMI, None
+    if weight <= 40:
+        return LinkKind.PCIE, PcieLevel.PHB
+    if weight <= 52:
+        return LinkKind.PCIE, PcieLevel.NODE
+    return LinkKind.PCIE, PcieLevel.SYS
 
 
 # ---------------------------------------------------------------- text output

@@ -12,6 +12,12 @@ variables), so the child inherits exactly the rank's device. The child:
   drains with :meth:`RankProcess.poll` (a long poll: it returns as soon as there is output or
   the child has exited).
 
+* stops (SIGKILL to its process group) when the launcher has not polled it for
+  ``HETFLOW_RANK_LEASE_S`` seconds (default 5; the launcher polls about every second): a rank
+  whose launcher died, or whose host lost its network while its processes kept running, fences
+  itself instead of running on - and writing snapshots - beside the group the launcher started
+  again elsewhere (tests/hosts/test_node_loss.py cuts a host's link mid-run).
+
 One actor serves every attempt of its rank while it lives; each attempt is a new child.
 """
 
@@ -27,6 +33,8 @@ import time
 from typing import Any
 
 VISIBILITY = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
+LEASE_ENV = "HETFLOW_RANK_LEASE_S"
+DEFAULT_LEASE_S = 5.0
 MAX_LINE = 64 * 1024  # a longer "line" (no newline in sight) is handed over in pieces
 
 
@@ -57,6 +65,9 @@ class RankProcess:
         self._code: int | None = None
         self._proc: subprocess.Popen | None = None
         self._attempt = -1
+        self._last_poll = time.monotonic()
+        self._lease_s = float(os.environ.get(LEASE_ENV) or DEFAULT_LEASE_S)
+        self._fence: threading.Thread | None = None
 
     def where(self) -> dict[str, Any]:
         """This rank's node: address, Ray node id, a port free there, the actor's pid and cwd."""
@@ -77,6 +88,10 @@ class RankProcess:
         with self._lock:
             assert self._proc is None or self._proc.poll() is not None, "previous child still running"
             self._lines, self._base, self._code, self._attempt = [], 0, None, attempt
+            self._last_poll = time.monotonic()
+        if self._fence is None and self._lease_s > 0:
+            self._fence = threading.Thread(target=self._watch_lease, name="rank-lease", daemon=True)
+            self._fence.start()
         argv = [sys.executable if argv[0] == "python" else argv[0], *argv[1:]]
         full_env = {**os.environ, **env}
         where = cwd if cwd and os.path.isdir(cwd) else None
@@ -120,11 +135,29 @@ class RankProcess:
         assert self._proc is not None
         return self._proc.pid
 
+    def _watch_lease(self) -> None:
+        """Fence the child when the launcher has gone quiet (see the module docstring)."""
+        while True:
+            time.sleep(min(0.5, self._lease_s / 4))
+            with self._lock:
+                proc, quiet = self._proc, time.monotonic() - self._last_poll
+            if proc is None or proc.poll() is not None or quiet <= self._lease_s:
+                continue
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                continue
+            with self._lock:
+                self._lines.append(f"hetflow launch: no poll from the launcher for {quiet:.0f} s (it "
+                                   "is gone, or this host lost the cluster): rank stopped")
+                self._lock.notify_all()
+
     def poll(self, attempt: int, offset: int, wait_s: float = 1.0) -> tuple[list[str], int | None]:
         """Output lines from ``offset`` on and the exit code once the child has exited and all
         its output is read (None while it runs). Waits up to ``wait_s`` for something new."""
         deadline = time.monotonic() + wait_s
         with self._lock:
+            self._last_poll = time.monotonic()
             assert attempt == self._attempt, f"poll of attempt {attempt}, running {self._attempt}"
             while self._base + len(self._lines) <= offset and self._code is None:
                 left = deadline - time.monotonic()
