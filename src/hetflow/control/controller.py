@@ -62,6 +62,18 @@ def settings_from(saved: dict[str, Any] | None, given: dict[str, Any] | None) ->
     return ControllerSettings(**merged)
 
 
+def dashboard_url() -> str | None:
+    """The cluster's Ray dashboard (its job API), ``http://host:port``; None when it runs none."""
+    from ray._private import ray_constants
+    from ray.experimental.internal_kv import _internal_kv_get
+
+    try:
+        api = _internal_kv_get(ray_constants.DASHBOARD_ADDRESS, namespace=ray_constants.KV_NAMESPACE_DASHBOARD)
+    except Exception:  # noqa: BLE001 - no listing then; jobs run all the same
+        return None
+    return f"http://{api.decode()}" if api else None
+
+
 class HetflowController:
     """The actor (see the module docstring). Public methods are what the client calls."""
 
@@ -76,6 +88,7 @@ class HetflowController:
         self.settings = settings_from(saved, None if restarted and saved else settings)
         self.restarted = restarted
         self.store.save_config(asdict(self.settings))
+        self.dashboard_url = dashboard_url()  # where runners list their attempts as Ray jobs (or None)
         self.scheduler = LiveScheduler(self.settings)
         self.lock = threading.RLock()
         self.records: dict[str, JobRecord] = {r.job_id: r for r in self.store.all()}
@@ -413,7 +426,8 @@ class HetflowController:
                 name=runner_name(record.job_id), namespace=NAMESPACE, lifetime="detached",
                 num_cpus=0, max_restarts=0, max_concurrency=8, label_selector=selector,
             ).remote(record.job_id, record.token, record.spec, launch.placement, view.snapshot,
-                     asdict(self.settings), now, record.needs_restore, host)
+                     {**asdict(self.settings), "dashboard_url": self.dashboard_url}, now,
+                     record.needs_restore, host)
         except ValueError as exc:  # the name was taken in between: try again next decision
             self._requeue(record, now, f"queued again: could not start its runner ({exc})",
                           restore=record.needs_restore)

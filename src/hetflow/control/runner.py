@@ -40,6 +40,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hetflow.control.attempt_job import STOPPED, submission_id, write_outcome
 from hetflow.control.jobspec import JobSpec
 from hetflow.control.state import AttemptReport, JobStore, RayKV
 from hetflow.core.placement import Placement
@@ -173,7 +174,8 @@ class JobRunner:
 
         self._log(f"=== {self.job_id} attempt {self.token}: {self._where()} "
                   f"({time.strftime('%Y-%m-%d %H:%M:%S')}) ===\n")
-        if self.settings.get("ray_jobs", True):  # beside the work: a slow dashboard never delays it
+        if self.settings.get("ray_jobs", True) and self.settings.get("dashboard_url"):
+            # beside the work: a slow dashboard never delays it
             threading.Thread(target=self._submit_ray_job, name=f"rayjob-{self.job_id}", daemon=True).start()
         try:
             bound = self._reserve()
@@ -202,19 +204,11 @@ class JobRunner:
         self._finish(outcome, message, fatal)
 
     def _submit_ray_job(self) -> None:
-        """The attempt's Ray job (:mod:`hetflow.control.attempt_job`), on this node. Best effort:
-        without Ray's dashboard (its job API) the attempt runs all the same, unlisted."""
+        """The attempt's Ray job (:mod:`hetflow.control.attempt_job`), on this node, through the
+        dashboard the controller found (its job API). Best effort: the attempt runs all the same."""
         import ray
-        from ray._private import ray_constants
-        from ray.experimental.internal_kv import _internal_kv_get
-
-        from hetflow.control.attempt_job import submission_id
 
         try:
-            api = _internal_kv_get(ray_constants.DASHBOARD_ADDRESS, namespace=ray_constants.KV_NAMESPACE_DASHBOARD)
-            if not api:
-                self._log("(not shown in `ray job list`: this cluster runs no Ray dashboard)\n")
-                return
             from ray.job_submission import JobSubmissionClient
 
             import hetflow
@@ -225,7 +219,7 @@ class JobRunner:
                      "--offset", str(self.log_start), "--outcome", str(self.outcome_file),
                      "--cancel", str(self.cancel_file), "--runner-pid", str(os.getpid())]
             sid = submission_id(self.job_id, self.token)
-            JobSubmissionClient(f"http://{api.decode()}").submit_job(
+            JobSubmissionClient(self.settings["dashboard_url"]).submit_job(
                 entrypoint=shlex.join(entry), submission_id=sid, entrypoint_num_cpus=0,
                 entrypoint_label_selector={"ray.io/node-id": node_id},
                 runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(
@@ -241,8 +235,6 @@ class JobRunner:
                           f"{str(exc).splitlines()[0][:200]})\n")
         if self.ray_job is not None and self._watch_cancel():
             import json
-
-            from hetflow.control.attempt_job import STOPPED
 
             if json.loads(self.outcome_file.read_text())["outcome"] in STOPPED:
                 self._stop_ray_job()  # a preempted or cancelled attempt's Ray job ends STOPPED
@@ -261,12 +253,9 @@ class JobRunner:
     def _stop_ray_job(self) -> None:
         """Stop the attempt's Ray job (it then shows STOPPED: the attempt did not finish)."""
         try:
-            from ray._private import ray_constants
-            from ray.experimental.internal_kv import _internal_kv_get
             from ray.job_submission import JobSubmissionClient
 
-            api = _internal_kv_get(ray_constants.DASHBOARD_ADDRESS, namespace=ray_constants.KV_NAMESPACE_DASHBOARD)
-            JobSubmissionClient(f"http://{api.decode()}").stop_job(self.ray_job)
+            JobSubmissionClient(self.settings["dashboard_url"]).stop_job(self.ray_job)
         except Exception:  # noqa: BLE001 - it ends by itself anyway (with the outcome's exit code)
             pass
 
@@ -436,8 +425,6 @@ class JobRunner:
         own, _ = self.log_since(start, limit=end - start + 1)
         self.store.save_attempt_log(self.job_id, self.token, start, own)
         self.stop_file.unlink(missing_ok=True)
-        from hetflow.control.attempt_job import write_outcome
-
         write_outcome(self.outcome_file, outcome, message)  # its Ray job ends with it (_submit_ray_job)
         self._set(phase="done", outcome=outcome, message=message, fatal=fatal)
 
