@@ -1,7 +1,8 @@
 # Two entry points: `make test` and `make demo`. Each creates .venv when it is missing.
 # torch is installed first and pinned: on this kind of machine torch==2.13.0 is a CPU build on
 # local disk; an unpinned torch would pull a multi-GB CUDA build. On CUDA/ROCm hosts install your
-# vendor's torch build into .venv first; `make` then leaves it alone.
+# vendor's torch build into .venv first; `make` then leaves it alone. `.[dev]` brings the `torch`
+# extra (then already satisfied), the `demo` extra (scikit-learn, the digits data) and pytest.
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python

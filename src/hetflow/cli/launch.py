@@ -3,6 +3,7 @@
     hetflow launch --nproc 2 examples/launch/ddp_snapshot.py --steps 200
     hetflow launch --nproc 8 --tp 4 --device gpu --vendor amd train.py --config big.yaml
     hetflow launch --nproc 4 --max-restarts 3 --address HEAD:6379 --working-dir . -m pkg.train
+    hetflow launch --nproc 2 --dry-run train.py     # where the ranks would go; starts nothing
 
 Each rank is one process on its node with exactly its device visible and the environment
 torchrun gives (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, ...), so a script that calls
@@ -61,6 +62,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="how long to wait for the ranks' placement (default 120)")
     p.add_argument("--quiet", action="store_true", help="no launcher lines on stderr (rank output only)")
     p.add_argument("--json", action="store_true", help="print the result as JSON on stdout at the end")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the Ray it would join or start, where each rank would go and what it would "
+                        "run; start nothing")
     p.add_argument("-m", "--module", action="store_true",
                    help="run the target as a module (python -m), as torchrun -m")
     p.add_argument("target", nargs=argparse.REMAINDER, metavar="SCRIPT [ARGS ...]",
@@ -116,6 +120,8 @@ def _describe(exc: ValidationError) -> str:
 
 def run(args: argparse.Namespace) -> int:
     spec = spec_from_args(args)
+    if args.dry_run:
+        return dry_run(spec, args.json)
     from hetflow.workloads.launch.launcher import launch
 
     result = launch(spec, quiet=args.quiet)
@@ -126,6 +132,42 @@ def run(args: argparse.Namespace) -> int:
                    "startup_s": result.startup_s, "ranks": result.ranks}, sys.stdout, indent=2)
         sys.stdout.write("\n")
     return result.exit_code
+
+
+def dry_run(spec: Any, as_json: bool) -> int:
+    """What ``hetflow launch`` would join or start and run on each rank (the launcher's rules:
+    an embedded local Ray shares its cores among the ranks), starting nothing."""
+    import os
+    import shlex
+
+    from hetflow.cli.dryrun import show
+    from hetflow.runtime.preview import preview_cluster, preview_ranks
+    from hetflow.runtime.session import Session, check_embedded
+    from hetflow.workloads.launch.launcher import resolve_target
+    from hetflow.workloads.train.config import ResourcesConfig
+
+    target = resolve_target(spec)
+    # the launcher's rule: --address, else RAY_ADDRESS, else an embedded Ray (no recorded cluster)
+    cluster = preview_cluster(spec.address, None if os.environ.get("RAY_ADDRESS") else "local")
+    cores = check_embedded(spec.nproc) if cluster.address is None else None
+    cpus = Session(False, cores).cpus_per_rank(spec.nproc, spec.cpus_per_rank)
+    res = ResourcesConfig(device=spec.device, cpus_per_rank=cpus, vendor=spec.vendor, accelerator=spec.model,
+                          memory=spec.memory, placement_timeout_s=spec.placement_timeout_s)
+    ranks = preview_ranks(spec.layout, res, cluster, spec.run_id or "launch")
+    command = shlex.join(target.argv)
+    lines = [("ray", cluster.describe()),
+             ("placement", ranks.how + (f": {' '.join(ranks.where)}" if ranks.where else "")),
+             ("would start", f"{spec.nproc} rank process(es), each `{command}`"
+                             + (f" in {target.cwd}" if target.cwd else "")
+                             + (f", {target.working_dir} shipped as working_dir" if target.working_dir else "")),
+             ("environment", f"torchrun's per rank (RANK 0..{spec.nproc - 1}, WORLD_SIZE {spec.nproc}, "
+                             "LOCAL_RANK, MASTER_ADDR/PORT, ...)"
+                             + (f" and {', '.join(sorted(spec.env))}" if spec.env else "")),
+             ("restarts", f"up to {spec.max_restarts}")]
+    data = {"ray": cluster.to_dict(), "placement": ranks.to_dict(), "argv": target.argv, "cwd": target.cwd,
+            "working_dir": target.working_dir, "nproc": spec.nproc, "env": dict(spec.env),
+            "max_restarts": spec.max_restarts}
+    return show(lines, data, as_json)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,27 +1,92 @@
 """``hetflow <verb> ...``: argument parsing and printing only; the work lives in the layers below.
 
 Each verb is a module in this package with ``register(subparsers)``, which adds its parser and
-sets ``func`` (called with the parsed args, returns an exit code). Exit codes: 0 success,
-2 bad input (one line, no traceback), 3 unschedulable request, 1 other failure.
+sets ``func`` (called with the parsed args, returns an exit code). One exit code per meaning,
+the same for every verb (``EXIT_CODES``, docs/cli.md): 0 success, 1 the work failed, 2 bad
+input or a setup to fix (one line, no traceback: arguments, files, an unreachable cluster, a
+missing optional package), 3 cannot fit, 4 the job was cancelled (``submit --wait``), 130
+interrupted; ``launch`` passes a failing rank's own code through. With ``--json`` an error is
+one JSON object on stdout: ``{"error": {"message", "exit_code", "kind"}}``.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import sys
 
 from hetflow import __version__
-from hetflow.core.errors import HetflowError
+from hetflow.core.errors import HetflowError, InputError
 
 # Verb modules, in the order `hetflow --help` lists them.
 COMMAND_MODULES = ["inventory", "plan", "node", "simulate", "train", "launch", "tune", "serve", "run", "jobs", "top",
-                   "k8s"]
+                   "k8s", "completion"]
+
+EXIT_OK, EXIT_FAILED, EXIT_INPUT, EXIT_UNSCHEDULABLE, EXIT_CANCELLED, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
+EXIT_CODES = {  # code -> (kind in a --json error, meaning); docs/cli.md shows this table
+    EXIT_OK: ("ok", "success"),
+    EXIT_FAILED: ("failed", "the work failed: a job, stage, rank or check failed, or an error at run time"),
+    EXIT_INPUT: ("input", "bad input or a setup to fix: arguments, files, configs, an unknown job, no or an "
+                          "unreachable Ray cluster, a missing optional package (torch, scikit-learn)"),
+    EXIT_UNSCHEDULABLE: ("unschedulable", "the request can never be placed on this cluster"),
+    EXIT_CANCELLED: ("cancelled", "the job was cancelled before it finished (`submit --wait`)"),
+    EXIT_INTERRUPTED: ("interrupted", "interrupted (Ctrl-C)"),
+}
+
+# Packages a verb may import late that are extras, not dependencies: the line that says how to add them.
+MISSING_PACKAGES = {
+    "torch": "PyTorch is not installed (hetflow's `torch` extra); install the build for this machine: "
+             "CPU `pip install torch --index-url https://download.pytorch.org/whl/cpu` (or `make venv`), "
+             "CUDA `pip install torch --index-url https://download.pytorch.org/whl/cu128`, "
+             "ROCm `pip install torch --index-url https://download.pytorch.org/whl/rocm6.4`",
+    "sklearn": "scikit-learn is not installed; the digits dataset comes from it (hetflow's `demo` extra): "
+               "pip install -e '.[demo]' in a hetflow checkout, or pip install scikit-learn",
+}
+
+_json_errors = False  # set by main() when the command line asks for --json
+
+DATASET_PACKAGES = {"digits": "sklearn"}  # built-in datasets that come from an optional package
+
+
+def require(*packages: str, dataset: str | None = None) -> None:
+    """Before any work starts: each package (a key of MISSING_PACKAGES) importable, and the
+    package ``dataset`` comes from, else one InputError with the line that says how to add it."""
+    import importlib.util
+
+    if dataset in DATASET_PACKAGES:
+        packages += (DATASET_PACKAGES[dataset],)
+    for name in packages:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            raise InputError(MISSING_PACKAGES[name])
+
+
+def missing_package(exc: ImportError) -> str | None:
+    """The install line for an optional package ``exc`` says is missing, else None."""
+    name = (getattr(exc, "name", None) or "").split(".")[0]
+    if isinstance(exc, ModuleNotFoundError) and name in MISSING_PACKAGES:
+        return MISSING_PACKAGES[name]
+    return None
+
+
+def fail(message: str, code: int) -> int:
+    """Report an error as one line on stderr, or (``--json``) one JSON object on stdout."""
+    if _json_errors:
+        kind = EXIT_CODES.get(code, ("failed",))[0]
+        print(json.dumps({"error": {"message": message, "exit_code": code, "kind": kind}}), flush=True)
+    else:
+        print(f"hetflow: error: {message}", file=sys.stderr, flush=True)
+    return code
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # exit 2 with one line, like every bad input
-        self.exit(2, f"hetflow: error: {message} (see `{self.prog} --help`)\n")
+        fail(f"{message} (see `{self.prog} --help`)", EXIT_INPUT)
+        self.exit(EXIT_INPUT)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,28 +102,38 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    global _json_errors
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # Before parsing, so that a parse error of a --json command line is JSON too (a launched
+    # script's own --json, after SCRIPT, is the script's: parsing decides below).
+    _json_errors = "--json" in argv
     parser = build_parser()
     args = parser.parse_args(argv)
+    _json_errors = bool(getattr(args, "json", False))
     if not getattr(args, "func", None):
         parser.print_help()
-        return 2
+        return EXIT_INPUT
     try:
         return int(args.func(args) or 0)
     except HetflowError as e:
-        print(f"hetflow: error: {e}", file=sys.stderr)
-        return e.exit_code
+        return fail(str(e), e.exit_code)
     except KeyboardInterrupt:
-        print("hetflow: interrupted", file=sys.stderr)
-        return 130
+        return fail("interrupted", EXIT_INTERRUPTED)
     except BrokenPipeError:
-        return 0
+        return EXIT_OK
+    except ImportError as e:
+        hint = missing_package(e)
+        if hint is None:
+            raise
+        return fail(hint, EXIT_INPUT)
     except OSError as e:
         # A path the system refuses (too long, a directory, no permission) that a command did
         # not check itself: one line, exit 2 when it names the file (input), else 1.
         name = str(e.filename) if e.filename is not None else ""
         name = name[:120] + "..." if len(name) > 120 else name
-        print(f"hetflow: error: {name + ': ' if name else ''}{e.strerror or e}", file=sys.stderr)
-        return 2 if e.filename is not None else 1
+        return fail(f"{name + ': ' if name else ''}{e.strerror or e}",
+                    EXIT_INPUT if e.filename is not None else EXIT_FAILED)
 
 
 if __name__ == "__main__":

@@ -93,6 +93,10 @@ def run_start(args: argparse.Namespace) -> int:
 
     if args.num_cpus is not None and args.num_cpus < 0:
         raise InputError("--num-cpus must be >= 0")
+    if args.address and not args.print_only:
+        from hetflow.runtime.session import check_reachable
+
+        check_reachable(args.address)  # `ray start --address` retries a dead head for minutes
     whole = _node(args)
     node, ray_devices = split_ray_gpus(whole, args.ray_gpus)
     env = ray_gpu_env(whole, ray_devices)

@@ -94,6 +94,13 @@ def _missing_bench(parser: argparse.ArgumentParser) -> int:
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    from hetflow.cli.main import require
+    from hetflow.runtime.session import check_reachable
+
+    require("torch")
+    # Before the config, whose reading imports the serving code (seconds): a cluster nobody
+    # answers on is one line at once. The config's ray_address is read raw here for that only.
+    check_reachable(args.address or _raw_address(args.config))
     from hetflow.workloads.serve.config import load_serve_config
 
     config = load_serve_config(args.config)
@@ -185,6 +192,18 @@ def _plan_or_stop(config: Any, args: argparse.Namespace) -> int:
     finally:
         if started:
             ray.shutdown()
+
+
+def _raw_address(path: str) -> str | None:
+    """The config file's top-level ``ray_address``, if it is readable (errors come later)."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(open(path, encoding="utf-8"))
+    except (OSError, ValueError, yaml.YAMLError):
+        return None
+    address = data.get("ray_address") if isinstance(data, dict) else None
+    return address if isinstance(address, str) else None
 
 
 def _wait(duration: float | None) -> None:

@@ -23,7 +23,7 @@ import sys
 import time
 from typing import Any
 
-from hetflow.core.errors import HetflowError, InputError
+from hetflow.core.errors import InputError
 
 GIB = 1 << 30
 
@@ -192,29 +192,34 @@ def render(view):
 
 def _connect(address: str | None) -> bool:
     """Connect to Ray unless this process already is; True when this call connected."""
+    import os
+
+    from hetflow.runtime.session import check_reachable
+
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    check_reachable(address, default="auto")  # (skipped when this process already joined Ray)
     import ray
 
     if ray.is_initialized():
         return False
     try:
         ray.init(address=address or "auto", log_to_driver=False, logging_level="ERROR")
-    except ConnectionError as err:
-        raise HetflowError(
-            f"cannot reach a Ray cluster at {address or 'the local node'} ({err}); start one with "
-            "`hetflow node start` or pass --address HEAD:6379"
+    except ConnectionError as err:  # same meaning (and exit code 2) as submit/status without a cluster
+        raise InputError(
+            f"no running Ray cluster found ({str(err).splitlines()[0]}); start one with "
+            "`ray start --head` / `hetflow node start`, or pass --address HEAD:6379"
         ) from None
     return True
 
 
 def run(args: argparse.Namespace) -> int:
-    from hetflow.runtime import metrics
-
     if args.interval <= 0:
         raise InputError("--interval must be > 0 seconds")
     if args.json and not args.once:
         raise InputError("--json goes with --once (a live view is not JSON)")
     stale = args.stale if args.stale is not None else max(30.0, 3 * args.interval)
     connected = _connect(args.address)
+    from hetflow.runtime import metrics
     try:
         if args.stop_agents:
             print(f"stopped {metrics.stop_metrics()} hetflow metrics actors", file=sys.stderr)

@@ -3,6 +3,7 @@
     hetflow train examples/train_digits.yaml
     hetflow train examples/train_digits.yaml --set train.steps=50 --set layout.dp=1
     hetflow train job.yaml --address auto --json
+    hetflow train examples/train_digits.yaml --dry-run   # where the ranks would go; starts nothing
 
 The job resumes from the newest complete checkpoint in its checkpoint directory, restarts
 itself from the last checkpoint when a worker dies (up to ``resources.max_failures``), and at
@@ -19,7 +20,9 @@ from typing import Any
 
 import yaml
 
+from hetflow.cli.main import require
 from hetflow.core.errors import InputError
+from hetflow.runtime.session import check_reachable
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -36,6 +39,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                                      "else a running local cluster, else a new local one)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the Ray it would join or start, the layout and where each rank would go; "
+                        "start nothing")
     p.set_defaults(func=run)
 
 
@@ -60,6 +66,14 @@ def run(args: argparse.Namespace) -> int:
         overrides.setdefault("resources", {})["ray_address"] = args.address
     if overrides:
         config = config.with_overrides(**overrides)
+    if args.dry_run:
+        from hetflow.cli.dryrun import show, train_plan
+        from hetflow.runtime.preview import preview_cluster
+
+        lines, data = train_plan(config, preview_cluster(config.resources.ray_address), config.name)
+        return show(lines, data, args.json)
+    require("torch", dataset=config.dataset)
+    check_reachable(config.resources.ray_address)
 
     from hetflow.workloads.train.job import run_training
 

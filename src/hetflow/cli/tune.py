@@ -19,6 +19,9 @@ import json
 import sys
 from typing import Any
 
+from hetflow.cli.main import require
+from hetflow.runtime.session import check_reachable
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -49,6 +52,8 @@ def run(args: argparse.Namespace) -> int:
         if args.output:
             data["output"]["dir"] = args.output
         config = tuning_config_from_dict(data, source=args.config)
+    require("torch", dataset=config.base.dataset)
+    check_reachable(config.base.resources.ray_address)
 
     from hetflow.workloads.tune.runner import run_tuning
 

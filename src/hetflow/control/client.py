@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 import uuid
 from typing import Any, Iterator
 
@@ -28,14 +29,17 @@ CALL_TIMEOUT_S = 120.0  # a controller that restarts answers within this (its ca
 @contextlib.contextmanager
 def connect(address: str | None = None) -> Iterator[None]:
     """Connect this process to the cluster for the block (unless it already is)."""
+    from hetflow.runtime.session import check_reachable
+
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    target = address or "auto"
+    # an address nobody answers on: one line in seconds, not Ray's retries (and before Ray's import)
+    check_reachable(target)
     import ray
 
     if ray.is_initialized():
         yield
         return
-    target = address or "auto"
-    _check_reachable(target)
     try:
         ray.init(address=target, namespace="hetflow", log_to_driver=False, logging_level="ERROR")
     except (ConnectionError, RuntimeError, ValueError) as exc:
@@ -56,23 +60,6 @@ def connect(address: str | None = None) -> Iterator[None]:
         yield
     finally:
         ray.shutdown()
-
-
-def _check_reachable(address: str) -> None:
-    """Fail in seconds, not minutes, on a ``host:port`` nobody listens on (``ray.init`` keeps
-    retrying such an address for a long time)."""
-    import socket
-
-    if address == "auto" or "://" in address or ":" not in address:
-        return
-    host, _, port = address.rpartition(":")
-    try:
-        with socket.create_connection((host, int(port)), timeout=5):
-            return
-    except (OSError, ValueError) as exc:
-        raise InputError(f"cannot reach the Ray cluster at {address} ({exc}); check the head's "
-                         "address (`ray status` on the head prints it) or start one with "
-                         "`ray start --head` / `hetflow node start`") from None
 
 
 def controller(settings: dict[str, Any] | None = None, create: bool = True) -> Any:
@@ -137,8 +124,27 @@ def cancel(job_id: str) -> dict[str, Any]:
     return _call(controller(create=False).cancel, job_id)
 
 
-def logs(job_id: str, nbytes: int = 64 * 1024) -> str:
-    return _call(controller(create=False).logs, job_id, nbytes)
+def logs(job_id: str, nbytes: int = 64 * 1024, lines: int | None = None) -> str:
+    """The job's output (every attempt, the last ``nbytes`` kept); ``lines``: only the last N lines."""
+    return _call(controller(create=False).logs, job_id, nbytes, lines)
+
+
+FOLLOW_POLL_S = 0.5
+
+EXIT_BY_STATUS = {"SUCCEEDED": 0, "FAILED": 1, "CANCELLED": 4}  # hetflow's exit codes (docs/cli.md)
+
+
+def follow(job_id: str, write: Any, *, from_start: bool = True) -> dict[str, Any]:
+    """Write the job's output as it comes (every attempt) until the job ends; its final record.
+    ``from_start``: the current attempt's output from its start, else only what comes from now."""
+    handle = controller(create=False)
+    state = _call(handle.follow, job_id, None, None if from_start else -1)
+    write(state["text"])
+    while not state["finished"]:
+        time.sleep(FOLLOW_POLL_S)
+        state = _call(handle.follow, job_id, state["token"], state["offset"])
+        write(state["text"])
+    return status(job_id)[0]
 
 
 def configure(settings: dict[str, Any]) -> dict[str, Any]:
@@ -150,4 +156,5 @@ def info() -> dict[str, Any]:
     return _call(controller(create=False).info)
 
 
-__all__ = ["cancel", "configure", "connect", "controller", "info", "logs", "status", "submit"]
+__all__ = ["EXIT_BY_STATUS", "cancel", "configure", "connect", "controller", "follow", "info", "logs", "status",
+           "submit"]

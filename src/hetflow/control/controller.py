@@ -62,6 +62,18 @@ def settings_from(saved: dict[str, Any] | None, given: dict[str, Any] | None) ->
     return ControllerSettings(**merged)
 
 
+def dashboard_url() -> str | None:
+    """The cluster's Ray dashboard (its job API), ``http://host:port``; None when it runs none."""
+    from ray._private import ray_constants
+    from ray.experimental.internal_kv import _internal_kv_get
+
+    try:
+        api = _internal_kv_get(ray_constants.DASHBOARD_ADDRESS, namespace=ray_constants.KV_NAMESPACE_DASHBOARD)
+    except Exception:  # noqa: BLE001 - no listing then; jobs run all the same
+        return None
+    return f"http://{api.decode()}" if api else None
+
+
 class HetflowController:
     """The actor (see the module docstring). Public methods are what the client calls."""
 
@@ -76,6 +88,7 @@ class HetflowController:
         self.settings = settings_from(saved, None if restarted and saved else settings)
         self.restarted = restarted
         self.store.save_config(asdict(self.settings))
+        self.dashboard_url = dashboard_url()  # where runners list their attempts as Ray jobs (or None)
         self.scheduler = LiveScheduler(self.settings)
         self.lock = threading.RLock()
         self.records: dict[str, JobRecord] = {r.job_id: r for r in self.store.all()}
@@ -150,7 +163,7 @@ class HetflowController:
         self._wake.set()
         return self._public(record)
 
-    def logs(self, job_id: str, nbytes: int = 64 * 1024) -> str:
+    def logs(self, job_id: str, nbytes: int = 64 * 1024, lines: int | None = None) -> str:
         with self.lock:
             record = self._get(job_id)
             live = record.status.holds_devices
@@ -162,7 +175,48 @@ class HetflowController:
                     text += ray.get(handle.log_tail.remote(nbytes), timeout=10)
                 except Exception:  # noqa: BLE001 - the runner may be ending right now
                     pass
-        return text[-nbytes:]
+        text = text[-nbytes:]
+        if lines is not None:  # the last N lines (`--tail N`, as kubectl and `ray job logs`)
+            text = "".join(text.splitlines(keepends=True)[-lines:]) if lines > 0 else ""
+        return text
+
+    def follow(self, job_id: str, token: int | None = None, offset: int | None = None) -> dict[str, Any]:
+        """The job's log from byte ``offset`` of attempt ``token`` on (``hetflow logs -f`` calls
+        this in a loop, passing back the token and offset it got). ``offset`` None: from the
+        attempt's start; -1: from its end now. When the followed attempt has ended, the rest of
+        it comes from its saved end, then the next attempt from its start."""
+        with self.lock:
+            record = self._get(job_id)
+            current, live = record.token, record.status.holds_devices
+            status, finished = record.status.value, record.status.finished
+        text = ""
+        if token is not None and token != current:  # the followed attempt was followed by another
+            text, _ = self._saved_rest(job_id, token, offset)
+            token, offset = current, None
+        if not live:  # nothing runs now: what the (current) attempt saved when it ended
+            more, offset = self._saved_rest(job_id, current, offset)
+            return {"token": current, "offset": offset, "text": text + more, "status": status,
+                    "finished": finished}
+        handle = self._runner(job_id) if live else None
+        if handle is not None:
+            try:
+                more, offset = ray.get(handle.log_since.remote(offset), timeout=10)
+                text += more
+            except Exception:  # noqa: BLE001 - the runner may be ending right now; the next call sees
+                pass
+        return {"token": current, "offset": offset, "text": text, "status": status, "finished": finished}
+
+    def _saved_rest(self, job_id: str, token: int, offset: int | None) -> tuple[str, int | None]:
+        """What attempt ``token`` logged from ``offset`` to its end (saved by its runner)."""
+        saved = self.store.attempt_log(job_id)
+        if saved is None or saved["token"] != token:
+            return "", offset
+        data = saved["text"].encode()
+        end = saved["start"] + len(data)
+        if offset == -1:
+            return "", end
+        start = saved["start"] if offset is None else offset
+        return data[max(0, start - saved["start"]):].decode(errors="replace"), end
 
     def tick(self) -> None:
         """One round of the loop (the thread calls it; tests may too)."""
@@ -372,7 +426,8 @@ class HetflowController:
                 name=runner_name(record.job_id), namespace=NAMESPACE, lifetime="detached",
                 num_cpus=0, max_restarts=0, max_concurrency=8, label_selector=selector,
             ).remote(record.job_id, record.token, record.spec, launch.placement, view.snapshot,
-                     asdict(self.settings), now, record.needs_restore, host)
+                     {**asdict(self.settings), "dashboard_url": self.dashboard_url}, now,
+                     record.needs_restore, host)
         except ValueError as exc:  # the name was taken in between: try again next decision
             self._requeue(record, now, f"queued again: could not start its runner ({exc})",
                           restore=record.needs_restore)

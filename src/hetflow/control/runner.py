@@ -40,6 +40,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hetflow.control.attempt_job import STOPPED, submission_id, write_outcome
 from hetflow.control.jobspec import JobSpec
 from hetflow.control.state import AttemptReport, JobStore, RayKV
 from hetflow.core.placement import Placement
@@ -98,6 +99,12 @@ class JobRunner:
         self.log_path = run_dir / "job.log"
         self.stop_file = run_dir / f"stop-{token}"
         self.stop_file.unlink(missing_ok=True)
+        self.outcome_file = run_dir / f"outcome-{token}.json"  # the attempt's end, for its Ray job
+        self.cancel_file = run_dir / f"cancel-{token}"  # `ray job stop` on that Ray job asks to cancel
+        self.outcome_file.unlink(missing_ok=True)
+        self.cancel_file.unlink(missing_ok=True)
+        self.log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
+        self.ray_job: str | None = None  # the attempt's Ray job (submission id), once submitted
         self._stop = threading.Event()
         self._cancel = threading.Event()
         self._proc: subprocess.Popen | None = None
@@ -125,6 +132,24 @@ class JobRunner:
             os.killpg(proc.pid, signal.SIGTERM)
         threading.Timer(float(self.settings["stop_grace_s"]), self._kill).start()
 
+    def log_since(self, offset: int | None, limit: int = 1 << 20) -> tuple[str, int]:
+        """This attempt's log from byte ``offset`` (None: where the attempt began; -1: its end now), at most
+        ``limit`` bytes, and the offset to ask for next (``hetflow logs -f``)."""
+        if offset == -1:  # from the end now
+            try:
+                return "", self.log_path.stat().st_size
+            except FileNotFoundError:
+                return "", self.log_start
+        start = self.log_start if offset is None else max(offset, self.log_start)
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(start)
+                data = f.read(limit)
+        except FileNotFoundError:
+            return "", start
+        cut = data.rfind(b"\n") + 1 if len(data) == limit else len(data)  # whole lines while more comes
+        return data[:cut].decode(errors="replace"), start + cut
+
     def log_tail(self, nbytes: int = LOG_TAIL_BYTES) -> str:
         try:
             with open(self.log_path, "rb") as f:
@@ -149,6 +174,9 @@ class JobRunner:
 
         self._log(f"=== {self.job_id} attempt {self.token}: {self._where()} "
                   f"({time.strftime('%Y-%m-%d %H:%M:%S')}) ===\n")
+        if self.settings.get("ray_jobs", True) and self.settings.get("dashboard_url"):
+            # beside the work: a slow dashboard never delays it
+            threading.Thread(target=self._submit_ray_job, name=f"rayjob-{self.job_id}", daemon=True).start()
         try:
             bound = self._reserve()
         except Unschedulable as exc:
@@ -174,6 +202,62 @@ class JobRunner:
         elif outcome != "succeeded" and self._stop.is_set():
             outcome = "preempted"
         self._finish(outcome, message, fatal)
+
+    def _submit_ray_job(self) -> None:
+        """The attempt's Ray job (:mod:`hetflow.control.attempt_job`), on this node, through the
+        dashboard the controller found (its job API). Best effort: the attempt runs all the same."""
+        import ray
+
+        try:
+            from ray.job_submission import JobSubmissionClient
+
+            import hetflow
+
+            node_id = ray.get_runtime_context().get_node_id()
+            src = str(Path(hetflow.__file__).resolve().parents[1])
+            entry = [sys.executable, "-u", "-m", "hetflow.control.attempt_job", "--log", str(self.log_path),
+                     "--offset", str(self.log_start), "--outcome", str(self.outcome_file),
+                     "--cancel", str(self.cancel_file), "--runner-pid", str(os.getpid())]
+            sid = submission_id(self.job_id, self.token)
+            JobSubmissionClient(self.settings["dashboard_url"]).submit_job(
+                entrypoint=shlex.join(entry), submission_id=sid, entrypoint_num_cpus=0,
+                entrypoint_label_selector={"ray.io/node-id": node_id},
+                runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(
+                    [src, *([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])])}},
+                metadata={"hetflow_job": self.job_id, "attempt": str(self.token), "kind": self.spec.kind,
+                          "where": self._where()})
+            self.ray_job = sid
+        except Exception as exc:  # noqa: BLE001 - a listing must never stop the job
+            if "already exists" in str(exc):  # this attempt's Ray job was submitted before: one per attempt
+                self.ray_job = submission_id(self.job_id, self.token)
+            else:
+                self._log(f"(not shown in `ray job list`: {type(exc).__name__}: "
+                          f"{str(exc).splitlines()[0][:200]})\n")
+        if self.ray_job is not None and self._watch_cancel():
+            import json
+
+            if json.loads(self.outcome_file.read_text())["outcome"] in STOPPED:
+                self._stop_ray_job()  # a preempted or cancelled attempt's Ray job ends STOPPED
+
+    def _watch_cancel(self) -> bool:
+        """`ray job stop` on the attempt's Ray job: cancel the hetflow job (as `hetflow cancel`).
+        Runs in the submitting thread until the attempt ends; False when it was stopped that way."""
+        while not self.outcome_file.exists():
+            if self.cancel_file.exists():
+                self._log("=== `ray job stop` on this attempt's Ray job: cancelling the job ===\n")
+                self.stop(cancel=True)
+                return False
+            time.sleep(0.5)
+        return True
+
+    def _stop_ray_job(self) -> None:
+        """Stop the attempt's Ray job (it then shows STOPPED: the attempt did not finish)."""
+        try:
+            from ray.job_submission import JobSubmissionClient
+
+            JobSubmissionClient(self.settings["dashboard_url"]).stop_job(self.ray_job)
+        except Exception:  # noqa: BLE001 - it ends by itself anyway (with the outcome's exit code)
+            pass
 
     def _where(self) -> str:
         if self.placement is None:
@@ -336,7 +420,12 @@ class JobRunner:
         earlier = self.store.log_tail(self.job_id) or ""
         tail = (earlier + self.log_tail())[-LOG_TAIL_BYTES:]
         self.store.save_log_tail(self.job_id, tail)
+        end = self.log_path.stat().st_size
+        start = max(self.log_start, end - LOG_TAIL_BYTES)
+        own, _ = self.log_since(start, limit=end - start + 1)
+        self.store.save_attempt_log(self.job_id, self.token, start, own)
         self.stop_file.unlink(missing_ok=True)
+        write_outcome(self.outcome_file, outcome, message)  # its Ray job ends with it (_submit_ray_job)
         self._set(phase="done", outcome=outcome, message=message, fatal=fatal)
 
 

@@ -90,6 +90,9 @@ class ControllerSettings:
     """How long a stopping job gets to checkpoint before it is killed."""
     log_dir: str = "/tmp/hetflow/jobs"
     """Where runners write each job's log, on the job's first node (tails are kept in the GCS)."""
+    ray_jobs: bool = True
+    """Show each attempt as a Ray job (``ray job list``, the dashboard; :mod:`hetflow.control.attempt_job`)
+    when the cluster runs Ray's dashboard (its job API)."""
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,8 @@ Everything lives in a key-value store, one key per fact, each put atomic:
 - ``control/attempt/<id>``  the current attempt's :class:`AttemptReport` - written by that
   attempt's runner only (the token says which attempt wrote it);
 - ``control/log/<id>``      the tail of a finished attempt's log;
+- ``control/attempt-log/<id>`` the last attempt's own log end (token, byte offsets, text), so
+  that ``hetflow logs -f`` shows an attempt's last lines after its runner is gone;
 - ``control/seq``           the last job number handed out; ``control/config`` the settings.
 
 No index key: listing the ``control/job/`` prefix is the index, so there is no second write
@@ -37,6 +39,7 @@ KV_NAMESPACE = "hetflow"
 JOB_PREFIX = "control/job/"
 ATTEMPT_PREFIX = "control/attempt/"
 LOG_PREFIX = "control/log/"
+ATTEMPT_LOG_PREFIX = "control/attempt-log/"
 SEQ_KEY = "control/seq"
 CONFIG_KEY = "control/config"
 HISTORY_LIMIT = 50  # events kept per job
@@ -302,6 +305,14 @@ class JobStore:
     def log_tail(self, job_id: str) -> str | None:
         raw = self.kv.get(LOG_PREFIX + job_id)
         return None if raw is None else raw.decode(errors="replace")
+
+    def save_attempt_log(self, job_id: str, token: int, start: int, text: str) -> None:
+        """The end of attempt ``token``'s log: ``text`` begins at byte ``start`` of the log file."""
+        self.kv.put(ATTEMPT_LOG_PREFIX + job_id, json.dumps({"token": token, "start": start, "text": text}).encode())
+
+    def attempt_log(self, job_id: str) -> dict[str, Any] | None:
+        raw = self.kv.get(ATTEMPT_LOG_PREFIX + job_id)
+        return None if raw is None else json.loads(raw)
 
     # -- settings -----------------------------------------------------------------------------
 

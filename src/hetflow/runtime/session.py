@@ -25,6 +25,7 @@ import logging
 import os
 import socket
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from hetflow.core.errors import InputError, Unschedulable
@@ -50,16 +51,115 @@ class Session:
             ray.shutdown()
 
 
-def check_reachable(address: str) -> None:
-    """A ``host:port`` that nothing answers on is one InputError now."""
-    host, sep, port = address.rpartition(":")
-    if not sep or "://" in address or not port.isdigit():
-        return
+CONNECT_TIMEOUT_S = 3.0  # a TCP connect to a live head takes milliseconds; this bounds a dead one
+
+
+def ray_address_file() -> Path:
+    """Where ``ray start`` records the address of the cluster it started on this machine."""
     try:
-        socket.create_connection((host or "127.0.0.1", int(port)), timeout=5).close()
+        from ray._common.utils import get_ray_address_file
+
+        return Path(get_ray_address_file(None))
+    except Exception:  # noqa: BLE001 - a Ray without that helper: its long-standing default
+        return Path("/tmp/ray/ray_current_cluster")
+
+
+def effective_address(address: str | None) -> tuple[str | None, str]:
+    """What ``ray.init(address=address)`` joins, and where that came from (for messages).
+
+    Ray's own order: an explicit ``host:port``/``ray://...``; for ``None`` and ``"auto"``,
+    ``RAY_ADDRESS``, then the cluster ``ray start`` last recorded on this machine. ``(None,
+    "")`` means Ray starts a new local instance (``address`` None or ``"local"`` and nothing
+    recorded); ``("auto", "")``: ``auto`` with nothing recorded (Ray then looks for a running
+    GCS process, or says there is none)."""
+    if address not in (None, "auto"):
+        return (None, "") if address == "local" else (address, "--address")
+    env = os.environ.get("RAY_ADDRESS")
+    if env:
+        return (None, "") if env == "local" else (env, "RAY_ADDRESS")
+    try:
+        recorded = ray_address_file().read_text().strip()
+    except OSError:
+        recorded = ""
+    if recorded:
+        return recorded, f"the cluster `ray start` last started here ({ray_address_file()})"
+    return (address, "") if address == "auto" else (None, "")
+
+
+def _host_port(address: str) -> tuple[str, int] | None:
+    rest = address.split("://", 1)[1] if "://" in address else address
+    rest = rest.split("/", 1)[0]
+    host, sep, port = rest.rpartition(":")
+    if not sep or not port.isdigit():
+        return None
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def check_reachable(address: str | None, default: str | None = None) -> None:
+    """Fail in seconds with one InputError when the cluster ``ray.init(address or default)``
+    would join does not answer (Ray itself retries such an address for minutes, printing
+    GCS warnings). ``default``: what the caller passes Ray when no address is given (``None``:
+    join a recorded cluster or start a new one; ``"auto"``: a running cluster is required).
+    Nothing is checked when Ray would start a new local instance or is already initialised
+    in this process."""
+    import sys
+
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        return
+    target, source = effective_address(address or default)
+    if target in (None, "auto"):
+        return
+    where = _host_port(target)
+    if where is None:
+        raise InputError(f"Ray address {target!r} ({source}) is not host:port or ray://host:port; "
+                         "fix --address / RAY_ADDRESS")
+    try:
+        socket.create_connection(where, timeout=CONNECT_TIMEOUT_S).close()
     except OSError as exc:
-        raise InputError(f"cannot reach a Ray cluster at {address} ({exc.strerror or exc}); "
-                         "check --address / RAY_ADDRESS, or leave both unset for a local Ray") from None
+        why = exc.strerror or str(exc) or type(exc).__name__
+        if source.startswith("the cluster"):
+            raise InputError(f"no Ray cluster answers at {target}, {source}, ({why}): it was stopped "
+                             "without `ray stop`; start one with `ray start --head` (or `hetflow node "
+                             "start`), or pass --address HOST:PORT") from None
+        raise InputError(f"cannot reach the Ray cluster at {target} (from {source}: {why}); check "
+                         "the head's address (`ray status` on the head prints it), or start one with "
+                         "`ray start --head` / `hetflow node start`") from None
+    if not target.startswith("ray://"):
+        _probe_gcs(target, where, source)
+
+
+def _probe_gcs(target: str, where: tuple[str, int], source: str) -> None:
+    """One real call to the GCS (``GetClusterId``) with a deadline: a port that accepts
+    connections but is not a Ray head (or a head that hangs) would make ``ray.init`` wait for
+    minutes too. A refusal for want of a token means a Ray head is there (Ray says the rest)."""
+    import grpc
+
+    host, port = where
+    with grpc.insecure_channel(f"[{host}]:{port}" if ":" in host else f"{host}:{port}") as channel:
+        call = channel.unary_unary("/ray.rpc.NodeInfoGcsService/GetClusterId",
+                                   request_serializer=lambda b: b, response_deserializer=lambda b: b)
+        try:
+            call(b"", timeout=CONNECT_TIMEOUT_S)
+            return
+        except grpc.RpcError as exc:
+            code = exc.code()
+    if code in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNIMPLEMENTED):
+        what = "does not answer as" if code is grpc.StatusCode.DEADLINE_EXCEEDED else "is not"
+        raise InputError(f"{target} (from {source}) accepts connections but {what} a Ray head (GCS) "
+                         f"({code.name.lower()} within {CONNECT_TIMEOUT_S:g}s); check the head's address "
+                         "and port (`ray status` on the head prints it)") from None
+
+
+def check_embedded(ranks: int, what: str = "--nproc") -> int:
+    """The cores of an embedded local Ray for ``ranks`` ranks; Unschedulable when too many."""
+    cores = os.cpu_count() or 1
+    if ranks > RANKS_PER_CORE * cores:
+        raise Unschedulable(
+            f"{what} {ranks}: this machine has {cores} CPU cores and an embedded local Ray runs "
+            f"at most {RANKS_PER_CORE} ranks per core ({RANKS_PER_CORE * cores}); use fewer "
+            "ranks, or join a cluster with --address")
+    return cores
 
 
 def connect(address: str | None, ranks: int, runtime_env: dict[str, Any] | None = None,
@@ -75,18 +175,14 @@ def connect(address: str | None, ranks: int, runtime_env: dict[str, Any] | None 
             raise InputError("a working_dir needs a driver of its own: give it to ray.init's "
                              "runtime_env instead")
         return Session(False, None)
+    given = address
     address = address or os.environ.get("RAY_ADDRESS") or None
     if address:
-        check_reachable(address)
+        check_reachable(given)  # the message names --address or RAY_ADDRESS
         ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR,
                  runtime_env=runtime_env)
         return Session(True, None)
-    cores = os.cpu_count() or 1
-    if ranks > RANKS_PER_CORE * cores:
-        raise Unschedulable(
-            f"{what} {ranks}: this machine has {cores} CPU cores and an embedded local Ray runs "
-            f"at most {RANKS_PER_CORE} ranks per core ({RANKS_PER_CORE * cores}); use fewer "
-            "ranks, or join a cluster with --address")
+    cores = check_embedded(ranks, what)
     # A Ray of this run only: nobody scrapes its metrics, and on a small machine their
     # collection competes with the ranks for the same cores.
     ray.init(address="local", num_cpus=cores, include_dashboard=False, log_to_driver=False,
@@ -95,4 +191,5 @@ def connect(address: str | None, ranks: int, runtime_env: dict[str, Any] | None 
     return Session(True, cores)
 
 
-__all__ = ["RANKS_PER_CORE", "Session", "check_reachable", "connect"]
+__all__ = ["CONNECT_TIMEOUT_S", "RANKS_PER_CORE", "Session", "check_embedded", "check_reachable", "connect", "effective_address",
+           "ray_address_file"]
