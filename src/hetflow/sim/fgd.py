@@ -411,29 +411,17 @@ class Fgd(PackingPolicy):
 
 
 class HetflowPacking(Fgd):
-    """hetflow's packing rule: FGD's fragmentation change, not rounded to an integer score
-    (FGD's rounding makes ~40 milli-GPU of difference a tie decided by the random node rank);
-    among equal changes the tightest fit (least GPU, then CPU, left on the node)."""
+    """hetflow's packing rule: FGD's integer fragmentation score first, and among the nodes it
+    ties (one point is ~40 milli-GPU of fragmentation change, so ties are common and FGD
+    leaves them to the random node rank) the tightest fit by BestFit's score, then the rank.
+    (Unrounded fragmentation changes did worse: 94.1 % against FGD's 95.1 % at seed 42.)"""
 
     name = "hetflow"
 
     def score(self, c: FgdCluster, i: int, pod: FgdPod) -> Score:
-        before = c.node_frag(i)
-        if pod.num_gpu == 1 and pod.gpu_milli < MILLI:
-            cands = [k for k, free in enumerate(c.gpus[i]) if free >= pod.gpu_milli]
-        else:
-            cands = [None]
-        best = None
-        for k in cands:
-            gpus = (k,) if k is not None else c.best_fit_gpus(i, pod)
-            delta = round(before - self._after(c, i, pod, gpus), 6)
-            left_gpu = sum(c.gpus[i]) - pod.gpu_request
-            left_cpu = c.cpu[i] - pod.cpu_milli
-            left_dev = c.gpus[i][k] - pod.gpu_milli if k is not None else 0
-            s = (delta, -left_gpu, -left_dev, -left_cpu)
-            if best is None or s > best[0]:
-                best = (s, gpus)
-        return best
+        frag_score, gpus = super().score(c, i, pod)
+        fit, _ = BestFit.score(BestFit(), c, i, pod)
+        return (frag_score, fit), gpus
 
 
 FGD_POLICIES = ("Random", "DotProd", "GpuClustering", "GpuPacking", "BestFit", "FGD", "hetflow")

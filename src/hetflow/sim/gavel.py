@@ -622,6 +622,7 @@ def make_gavel_policy(name: str, seed: int = 0) -> RoundPolicy:
 GAVEL_POLICIES = ("fifo", "fifo_perf", "max_min_fairness", "max_min_fairness_perf", "finish_time_fairness_perf",
                   "hetflow")
 GAVEL_REFERENCE = GAVEL_POLICIES[:-1]
+GAVEL_DEFAULT_POLICIES = GAVEL_POLICIES
 GAVEL_ALIASES = {"las": "max_min_fairness", "las_perf": "max_min_fairness_perf", "ftf": "finish_time_fairness_perf"}
 
 
@@ -638,21 +639,33 @@ class HetflowRounds(RoundPolicy):
 
     name = "hetflow"
 
+    def __init__(self, rule: str = "cmu") -> None:
+        self.rule = rule
+
     def pick(self, sim: GavelSimulator) -> dict[str, list[int]]:
         left = dict(sim.cluster)
         chosen: dict[str, list[int]] = {w: [] for w in sim.types}
-        order = []
+        pairs = []
         for j, job in sim.active.items():
+            rem = sim.remaining(j)
             best = max(job.thr.get(w, 0.0) for w in sim.cluster)
-            order.append((job.scale_factor * sim.remaining(j) / best, j))
-        order.sort()
-        for _, j in order:
-            job = sim.active[j]
-            fits = [w for w in sim.types if left[w] >= job.scale_factor and job.thr.get(w, 0.0) > 0]
-            if not fits:
+            for w in sim.types:
+                thr = job.thr.get(w, 0.0)
+                if thr <= 0:
+                    continue
+                if self.rule == "cmu":
+                    value = thr / (rem * job.scale_factor)
+                else:  # srpt: shortest remaining area first, fastest type
+                    value = (-job.scale_factor * rem / best, thr)
+                pairs.append((value, -j, j, w))
+        pairs.sort(reverse=True)
+        taken: set[int] = set()
+        for _, _, j, w in pairs:
+            sf = sim.active[j].scale_factor
+            if j in taken or left[w] < sf:
                 continue
-            w = max(fits, key=lambda t: job.thr[t])
-            left[w] -= job.scale_factor
+            left[w] -= sf
+            taken.add(j)
             chosen[w].append(j)
             if not any(left.values()):
                 break
