@@ -473,7 +473,7 @@ class FgdRun:
         vals = np.round(self.alloc_pct, 2) if values is None else values
         keys = np.array([round(float(a)) for a in self.arrived_pct])
         out: dict[int, float] = {}
-        for x in range(0, int(keys.max()) + 2 if len(keys) else 0):
+        for x in range(0, int(keys.max()) + 1 if len(keys) else 0):
             sel = vals[keys == x]
             if not len(sel):
                 sel = vals[(keys >= x - 1) & (keys <= x + 1)]
