@@ -9,6 +9,9 @@
         --trace ../shared/traces/alibaba-gpu-2023/openb_pod_list_default.csv --packing 1.3 \\
         --policies bestfit,fifo,hetflow --out runs/openb
 
+--protocol gavel|fgd: the reference simulators' own rules instead of hetflow's model (Gavel's
+rounds and policies; FGD's online packing and policies; see hetflow.cli.simulate_protocols).
+
 --cluster: a cluster YAML, a snapshot JSON, an openb node list, or shorthand
 "COUNT * NODE + ..." with an optional "@ GBPS" network speed. --trace: a Gavel .trace
 (7 or 10 columns), a Philly CSV, an openb pod CSV, or synthetic:jobs=N,rate=R,seed=S,multi_gpu=0|1
