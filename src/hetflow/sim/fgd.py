@@ -83,18 +83,21 @@ def _int(row: dict, col: str, path: Path, line: int) -> int:
         raise InputError(f"{path}:{line}: column {col!r} must be a number") from None
 
 
-def load_fgd_nodes(path: str | Path) -> list[FgdNode]:
+def _rows(path: str | Path, columns: Sequence[str], what: str):
+    from hetflow.sim.traces import _csv_rows
+
     p = Path(path)
     if not p.is_file():
-        raise InputError(f"{p}: no such node list (openb_node_list_gpu_node.csv)")
+        raise InputError(f"{p}: no such {what}")
+    return p, _csv_rows(p, columns, what)
+
+
+def load_fgd_nodes(path: str | Path) -> list[FgdNode]:
+    p, rows = _rows(path, ("sn", "cpu_milli", "memory_mib", "gpu", "model"), "node list (openb_node_list_gpu_node.csv)")
     nodes = []
-    with p.open() as f:
-        for n, row in enumerate(csv.DictReader(f), start=2):
-            if not {"sn", "cpu_milli", "memory_mib", "gpu", "model"} <= set(row):
-                raise InputError(f"{p}: expected columns sn,cpu_milli,memory_mib,gpu,model")
-            gpus = _int(row, "gpu", p, n)
-            if gpus <= 0:
-                continue  # the protocol's cluster is the GPU nodes
+    for n, row in rows:
+        gpus = _int(row, "gpu", p, n)
+        if gpus > 0:  # the protocol's cluster is the GPU nodes
             nodes.append(FgdNode(row["sn"], _int(row, "cpu_milli", p, n), _int(row, "memory_mib", p, n), gpus,
                                  row["model"] or ""))
     if not nodes:
@@ -104,21 +107,16 @@ def load_fgd_nodes(path: str | Path) -> list[FgdNode]:
 
 def load_fgd_pods(path: str | Path) -> list[FgdPod]:
     """Pods in file order (the row index is what ``arrival_order`` files refer to)."""
-    p = Path(path)
-    if not p.is_file():
-        raise InputError(f"{p}: no such pod list (openb_pod_list_*.csv)")
+    p, rows = _rows(path, ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli"), "pod list (openb_pod_list_*.csv)")
     pods = []
-    with p.open() as f:
-        for n, row in enumerate(csv.DictReader(f), start=2):
-            if not {"name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli"} <= set(row):
-                raise InputError(f"{p}: expected columns name,cpu_milli,memory_mib,num_gpu,gpu_milli[,gpu_spec]")
-            num = _int(row, "num_gpu", p, n)
-            milli = _int(row, "gpu_milli", p, n) if num > 0 else 0
-            milli = min(milli, MILLI) if milli > 0 else 0  # the artifact's clamp
-            if num > 0 and milli == 0:
-                num = 0
-            pods.append(FgdPod(row["name"], _int(row, "cpu_milli", p, n), _int(row, "memory_mib", p, n), num, milli,
-                               (row.get("gpu_spec") or "").strip()))
+    for n, row in rows:
+        num = _int(row, "num_gpu", p, n)
+        milli = _int(row, "gpu_milli", p, n) if num > 0 else 0
+        milli = min(milli, MILLI) if milli > 0 else 0  # the artifact's clamp
+        if num > 0 and milli == 0:
+            num = 0
+        pods.append(FgdPod(row["name"], _int(row, "cpu_milli", p, n), _int(row, "memory_mib", p, n), num, milli,
+                           (row.get("gpu_spec") or "").strip()))
     if not pods:
         raise InputError(f"{p}: no pods")
     return pods
