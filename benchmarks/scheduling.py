@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -108,51 +109,59 @@ FGD_BENCH_POLICIES = ("BestFit", "DotProd", "GpuPacking", "FGD", "hetflow")
 FGD_POINTS = (80, 90, 95, 100, 110, 120, 130)
 
 
-def gavel_calibration(policies: tuple[str, ...]) -> list[dict[str, Any]]:
-    """Every reference policy and hetflow on every calibration trace, in Gavel's protocol; each
-    row with the reference's window average where Gavel has one."""
+def gavel_case(index: int, policies: tuple[str, ...]) -> list[dict[str, Any]]:
+    """Every given policy on one calibration trace, in Gavel's protocol; each row with the
+    reference's window average where Gavel has one, and the bound: every job alone on its
+    fastest type from its arrival."""
+    case = gavel_cases(TRACES / "gavel-calibration")[index]
+    jobs = load_gavel_jobs(case.trace_path, case.throughputs_path)
+    window_jobs = [j for j in jobs if GAVEL_WINDOW[0] <= j.job_id < GAVEL_WINDOW[1]]
+    bound = float(np.mean([j.total_steps / max(j.thr.values()) for j in window_jobs]))
     rows = []
-    for case in gavel_cases(TRACES / "gavel-calibration"):
-        jobs = load_gavel_jobs(case.trace_path, case.throughputs_path)
-        window_jobs = [j for j in jobs if GAVEL_WINDOW[0] <= j.job_id < GAVEL_WINDOW[1]]
-        bound = float(np.mean([j.total_steps / max(j.thr.values()) for j in window_jobs]))
-        for p in policies:
-            run = simulate_gavel(jobs, p, seed=case.seed)
-            s = run.summary(GAVEL_WINDOW)
-            ref = case.reference(p) if p in GAVEL_REFERENCE else None
-            rows.append({"seed": case.seed, "trace": case.trace, "policy": p, **s, "bound_s": bound,
-                         "ref_avg_jct_s": ref["avg_jct_s_window"] if ref else None,
-                         "ref_makespan_s": ref["makespan_s"] if ref else None})
-            _progress(f"  gavel seed{case.seed} {case.trace} {p}: {s['avg_jct_s'] / 3600:.3f} h"
-                      + (f" (Gavel {ref['avg_jct_s_window'] / 3600:.3f} h)" if ref else "") + f", {run.wall_s:.0f} s")
+    for p in policies:
+        run = simulate_gavel(jobs, p, seed=case.seed)
+        s = run.summary(GAVEL_WINDOW)
+        ref = case.reference(p) if p in GAVEL_REFERENCE else None
+        rows.append({"seed": case.seed, "trace": case.trace, "policy": p, **s, "bound_s": bound,
+                     "ref_avg_jct_s": ref["avg_jct_s_window"] if ref else None})
+        _progress(f"  gavel seed{case.seed} {case.trace} {p}: {s['avg_jct_s'] / 3600:.3f} h"
+                  + (f" (Gavel {ref['avg_jct_s_window'] / 3600:.3f} h)" if ref else "") + f", {run.wall_s:.0f} s")
     return rows
 
 
-def fgd_calibration(seeds: list[int]) -> dict[str, Any]:
+def fgd_seed(seed: int) -> dict[str, tuple[dict[int, float], float]]:
+    """Every packing policy on one seed of FGD's protocol, replaying the artifact's arrival order
+    and node ranks: {policy: (allocation % by arrived %, wall s)}."""
     base = TRACES / "alibaba-gpu-2023"
     ref_dir = base / "fgd-reference"
     nodes = load_fgd_nodes(base / "openb_node_list_gpu_node.csv")
     pods = load_fgd_pods(base / "openb_pod_list_default.csv")
     typical = typical_pods(pods)
-    expected = fgd_expected(ref_dir)
-    out: dict[str, Any] = {p: {"runs": {}, "wall_s": []} for p in FGD_BENCH_POLICIES}
-    for seed in seeds:
-        order = read_arrival_order(ref_dir / "arrival_order_seed42-51.csv", seed, len(pods))
-        ranks = read_node_ranks(ref_dir / "node_tiebreak_rank_seed42-51.csv", seed, nodes)
-        for p in FGD_BENCH_POLICIES:
-            run = simulate_fgd(nodes, pods, p, seed=seed, arrival_order=order, node_ranks=ranks, typical=typical)
-            out[p]["runs"][seed] = run.alloc_by_arrival
-            out[p]["wall_s"].append(run.wall_s)
-            _progress(f"  fgd seed {seed} {p}: {run.alloc_by_arrival.get(100)} % at 100 %, {run.wall_s:.1f} s")
-    for p, r in out.items():
-        xs = sorted(set.intersection(*(set(v) for v in r["runs"].values())))
-        r["mean"] = {x: float(np.mean([r["runs"][s][x] for s in seeds])) for x in xs}
+    order = read_arrival_order(ref_dir / "arrival_order_seed42-51.csv", seed, len(pods))
+    ranks = read_node_ranks(ref_dir / "node_tiebreak_rank_seed42-51.csv", seed, nodes)
+    out = {}
+    for p in FGD_BENCH_POLICIES:
+        run = simulate_fgd(nodes, pods, p, seed=seed, arrival_order=order, node_ranks=ranks, typical=typical)
+        out[p] = (run.alloc_by_arrival, run.wall_s)
+        _progress(f"  fgd seed {seed} {p}: {run.alloc_by_arrival.get(100)} % at 100 %, {run.wall_s:.1f} s")
+    return out
+
+
+def fgd_summary(by_seed: dict[int, dict[str, tuple[dict[int, float], float]]]) -> dict[str, Any]:
+    seeds = sorted(by_seed)
+    expected = fgd_expected(TRACES / "alibaba-gpu-2023" / "fgd-reference")
+    out: dict[str, Any] = {}
+    for p in FGD_BENCH_POLICIES:
+        runs = {s: by_seed[s][p][0] for s in seeds}
+        r: dict[str, Any] = {"runs": runs, "wall_s": [by_seed[s][p][1] for s in seeds]}
+        xs = sorted(set.intersection(*(set(v) for v in runs.values())))
+        r["mean"] = {x: float(np.mean([runs[s][x] for s in seeds])) for x in xs}
         csv_name = FGD_CSV_NAMES.get(p)
         if csv_name:
-            gaps = [abs(r["runs"][s][x] - expected[(csv_name, s)][x]) for s in seeds for x in r["runs"][s]
-                    if x in expected[(csv_name, s)]]
-            r["worst_gap"] = max(gaps)
+            r["worst_gap"] = max(abs(runs[s][x] - expected[(csv_name, s)][x]) for s in seeds for x in runs[s]
+                                 if x in expected[(csv_name, s)])
             r["ref_mean"] = {x: float(np.mean([expected[(csv_name, s)][x] for s in seeds])) for x in xs}
+        out[p] = r
     return out
 
 
@@ -240,6 +249,7 @@ def main() -> None:
     parser.add_argument("--gavel-rate", type=float, default=2.6, help="jobs per hour (multi-GPU mix)")
     parser.add_argument("--mixed-rate", type=float, default=150.0, help="jobs per hour on 1,024 GPUs")
     parser.add_argument("--fgd-seeds", default="42-51", help="FGD protocol seeds (the published 42-51)")
+    parser.add_argument("--workers", type=int, default=3, help="worker processes for independent runs")
     parser.add_argument("--calibration-only", action="store_true",
                         help="only the runs against Gavel's and FGD's own results (no hetflow-protocol experiments)")
     args = parser.parse_args()
@@ -251,10 +261,26 @@ def main() -> None:
     gavel_policies = tuple(GAVEL_REFERENCE) + ("hetflow",)
     if args.quick:  # FTF's program is Gavel's slowest (~2 min a trace)
         gavel_policies = tuple(p for p in gavel_policies if p != "finish_time_fairness_perf")
-    _progress("Calibration: Gavel's protocol on its own traces")
-    g_rows = gavel_calibration(gavel_policies)
-    _progress(f"Calibration: FGD's protocol, seeds {fgd_seeds}")
-    f = fgd_calibration(fgd_seeds)
+    # Independent runs go to worker processes (the machine has 2 cores); the longest first.
+    n_cases = len(gavel_cases(TRACES / "gavel-calibration"))
+    legacy = not args.calibration_only
+    if args.quick:
+        g_jobs, g_window, m_jobs, limit = 2000, (1000, 1500), 3000, 3000
+    else:
+        g_jobs, g_window, m_jobs, limit = 6000, (4000, 5000), 10000, None
+    _progress(f"Calibration: Gavel's protocol on its {n_cases} traces, FGD's on seeds {fgd_seeds}"
+              + ("; then hetflow's own experiments" if legacy else "") + f"; {args.workers} worker processes")
+    with ProcessPoolExecutor(max_workers=args.workers) as pool:
+        g_futs = [pool.submit(gavel_case, i, gavel_policies) for i in range(n_cases)]
+        f_futs = {s: pool.submit(fgd_seed, s) for s in fgd_seeds}
+        if legacy:
+            legacy_futs = (pool.submit(gavel, g_jobs, g_window, args.gavel_rate, args.seed),
+                           pool.submit(mixed, m_jobs, args.mixed_rate, args.seed),
+                           pool.submit(openb, 1.3, args.seed, limit))
+        g_rows = [r for fut in g_futs for r in fut.result()]
+        f = fgd_summary({s: fut.result() for s, fut in f_futs.items()})
+        if legacy:
+            g, m, o = (fut.result() for fut in legacy_futs)
     cal = print_calibration(g_rows, f, fgd_seeds)
     cal_line = (f"gavel_fidelity_worst={cal['gavel_fidelity_worst']:.4f} "
                 f"fgd_fidelity_worst_points={cal['fgd_fidelity_worst_points']:.2f} "
@@ -266,17 +292,6 @@ def main() -> None:
     if args.calibration_only:
         print(f"RESULT {cal_line}")
         return
-    if args.quick:
-        g_jobs, g_window, m_jobs, limit = 2000, (1000, 1500), 3000, 3000
-    else:
-        g_jobs, g_window, m_jobs, limit = 6000, (4000, 5000), 10000, None
-
-    _progress(f"Gavel setting: 108 GPUs, {g_jobs} jobs at {args.gavel_rate}/h, window {g_window[0]}:{g_window[1]}")
-    g = gavel(g_jobs, g_window, args.gavel_rate, args.seed)
-    _progress(f"1,024 GPUs: {m_jobs} jobs at {args.mixed_rate}/h")
-    m = mixed(m_jobs, args.mixed_rate, args.seed)
-    _progress("openb: 6,212 GPUs, requests until 1.3x capacity")
-    o = openb(1.3, args.seed, limit)
 
     print(f"Gavel setting ({GAVEL_CLUSTER}; {g_jobs} jobs at {args.gavel_rate}/h, jobs {g_window[0]}-"
           f"{g_window[1] - 1} measured); 1,024 GPUs ({MIXED_CLUSTER}; {m_jobs} jobs at {args.mixed_rate}/h); "
