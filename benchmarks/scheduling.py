@@ -279,16 +279,17 @@ def main() -> None:
                            pool.submit(openb, 1.3, args.seed, limit))
         g_rows = [r for fut in g_futs for r in fut.result()]
         f = fgd_summary({s: fut.result() for s, fut in f_futs.items()})
+        cal = print_calibration(g_rows, f, fgd_seeds)
+        cal_line = (f"gavel_fidelity_worst={cal['gavel_fidelity_worst']:.4f} "
+                    f"fgd_fidelity_worst_points={cal['fgd_fidelity_worst_points']:.2f} "
+                    f"hetflow_over_gavel_best={cal['hetflow_over_gavel_best']:.3f} "
+                    f"fgd_alloc_hetflow={cal['fgd_alloc_hetflow']:.4f} elastic_over_rigid=nan "
+                    f"fgd_run_wall_s={cal['fgd_run_wall_s']:.1f}")
+        print(f"(FGD's own mean allocation over 100-130 %: {cal['fgd_alloc_fgd']:.4f}; hetflow - FGD at the worst "
+              f"point from 50 %: {cal['hetflow_minus_fgd_min_points']:+.2f} points; elastic jobs: not built, nan)",
+              flush=True)
         if legacy:
             g, m, o = (fut.result() for fut in legacy_futs)
-    cal = print_calibration(g_rows, f, fgd_seeds)
-    cal_line = (f"gavel_fidelity_worst={cal['gavel_fidelity_worst']:.4f} "
-                f"fgd_fidelity_worst_points={cal['fgd_fidelity_worst_points']:.2f} "
-                f"hetflow_over_gavel_best={cal['hetflow_over_gavel_best']:.3f} "
-                f"fgd_alloc_hetflow={cal['fgd_alloc_hetflow']:.4f} elastic_over_rigid=nan "
-                f"fgd_run_wall_s={cal['fgd_run_wall_s']:.1f}")
-    print(f"(FGD's own mean allocation over 100-130 %: {cal['fgd_alloc_fgd']:.4f}; hetflow - FGD at the worst "
-          f"point from 50 %: {cal['hetflow_minus_fgd_min_points']:+.2f} points; elastic jobs: not built, nan)")
     if args.calibration_only:
         print(f"RESULT {cal_line}")
         return
