@@ -1,7 +1,8 @@
 """Scheduling benchmark: every cluster policy on the same traces, in one process.
 
-    .venv/bin/python benchmarks/scheduling.py            # the issue's settings, ~6 minutes on 2 cores
-    .venv/bin/python benchmarks/scheduling.py --quick    # smaller traces, ~2 minutes
+    .venv/bin/python benchmarks/scheduling.py            # everything, ~25 minutes on 2 idle cores
+    .venv/bin/python benchmarks/scheduling.py --quick    # smaller traces, no FTF, 2 FGD seeds
+    .venv/bin/python benchmarks/scheduling.py --calibration-only   # only the reference protocols
 
 Three experiments, one table:
 
@@ -21,7 +22,16 @@ Three experiments, one table:
    1.3 x the GPUs; the share of GPU capacity left unallocated while demand exceeds capacity.
    Baseline: plain best fit.
 
-Policies run on identical inputs in this process; wall times are of this machine. Seeded. The
+0. **Calibration** against the reference simulators' own results (docs/simulator.md, "Reference
+   protocols"): every Gavel reference policy and hetflow under Gavel's rules on the four
+   calibration traces (ours vs Gavel's window average; hetflow vs the best of Gavel's own
+   results), and BestFit, DotProd, GpuPacking, FGD and hetflow under FGD's rules on the
+   published seeds (worst gap to the published rows in points; hetflow's mean allocation over
+   the 100-130 % points). Their figures join the RESULT line: ``gavel_fidelity_worst
+   fgd_fidelity_worst_points hetflow_over_gavel_best fgd_alloc_hetflow elastic_over_rigid
+   fgd_run_wall_s`` (elastic jobs are not built: nan).
+
+Independent runs go to worker processes (``--workers``). Wall times are of this machine. Seeded. The
 last line is machine-readable: ``RESULT hetflow_over_max_min=<x> hetflow_over_fifo=<x>
 sim_1024_wall_s=<x> effective_utilisation=<x> openb_unallocated_hetflow=<x>
 openb_unallocated_bestfit=<x>`` (wall and utilisation: the hetflow run).
