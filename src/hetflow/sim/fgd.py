@@ -179,30 +179,34 @@ def inflate(pods: Sequence[FgdPod], capacity_milli: int, ratio: float, seed: int
     return order
 
 
-def read_arrival_order(path: str | Path, seed: int, n_pods: int) -> list[int]:
-    """``position,seed42,...`` -> the sequence for ``seed``: row indices into the pod CSV, or
-    for clones (value >= rows) index modulo nothing - the file already gives the original row."""
+def _seed_column(path: str | Path, seed: int, key: str) -> tuple[Path, list[tuple[str, str]]]:
+    """(key, value) of column ``seed<seed>`` of a per-seed CSV (blank values left out)."""
     p = Path(path)
     col = f"seed{seed}"
+    if not p.is_file():
+        raise InputError(f"{p}: no such file (the per-seed CSV with columns {key},seed42,...)")
     with p.open() as f:
         reader = csv.DictReader(f)
-        if col not in (reader.fieldnames or []):
-            raise InputError(f"{p}: no column {col}; it has {', '.join((reader.fieldnames or [])[1:])}")
-        order = [int(row[col]) for row in reader if row[col].strip()]
+        if col not in (reader.fieldnames or []) or key not in (reader.fieldnames or []):
+            raise InputError(f"{p}: no column {col} (or {key}); it has {', '.join(reader.fieldnames or [])}")
+        return p, [(row[key], row[col]) for row in reader if (row[col] or "").strip()]
+
+
+def read_arrival_order(path: str | Path, seed: int, n_pods: int) -> list[int]:
+    """``position,seed42,...`` -> the sequence for ``seed``: row indices into the pod CSV (a
+    clone appears as the row it copies)."""
+    p, rows = _seed_column(path, seed, "position")
+    order = [int(v) for _, v in rows]
     bad = [i for i in order if not 0 <= i < n_pods]
     if bad:
-        raise InputError(f"{p}: {col} names pod row {bad[0]}, but the pod list has {n_pods} rows")
+        raise InputError(f"{p}: seed{seed} names pod row {bad[0]}, but the pod list has {n_pods} rows")
     return order
 
 
 def read_node_ranks(path: str | Path, seed: int, nodes: Sequence[FgdNode]) -> list[int]:
-    p = Path(path)
-    col = f"seed{seed}"
-    with p.open() as f:
-        reader = csv.DictReader(f)
-        if col not in (reader.fieldnames or []):
-            raise InputError(f"{p}: no column {col}")
-        ranks = {row["node"]: int(row[col]) for row in reader}
+    """``node,seed42,...`` -> each node's tie-break rank for ``seed`` (lower wins), in ``nodes`` order."""
+    p, rows = _seed_column(path, seed, "node")
+    ranks = {name: int(v) for name, v in rows}
     missing = [n.name for n in nodes if n.name not in ranks]
     if missing:
         raise InputError(f"{p}: no rank for node {missing[0]}")
