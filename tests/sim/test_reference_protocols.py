@@ -105,8 +105,11 @@ def test_fgd_binning_matches_published_row_on_the_low_points(openb):
     got = run.alloc_by_arrival
     top = max(got) - 2  # the last bins of a prefix are incomplete
     assert top >= 20
+    frag = run.frag_by_arrival
+    ref_frag = fgd_expected(FGD_REF, metric="frag")[("04-GpuPacking", 43)]
     for x in range(0, top):
         assert got[x] == ref[x], f"column {x}"
+        assert frag[x] == ref_frag[x], f"fragmentation column {x}"
 
 
 def test_cli_protocols_write_their_outputs(tmp_path, openb):

@@ -54,10 +54,12 @@ def gavel_cases(root: Path) -> list[GavelCase]:
     return out
 
 
-def fgd_expected(root: Path, workload: str = "openb_pod_list_default") -> dict[tuple[str, int], dict[int, float]]:
-    """``{(csv policy name, seed): {x: allocation %}}`` from the published CSV."""
+def fgd_expected(root: Path, workload: str = "openb_pod_list_default",
+                 metric: str = "allo") -> dict[tuple[str, int], dict[int, float]]:
+    """``{(csv policy name, seed): {x: value}}`` from the published CSV: ``metric`` "allo"
+    (allocation %) or "frag" (fragmentation amount, % of capacity)."""
     out: dict[tuple[str, int], dict[int, float]] = {}
-    with (root / "expected_results" / "analysis_allo_discrete.csv").open() as f:
+    with (root / "expected_results" / f"analysis_{metric}_discrete.csv").open() as f:
         for r in csv.DictReader(f):
             if r["workload"] != workload:
                 continue
