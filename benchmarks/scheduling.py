@@ -1,7 +1,8 @@
 """Scheduling benchmark: every cluster policy on the same traces, in one process.
 
-    .venv/bin/python benchmarks/scheduling.py            # the issue's settings, ~6 minutes on 2 cores
-    .venv/bin/python benchmarks/scheduling.py --quick    # smaller traces, ~2 minutes
+    .venv/bin/python benchmarks/scheduling.py            # everything, ~25 minutes on 2 idle cores
+    .venv/bin/python benchmarks/scheduling.py --quick    # smaller traces, no FTF, 2 FGD seeds
+    .venv/bin/python benchmarks/scheduling.py --calibration-only   # only the reference protocols
 
 Three experiments, one table:
 
@@ -21,7 +22,16 @@ Three experiments, one table:
    1.3 x the GPUs; the share of GPU capacity left unallocated while demand exceeds capacity.
    Baseline: plain best fit.
 
-Policies run on identical inputs in this process; wall times are of this machine. Seeded. The
+0. **Calibration** against the reference simulators' own results (docs/simulator.md, "Reference
+   protocols"): every Gavel reference policy and hetflow under Gavel's rules on the four
+   calibration traces (ours vs Gavel's window average; hetflow vs the best of Gavel's own
+   results), and BestFit, DotProd, GpuPacking, FGD and hetflow under FGD's rules on the
+   published seeds (worst gap to the published rows in points; hetflow's mean allocation over
+   the 100-130 % points). Their figures join the RESULT line: ``gavel_fidelity_worst
+   fgd_fidelity_worst_points hetflow_over_gavel_best fgd_alloc_hetflow elastic_over_rigid
+   fgd_run_wall_s`` (elastic jobs are not built: nan).
+
+Independent runs go to worker processes (``--workers``). Wall times are of this machine. Seeded. The
 last line is machine-readable: ``RESULT hetflow_over_max_min=<x> hetflow_over_fifo=<x>
 sim_1024_wall_s=<x> effective_utilisation=<x> openb_unallocated_hetflow=<x>
 openb_unallocated_bestfit=<x>`` (wall and utilisation: the hetflow run).
@@ -32,8 +42,11 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from hetflow.scheduling.policies.capacity import ClusterModel
 from hetflow.scheduling.policies.registry import make_policy
@@ -42,6 +55,10 @@ from hetflow.sim.cluster import parse_shorthand
 from hetflow.sim.engine import SimConfig, Simulator
 from hetflow.sim.metrics import summarise
 from hetflow.sim.traces import load_openb_nodes, load_openb_pods, openb_packing_jobs, synthetic_trace
+from hetflow.sim.calibration import fgd_expected, gavel_cases
+from hetflow.sim.fgd import (FGD_CSV_NAMES, load_fgd_nodes, load_fgd_pods, read_arrival_order, read_node_ranks,
+                             simulate_fgd, typical_pods)
+from hetflow.sim.gavel import GAVEL_REFERENCE, load_gavel_jobs, simulate_gavel
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 GAVEL_CLUSTER = "9 * 4x V100 + 9 * 4x P100 + 9 * 4x K80 @ 3.125"
@@ -95,6 +112,128 @@ def openb(overload: float, seed: int, pods_limit: int | None) -> dict[str, dict[
     return out
 
 
+# --------------------------------------------------------------------- calibration runs
+
+GAVEL_WINDOW = (500, 1000)
+FGD_BENCH_POLICIES = ("BestFit", "DotProd", "GpuPacking", "FGD", "hetflow")
+FGD_POINTS = (80, 90, 95, 100, 110, 120, 130)
+
+
+def gavel_case(index: int, policies: tuple[str, ...]) -> list[dict[str, Any]]:
+    """Every given policy on one calibration trace, in Gavel's protocol; each row with the
+    reference's window average where Gavel has one, and the bound: every job alone on its
+    fastest type from its arrival."""
+    case = gavel_cases(TRACES / "gavel-calibration")[index]
+    jobs = load_gavel_jobs(case.trace_path, case.throughputs_path)
+    window_jobs = [j for j in jobs if GAVEL_WINDOW[0] <= j.job_id < GAVEL_WINDOW[1]]
+    bound = float(np.mean([j.total_steps / max(j.thr.values()) for j in window_jobs]))
+    rows = []
+    for p in GAVEL_REFERENCE:  # Gavel's own figures for every reference policy, whether we rerun it or not
+        ref = case.reference(p)
+        jct = case.reference_jct(p)
+        window = [v for k, v in jct.items() if GAVEL_WINDOW[0] <= k < GAVEL_WINDOW[1] and v is not None]
+        rows.append({"seed": case.seed, "trace": case.trace, "policy": p, "source": "gavel",
+                     "avg_jct_s": ref["avg_jct_s_window"], "p95_jct_s": float(np.percentile(window, 95)),
+                     "makespan_s": ref["makespan_s"]})
+    for p in policies:
+        run = simulate_gavel(jobs, p, seed=case.seed)
+        s = run.summary(GAVEL_WINDOW)
+        ref = case.reference(p) if p in GAVEL_REFERENCE else None
+        rows.append({"seed": case.seed, "trace": case.trace, "policy": p, "source": "hetflow", **s, "bound_s": bound,
+                     "ref_avg_jct_s": ref["avg_jct_s_window"] if ref else None})
+        _progress(f"  gavel seed{case.seed} {case.trace} {p}: {s['avg_jct_s'] / 3600:.3f} h"
+                  + (f" (Gavel {ref['avg_jct_s_window'] / 3600:.3f} h)" if ref else "") + f", {run.wall_s:.0f} s")
+    return rows
+
+
+def fgd_seed(seed: int) -> dict[str, tuple[dict[int, float], float]]:
+    """Every packing policy on one seed of FGD's protocol, replaying the artifact's arrival order
+    and node ranks: {policy: (allocation % by arrived %, wall s)}."""
+    base = TRACES / "alibaba-gpu-2023"
+    ref_dir = base / "fgd-reference"
+    nodes = load_fgd_nodes(base / "openb_node_list_gpu_node.csv")
+    pods = load_fgd_pods(base / "openb_pod_list_default.csv")
+    typical = typical_pods(pods)
+    order = read_arrival_order(ref_dir / "arrival_order_seed42-51.csv", seed, len(pods))
+    ranks = read_node_ranks(ref_dir / "node_tiebreak_rank_seed42-51.csv", seed, nodes)
+    out = {}
+    for p in FGD_BENCH_POLICIES:
+        run = simulate_fgd(nodes, pods, p, seed=seed, arrival_order=order, node_ranks=ranks, typical=typical)
+        out[p] = (run.alloc_by_arrival, run.wall_s)
+        _progress(f"  fgd seed {seed} {p}: {run.alloc_by_arrival.get(100)} % at 100 %, {run.wall_s:.1f} s")
+    return out
+
+
+def fgd_summary(by_seed: dict[int, dict[str, tuple[dict[int, float], float]]]) -> dict[str, Any]:
+    seeds = sorted(by_seed)
+    expected = fgd_expected(TRACES / "alibaba-gpu-2023" / "fgd-reference")
+    out: dict[str, Any] = {}
+    for p in FGD_BENCH_POLICIES:
+        runs = {s: by_seed[s][p][0] for s in seeds}
+        r: dict[str, Any] = {"runs": runs, "wall_s": [by_seed[s][p][1] for s in seeds]}
+        xs = sorted(set.intersection(*(set(v) for v in runs.values())))
+        r["mean"] = {x: float(np.mean([runs[s][x] for s in seeds])) for x in xs}
+        csv_name = FGD_CSV_NAMES.get(p)
+        if csv_name:
+            r["worst_gap"] = max(abs(runs[s][x] - expected[(csv_name, s)][x]) for s in seeds for x in runs[s]
+                                 if x in expected[(csv_name, s)])
+            r["ref_mean"] = {x: float(np.mean([expected[(csv_name, s)][x] for s in seeds])) for x in xs}
+        out[p] = r
+    return out
+
+
+def print_calibration(g_rows: list[dict[str, Any]], f: dict[str, Any] | None, seeds: list[int]) -> dict[str, float]:
+    figures: dict[str, float] = {}
+    print("\nGavel protocol (Gavel's own simulator's rules; 36 V100 + 36 P100 + 36 K80, rounds of 360 s), "
+          "calibration traces, jobs 500-999; hours. 'bound' = every job alone on its fastest type.")
+    print("| seed | trace | policy | avg JCT (ours) | avg JCT (Gavel) | ours/Gavel | p95 JCT | makespan |")
+    print("|---|---|---|---|---|---|---|---|")
+    worst = 0.0
+    for r in (r for r in g_rows if r["source"] == "hetflow"):
+        ratio = None if r["ref_avg_jct_s"] is None else r["avg_jct_s"] / r["ref_avg_jct_s"]
+        if ratio is not None:
+            worst = max(worst, abs(ratio - 1))
+        print(f"| {r['seed']} | {r['trace']} | {r['policy']} | {r['avg_jct_s'] / 3600:.3f} | "
+              + ("-" if ratio is None else f"{r['ref_avg_jct_s'] / 3600:.3f}") + " | "
+              + ("-" if ratio is None else f"{ratio:.4f}") + f" | {r['p95_jct_s'] / 3600:.1f} | {r['makespan_s'] / 3600:.1f} |")
+    figures["gavel_fidelity_worst"] = worst
+    lead = []
+    print("\nhetflow against the best reference policy by Gavel's own results (results.json, per-job CSVs); "
+          "p95 against that policy's, makespan against the smallest reference makespan.")
+    print("| seed | trace | best Gavel policy | hetflow / best avg JCT | p95 ratio | makespan ratio | bound / best |")
+    print("|---|---|---|---|---|---|---|")
+    for key in sorted({(r["seed"], r["trace"]) for r in g_rows}):
+        rows = [r for r in g_rows if (r["seed"], r["trace"]) == key]
+        ref_rows = [r for r in rows if r["source"] == "gavel"]  # Gavel's own simulator's figures
+        ours = [r for r in rows if r["policy"] == "hetflow" and r["source"] == "hetflow"]
+        if not ref_rows or not ours:
+            continue
+        best = min(ref_rows, key=lambda r: r["avg_jct_s"])
+        h = ours[0]
+        ratio = h["avg_jct_s"] / best["avg_jct_s"]
+        lead.append(ratio)
+        print(f"| {key[0]} | {key[1]} | {best['policy']} | {ratio:.3f} | {h['p95_jct_s'] / best['p95_jct_s']:.3f} | "
+              f"{h['makespan_s'] / min(r['makespan_s'] for r in ref_rows):.3f} | {h['bound_s'] / best['avg_jct_s']:.3f} |")
+    figures["hetflow_over_gavel_best"] = max(lead) if lead else float("nan")
+    if f is not None:
+        print(f"\nFGD protocol (the artifact's rules; openb_pod_list_default, 1,213 nodes, 6,212 GPUs, tune 1.3), "
+              f"GPU allocation % at arrived x %, mean of seeds {seeds[0]}-{seeds[-1]}; (published) in brackets.")
+        print("| policy | " + " | ".join(str(x) for x in FGD_POINTS) + " | worst gap (points) | wall s/seed |")
+        print("|---|" + "---|" * (len(FGD_POINTS) + 2))
+        for p, r in f.items():
+            cells = [f"{r['mean'][x]:.2f}" + (f" ({r['ref_mean'][x]:.2f})" if "ref_mean" in r else "") for x in FGD_POINTS]
+            print(f"| {p} | " + " | ".join(cells) + f" | {r.get('worst_gap', float('nan')):.2f} | "
+                  f"{np.mean(r['wall_s']):.1f} |")
+        figures["fgd_fidelity_worst_points"] = max(r["worst_gap"] for r in f.values() if "worst_gap" in r)
+        high = [x for x in f["hetflow"]["mean"] if 100 <= x <= 130]
+        figures["fgd_alloc_hetflow"] = float(np.mean([f["hetflow"]["mean"][x] for x in high])) / 100
+        figures["fgd_alloc_fgd"] = float(np.mean([f["FGD"]["mean"][x] for x in high])) / 100
+        figures["hetflow_minus_fgd_min_points"] = min(f["hetflow"]["mean"][x] - f["FGD"]["mean"][x]
+                                                      for x in f["hetflow"]["mean"] if x >= 50)
+        figures["fgd_run_wall_s"] = max(f["FGD"]["wall_s"])
+    return figures
+
+
 def _h(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds / 3600:.1f}"
 
@@ -128,18 +267,53 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--gavel-rate", type=float, default=2.6, help="jobs per hour (multi-GPU mix)")
     parser.add_argument("--mixed-rate", type=float, default=150.0, help="jobs per hour on 1,024 GPUs")
+    parser.add_argument("--fgd-seeds", default="42-51", help="FGD protocol seeds (the published 42-51)")
+    parser.add_argument("--gavel-policies", default=",".join(GAVEL_REFERENCE + ("hetflow",)),
+                        help="policies rerun in Gavel's protocol (hetflow's lead is taken against Gavel's own results)")
+    parser.add_argument("--workers", type=int, default=3, help="worker processes for independent runs")
+    parser.add_argument("--calibration-only", action="store_true",
+                        help="only the runs against Gavel's and FGD's own results (no hetflow-protocol experiments)")
     args = parser.parse_args()
+    from hetflow.cli.simulate_protocols import parse_seeds
+
+    fgd_seeds = parse_seeds(args.fgd_seeds, 42)
+    if args.quick:
+        fgd_seeds = fgd_seeds[:2]
+    gavel_policies = tuple(p for p in args.gavel_policies.split(",") if p)
+    if args.quick:  # FTF's program is Gavel's slowest (~2 min a trace)
+        gavel_policies = tuple(p for p in gavel_policies if p != "finish_time_fairness_perf")
+    # Independent runs go to worker processes (the machine has 2 cores); the longest first.
+    n_cases = len(gavel_cases(TRACES / "gavel-calibration"))
+    legacy = not args.calibration_only
     if args.quick:
         g_jobs, g_window, m_jobs, limit = 2000, (1000, 1500), 3000, 3000
     else:
         g_jobs, g_window, m_jobs, limit = 6000, (4000, 5000), 10000, None
-
-    _progress(f"Gavel setting: 108 GPUs, {g_jobs} jobs at {args.gavel_rate}/h, window {g_window[0]}:{g_window[1]}")
-    g = gavel(g_jobs, g_window, args.gavel_rate, args.seed)
-    _progress(f"1,024 GPUs: {m_jobs} jobs at {args.mixed_rate}/h")
-    m = mixed(m_jobs, args.mixed_rate, args.seed)
-    _progress("openb: 6,212 GPUs, requests until 1.3x capacity")
-    o = openb(1.3, args.seed, limit)
+    _progress(f"Calibration: Gavel's protocol on its {n_cases} traces, FGD's on seeds {fgd_seeds}"
+              + ("; then hetflow's own experiments" if legacy else "") + f"; {args.workers} worker processes")
+    with ProcessPoolExecutor(max_workers=args.workers) as pool:
+        g_futs = [pool.submit(gavel_case, i, gavel_policies) for i in range(n_cases)]
+        f_futs = {s: pool.submit(fgd_seed, s) for s in fgd_seeds}
+        if legacy:
+            legacy_futs = (pool.submit(gavel, g_jobs, g_window, args.gavel_rate, args.seed),
+                           pool.submit(mixed, m_jobs, args.mixed_rate, args.seed),
+                           pool.submit(openb, 1.3, args.seed, limit))
+        g_rows = [r for fut in g_futs for r in fut.result()]
+        f = fgd_summary({s: fut.result() for s, fut in f_futs.items()})
+        cal = print_calibration(g_rows, f, fgd_seeds)
+        cal_line = (f"gavel_fidelity_worst={cal['gavel_fidelity_worst']:.4f} "
+                    f"fgd_fidelity_worst_points={cal['fgd_fidelity_worst_points']:.2f} "
+                    f"hetflow_over_gavel_best={cal['hetflow_over_gavel_best']:.3f} "
+                    f"fgd_alloc_hetflow={cal['fgd_alloc_hetflow']:.4f} elastic_over_rigid=nan "
+                    f"fgd_run_wall_s={cal['fgd_run_wall_s']:.1f}")
+        print(f"(FGD's own mean allocation over 100-130 %: {cal['fgd_alloc_fgd']:.4f}; hetflow - FGD at the worst "
+              f"point from 50 %: {cal['hetflow_minus_fgd_min_points']:+.2f} points; elastic jobs: not built, nan)",
+              flush=True)
+        if legacy:
+            g, m, o = (fut.result() for fut in legacy_futs)
+    if args.calibration_only:
+        print(f"RESULT {cal_line}")
+        return
 
     print(f"Gavel setting ({GAVEL_CLUSTER}; {g_jobs} jobs at {args.gavel_rate}/h, jobs {g_window[0]}-"
           f"{g_window[1] - 1} measured); 1,024 GPUs ({MIXED_CLUSTER}; {m_jobs} jobs at {args.mixed_rate}/h); "
@@ -151,7 +325,7 @@ def main() -> None:
           f"sim_1024_wall_s={hetflow['wall_s']:.1f} "
           f"effective_utilisation={hetflow['effective_utilisation']:.3f} "
           f"openb_unallocated_hetflow={o['hetflow']['unallocated_gpu_share']:.3f} "
-          f"openb_unallocated_bestfit={o['bestfit']['unallocated_gpu_share']:.3f}")
+          f"openb_unallocated_bestfit={o['bestfit']['unallocated_gpu_share']:.3f} {cal_line}")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,9 @@
         --trace ../shared/traces/alibaba-gpu-2023/openb_pod_list_default.csv --packing 1.3 \\
         --policies bestfit,fifo,hetflow --out runs/openb
 
+--protocol gavel|fgd: the reference simulators' own rules instead of hetflow's model (Gavel's
+rounds and policies; FGD's online packing and policies; see hetflow.cli.simulate_protocols).
+
 --cluster: a cluster YAML, a snapshot JSON, an openb node list, or shorthand
 "COUNT * NODE + ..." with an optional "@ GBPS" network speed. --trace: a Gavel .trace
 (7 or 10 columns), a Philly CSV, an openb pod CSV, or synthetic:jobs=N,rate=R,seed=S,multi_gpu=0|1
@@ -48,11 +51,19 @@ def register(sub: argparse._SubParsersAction) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--cluster", required=True, metavar="C", help="cluster YAML/JSON, openb node CSV or shorthand")
+    p.add_argument("--cluster", metavar="C", help="cluster YAML/JSON, openb node CSV or shorthand "
+                   "(--protocol gavel: TYPE:COUNT,... default v100:36,p100:36,k80:36)")
     p.add_argument("--trace", required=True, metavar="T", help="trace file or synthetic:jobs=N,rate=R,seed=S")
     p.add_argument("--throughputs", metavar="F", help="measured job-type x device-type table (Gavel JSON or CSV)")
     p.add_argument("--window", metavar="A:B", help="measure jobs by arrival index A..B-1 (e.g. 4000:5000)")
-    p.add_argument("--policies", default=DEFAULT_POLICIES, metavar="P,P", help=f"default {DEFAULT_POLICIES}")
+    p.add_argument("--policies", metavar="P,P", help=f"default {DEFAULT_POLICIES} ({GAVEL_DEFAULT} with "
+                   f"--protocol gavel, {FGD_DEFAULT} with --protocol fgd)")
+    p.add_argument("--protocol", choices=("hetflow", "gavel", "fgd"), default="hetflow",
+                   help="simulation rules: hetflow's own (default), Gavel's rounds, or FGD's packing (docs/simulator.md)")
+    p.add_argument("--seeds", metavar="S,S", help="--protocol fgd: seeds to run (e.g. 42,43 or 42-51; default --seed)")
+    p.add_argument("--arrival-order", metavar="F", help="--protocol fgd: replay the artifact's pod sequence per seed "
+                   "(arrival_order_seed42-51.csv)")
+    p.add_argument("--node-ranks", metavar="F", help="--protocol fgd: the artifact's tie-break node ranks per seed")
     p.add_argument("--out", required=True, metavar="DIR", help="directory for summary.json, per-job files, plots")
     p.add_argument("--round-s", type=float, default=360.0, help="lease length of preemptive policies (s)")
     p.add_argument("--restore-s", type=float, default=30.0, help="default checkpoint-restore cost (s)")
@@ -60,7 +71,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="device type trace durations were measured on (repeatable; default V100-16GB, A100-80GB)")
     p.add_argument("--packing", type=float, metavar="X",
                    help="fragmentation experiment: requests never leave, arrive until they ask X x the GPUs")
-    p.add_argument("--seed", type=int, default=0, help="seed for job types drawn for duration-only traces")
+    p.add_argument("--seed", type=int, default=None, help="seed: job types drawn for duration-only traces (0); "
+                   "Gavel's scheduler seed (0); FGD's pod shuffle and ranks (42)")
     p.set_defaults(func=run)
 
 
@@ -78,7 +90,26 @@ def parse_window(text: str | None) -> tuple[int, int] | None:
     return window
 
 
+GAVEL_DEFAULT = "fifo,fifo_perf,max_min_fairness,max_min_fairness_perf,finish_time_fairness_perf,hetflow"
+FGD_DEFAULT = "BestFit,DotProd,GpuPacking,FGD,hetflow"
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.protocol == "gavel":
+        from hetflow.cli.simulate_protocols import run_gavel
+
+        return run_gavel(args)
+    if args.protocol == "fgd":
+        from hetflow.cli.simulate_protocols import run_fgd
+
+        return run_fgd(args)
+    if args.cluster is None:
+        raise InputError("--cluster is required: a cluster YAML/JSON, an openb node list or shorthand "
+                         "such as '32 * 8x H100'")
+    if args.seed is None:
+        args.seed = 0
+    if args.policies is None:
+        args.policies = DEFAULT_POLICIES
     from hetflow.scheduling.policies.registry import parse_policy_list
     from hetflow.scheduling.throughput import default_model, load_throughputs
     from hetflow.sim.cluster import load_sim_cluster

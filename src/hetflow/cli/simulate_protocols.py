@@ -1,0 +1,195 @@
+"""``hetflow simulate --protocol gavel|fgd``: the reference simulators' own rules.
+
+    hetflow simulate --protocol gavel --trace seed3/trace_single_r4.0_n1500_seed3.trace \\
+        --throughputs seed3/throughputs_isolated.csv --seed 3 --window 500:1000 --out runs/g3
+    hetflow simulate --protocol fgd --cluster openb_node_list_gpu_node.csv \\
+        --trace openb_pod_list_default.csv --seeds 42-51 --arrival-order arrival_order_seed42-51.csv \\
+        --node-ranks node_tiebreak_rank_seed42-51.csv --out runs/fgd
+
+Gavel: DIR/summary.json ``{policy: {avg_jct_s, p95_jct_s, makespan_s, ...}}`` (over --window's
+jobs; ``all_jobs`` over every job) and DIR/jobs-<policy>.csv in Gavel's per-job layout
+(job_id, arrival_s, jct_s, completion_s). FGD: DIR/summary.json ``{policy: {seeds, alloc_pct:
+{x: mean over seeds}, frag_pct, failed, wall_s}}`` and DIR/alloc.csv / frag.csv in the
+artifact's layout (workload, sc_policy, tune, seed, 0..130). Rules: docs/simulator.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from hetflow.core.errors import InputError
+
+
+def _out_dir(text: str) -> Path:
+    out = Path(text)
+    if out.exists() and not out.is_dir():
+        raise InputError(f"--out {out}: exists and is not a directory")
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def _policies(text: str | None, default: str, known: tuple[str, ...], aliases: dict[str, str] | None = None) -> list[str]:
+    names = [n.strip() for n in (text or default).split(",") if n.strip()]
+    if not names:
+        raise InputError(f"--policies is empty; give names such as {default}")
+    lower = {k.lower(): k for k in known}
+    out = []
+    for n in names:
+        name = (aliases or {}).get(n, n)
+        name = lower.get(name.lower(), name)
+        if name not in known:
+            raise InputError(f"unknown policy {n!r} in --policies; choose from {', '.join(known)}")
+        out.append(name)
+    if len(set(out)) != len(out):
+        raise InputError(f"--policies names a policy twice: {text!r}")
+    return out
+
+
+def parse_gavel_cluster(text: str | None) -> dict[str, int]:
+    """``"v100:36,p100:36,k80:36"`` -> worker counts (one GPU per server, as Gavel's runs)."""
+    from hetflow.sim.gavel import DEFAULT_CLUSTER
+
+    if text is None:
+        return dict(DEFAULT_CLUSTER)
+    out = {}
+    for part in text.split(","):
+        name, colon, count = part.strip().partition(":")
+        if not colon or not count.strip().isdigit() or int(count) <= 0:
+            raise InputError(f"--cluster {text!r}: with --protocol gavel write TYPE:COUNT,..., e.g. v100:36,p100:36,k80:36")
+        out[name.strip().lower()] = int(count)
+    return out
+
+
+def run_gavel(args: argparse.Namespace) -> int:
+    from hetflow.cli.simulate import parse_window
+    from hetflow.sim.gavel import GAVEL_ALIASES, GAVEL_DEFAULT_POLICIES, load_gavel_jobs, simulate_gavel
+
+    if not args.throughputs:
+        raise InputError("--protocol gavel needs --throughputs (Gavel's simulation_throughputs.json or a CSV "
+                         "job_type,scale_factor,<type>_steps_per_s)")
+    policies = _policies(args.policies, ",".join(GAVEL_DEFAULT_POLICIES), GAVEL_DEFAULT_POLICIES, GAVEL_ALIASES)
+    window = parse_window(args.window)
+    cluster = parse_gavel_cluster(args.cluster)
+    jobs = load_gavel_jobs(args.trace, args.throughputs)
+    seed = 0 if args.seed is None else args.seed
+    out = _out_dir(args.out)
+    summary: dict[str, Any] = {}
+    for name in policies:
+        run = simulate_gavel(jobs, name, seed=seed, cluster=cluster)
+        s = run.summary(window)
+        s["all_jobs"] = run.summary(None)
+        summary[name] = s
+        lines = ["job_id,arrival_s,jct_s,completion_s"]
+        for j in run.jobs:
+            c = run.completion_s.get(j.job_id)
+            lines.append(f"{j.job_id},{j.arrival_s:.6f}," + ("," if c is None else f"{c - j.arrival_s:.3f},{c:.3f}"))
+        _write_atomic(out / f"jobs-{name}.csv", "\n".join(lines) + "\n")
+    _write_atomic(out / "summary.json", json.dumps(summary, indent=2) + "\n")
+    _write_atomic(out / "inputs.json", json.dumps({
+        "schema": "hetflow.simulation/v1", "protocol": "gavel", "trace": args.trace, "throughputs": args.throughputs,
+        "cluster": cluster, "seed": seed, "window": list(window) if window else None, "round_s": 360,
+        "jobs": len(jobs)}, indent=2) + "\n")
+    table = Table(title=f"Gavel protocol ({', '.join(f'{c} {t}' for t, c in cluster.items())}; JCT in hours"
+                        + (f", jobs {window[0]}-{window[1] - 1}" if window else "") + ")")
+    for col in ("policy", "avg JCT", "p95 JCT", "makespan", "completed", "dropped", "rounds", "wall s"):
+        table.add_column(col, justify="left" if col == "policy" else "right")
+    for name, s in summary.items():
+        h = (lambda v: "-" if v is None else f"{v / 3600:.3f}")  # noqa: E731
+        table.add_row(name, h(s["avg_jct_s"]), h(s["p95_jct_s"]), h(s["makespan_s"]), str(s["completed"]),
+                      str(s["dropped"]), str(s["rounds"]), f"{s['wall_s']:.1f}")
+    Console(width=110).print(table)
+    Console(stderr=True).print(f"wrote {out}/summary.json, inputs.json, jobs-*.csv")
+    return 0
+
+
+def parse_seeds(text: str | None, default: int) -> list[int]:
+    if not text:
+        return [default]
+    seeds: list[int] = []
+    for part in text.split(","):
+        a, dash, b = part.strip().partition("-")
+        try:
+            seeds += list(range(int(a), int(b) + 1)) if dash else [int(a)]
+        except ValueError:
+            raise InputError(f"--seeds {text!r}: write numbers or ranges, e.g. 42,43 or 42-51") from None
+    return seeds
+
+
+def run_fgd(args: argparse.Namespace) -> int:
+    from hetflow.sim.fgd import (FGD_CSV_NAMES, FGD_POLICIES, load_fgd_nodes, load_fgd_pods, read_arrival_order,
+                                 read_node_ranks, simulate_fgd, typical_pods)
+
+    if args.cluster is None:
+        raise InputError("--protocol fgd needs --cluster: the openb node list (openb_node_list_gpu_node.csv)")
+    policies = _policies(args.policies, "BestFit,DotProd,GpuPacking,FGD,hetflow", FGD_POLICIES)
+    ratio = 1.3 if args.packing is None else args.packing
+    if not ratio > 0:
+        raise InputError("--packing X needs X > 0 (e.g. 1.3: pods arrive until they ask 130% of the GPUs)")
+    seeds = parse_seeds(args.seeds, 42 if args.seed is None else args.seed)
+    nodes = load_fgd_nodes(args.cluster)
+    pods = load_fgd_pods(args.trace)
+    typical = typical_pods(pods)
+    out = _out_dir(args.out)
+    workload = Path(args.trace).stem
+    summary: dict[str, Any] = {}
+    rows_alloc, rows_frag = [], []
+    for name in policies:
+        runs = []
+        for seed in seeds:
+            order = read_arrival_order(args.arrival_order, seed, len(pods)) if args.arrival_order else None
+            ranks = read_node_ranks(args.node_ranks, seed, nodes) if args.node_ranks else None
+            run = simulate_fgd(nodes, pods, name, seed=seed, ratio=ratio, arrival_order=order, node_ranks=ranks,
+                               typical=typical)
+            runs.append(run)
+            label = FGD_CSV_NAMES.get(name, name)
+            rows_alloc.append((workload, label, ratio, seed, run.alloc_by_arrival))
+            rows_frag.append((workload, label, ratio, seed, run.frag_by_arrival))
+        xs = sorted(set.intersection(*(set(r.alloc_by_arrival) for r in runs)))
+        summary[name] = {
+            "seeds": seeds,
+            "alloc_pct": {x: round(float(np.mean([r.alloc_by_arrival[x] for r in runs])), 2) for x in xs},
+            "frag_pct": {x: round(float(np.mean([r.frag_by_arrival[x] for r in runs])), 2) for x in xs},
+            "failed": [r.failed for r in runs],
+            "wall_s": [round(r.wall_s, 2) for r in runs],
+        }
+    for fname, rows in (("alloc.csv", rows_alloc), ("frag.csv", rows_frag)):
+        top = max(max(v) for *_, v in rows)
+        lines = [",".join(["workload", "sc_policy", "tune", "seed"] + [str(x) for x in range(top + 1)])]
+        for w, p, t, s, v in rows:
+            lines.append(",".join([w, p, str(t), str(s)] + ["" if x not in v else str(v[x]) for x in range(top + 1)]))
+        _write_atomic(out / fname, "\n".join(lines) + "\n")
+    _write_atomic(out / "summary.json", json.dumps(summary, indent=2) + "\n")
+    _write_atomic(out / "inputs.json", json.dumps({
+        "schema": "hetflow.simulation/v1", "protocol": "fgd", "cluster": args.cluster, "trace": args.trace,
+        "seeds": seeds, "tune": ratio, "arrival_order": args.arrival_order, "node_ranks": args.node_ranks,
+        "nodes": len(nodes), "gpus": sum(n.gpus for n in nodes), "pods": len(pods), "typical_pods": len(typical)},
+        indent=2) + "\n")
+    points = [x for x in (80, 90, 95, 100, 110, 120, 130) if all(x in s["alloc_pct"] for s in summary.values())]
+    table = Table(title=f"FGD protocol: GPU allocation % at arrived demand x % of capacity (mean of {len(seeds)} "
+                        f"seed{'s' if len(seeds) > 1 else ''})")
+    table.add_column("policy")
+    for x in points:
+        table.add_column(str(x), justify="right")
+    table.add_column("wall s/seed", justify="right")
+    for name, s in summary.items():
+        table.add_row(name, *[f"{s['alloc_pct'][x]:.2f}" for x in points], f"{np.mean(s['wall_s']):.1f}")
+    Console(width=110).print(table)
+    Console(stderr=True).print(f"wrote {out}/summary.json, inputs.json, alloc.csv, frag.csv")
+    return 0
