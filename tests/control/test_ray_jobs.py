@@ -139,7 +139,7 @@ def test_submit_wait_exits_with_the_outcome_and_each_attempt_is_a_ray_job(cluste
     assert "line 2" in bad.stdout and f"{bad_id}: FAILED" in bad.stderr
 
     # Ray's own tooling: the attempt is a Ray job with the attempt's outcome and output
-    wait_for(lambda: ray_status(cluster, f"hetflow-{bad_id}-1") == "FAILED", 30, "the failed attempt's Ray job")
+    wait_for(lambda: ray_status(cluster, f"hetflow-{bad_id}-1") == "FAILED", 120, "the failed attempt's Ray job")
     listing = ray_job_list(cluster)
     assert ray_job_status(listing, f"hetflow-{bad_id}-1") == "FAILED"
     assert ray_job_status(listing, f"hetflow-{job_id}-1") == "SUCCEEDED"

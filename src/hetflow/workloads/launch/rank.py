@@ -65,7 +65,7 @@ class RankProcess:
         self._code: int | None = None
         self._proc: subprocess.Popen | None = None
         self._attempt = -1
-        self._last_poll = time.monotonic()
+        self._last_poll: float | None = None  # the attempt's latest poll (None: none yet)
         self._lease_s = float(os.environ.get(LEASE_ENV) or DEFAULT_LEASE_S)
         self._fence: threading.Thread | None = None
 
@@ -88,7 +88,7 @@ class RankProcess:
         with self._lock:
             assert self._proc is None or self._proc.poll() is not None, "previous child still running"
             self._lines, self._base, self._code, self._attempt = [], 0, None, attempt
-            self._last_poll = time.monotonic()
+            self._last_poll = None  # the lease starts with the launcher's first poll
         if self._fence is None and self._lease_s > 0:
             self._fence = threading.Thread(target=self._watch_lease, name="rank-lease", daemon=True)
             self._fence.start()
@@ -140,7 +140,8 @@ class RankProcess:
         while True:
             time.sleep(min(0.5, self._lease_s / 4))
             with self._lock:
-                proc, quiet = self._proc, time.monotonic() - self._last_poll
+                proc, last = self._proc, self._last_poll
+            quiet = 0.0 if last is None else time.monotonic() - last
             if proc is None or proc.poll() is not None or quiet <= self._lease_s:
                 continue
             try:
