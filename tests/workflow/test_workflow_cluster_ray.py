@@ -32,9 +32,19 @@ pytestmark = pytest.mark.ray
 
 @pytest.fixture(scope="module")
 def cluster():
-    with hetflow_cluster([synthetic_node("2x L40S", "gpu-node")], head_cpus=3, node_cpus=2) as c:
-        ray.shutdown()  # the workflow joins the cluster itself, as `hetflow run --address` does
-        yield c
+    from hetflow.workloads.serve.front import FAST_ENV
+
+    # A cluster started by its user needs Serve's direct ingress in Ray's environment for
+    # hetflow's serving fast path (docs/serving.md), as `hetflow run` sets for its own Ray.
+    saved = {k: os.environ.get(k) for k in FAST_ENV}
+    os.environ.update(FAST_ENV)
+    try:
+        with hetflow_cluster([synthetic_node("2x L40S", "gpu-node")], head_cpus=3, node_cpus=2) as c:
+            ray.shutdown()  # the workflow joins the cluster itself, as `hetflow run --address` does
+            yield c
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
 
 
 def _free_port() -> int:
