@@ -161,7 +161,7 @@ def test_the_exit_code_is_the_failing_ranks_once_restarts_are_used_up(address, t
     run = hetflow_launch("--address", address, "--device", "cpu", "--nproc", "2",
                          "--max-restarts", "1", "--run-id", "gaveup", str(SCRIPTS / "env_dump.py"),
                          str(out), "--fail-rank", "1", "--fail-attempts", "9", "--code", "7",
-                         "--sleep", "60")
+                         "--fail-delay", "3", "--sleep", "60")  # rank 0 has written before rank 1 fails
     assert run.returncode == 7, run.stderr
     assert sorted(dumped(out)) == [(r, a) for r in range(2) for a in range(2)]
     assert "rank 1 exited with code 7" in run.stderr.splitlines()[-1]

@@ -1,7 +1,7 @@
 """A torchrun-style test script: writes the launcher's environment contract as JSON to
 OUT/rank-<RANK>-attempt-<TORCHELASTIC_RESTART_COUNT>.json, then (optionally) fails.
 
-    env_dump.py OUT [--fail-rank R] [--fail-attempts N] [--code C] [--sleep S] [--init]
+    env_dump.py OUT [--fail-rank R] [--fail-attempts N] [--code C] [--fail-delay D] [--sleep S] [--init]
 
 ``--fail-rank R --fail-attempts N``: rank R exits with code C in attempts 0..N-1.
 ``--init``: also join the process group (env://) and all-reduce once, as a script would.
@@ -24,6 +24,8 @@ parser.add_argument("--fail-rank", type=int, default=-1)
 parser.add_argument("--fail-attempts", type=int, default=0)
 parser.add_argument("--code", type=int, default=3)
 parser.add_argument("--sleep", type=float, default=0.0)
+parser.add_argument("--fail-delay", type=float, default=0.0,
+                    help="the failing rank waits this long first (its peers have written by then)")
 parser.add_argument("--init", action="store_true")
 args = parser.parse_args()
 
@@ -44,6 +46,7 @@ with open(os.path.join(args.out, f"rank-{rank}-attempt-{attempt}.json"), "w") as
     json.dump(record, f)
 print(f"rank {rank} attempt {attempt} wrote its environment", flush=True)
 if rank == args.fail_rank and attempt < args.fail_attempts:
+    time.sleep(args.fail_delay)
     print(f"rank {rank} fails on purpose with code {args.code}", file=sys.stderr, flush=True)
     sys.exit(args.code)
 time.sleep(args.sleep)
