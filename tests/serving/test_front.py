@@ -45,12 +45,30 @@ def test_every_model_backend_has_the_gateway_as_backup() -> None:
     text = render_config(PLAN, SERVERS, "/tmp/x.sock")
     digits = _backend(text, backend_name("digits"))
     assert "server r1 127.0.0.1:30001" in digits and "server r2 127.0.0.1:30002" in digits
-    assert "server gw 127.0.0.1:30005 backup" in digits
+    assert "server gw-gw 127.0.0.1:30005 backup" in digits
     placed = _backend(text, backend_name("placed"))
     assert {"server p0 127.0.0.1:30003", "server p1 127.0.0.1:30004"} <= set(placed)
     assert "retry-on conn-failure empty-response" in text  # a dead replica's request repeated
     # only a model's POSTs take its backend; GETs (metadata, health) go to the gateway
     assert f"use_backend {backend_name('digits')} if is_{backend_name('digits')} METH_POST" in text
+
+
+def test_without_direct_ingress_each_proxy_is_one_server_per_backend(tmp_path) -> None:
+    """Without direct ingress every application lists the same Serve proxy: it must appear once
+    as a server of each backend (HAProxy keeps only the last of equal names, which was the
+    backup, so the model was never routed) and the config stays valid."""
+    proxy = [Server("SERVE_PROXY_ACTOR-n1", "127.0.0.1", 8000)]
+    servers = {app: proxy for app in ("svc.digits", "svc.placed-d0", "svc.placed-d1", "svc")}
+    text = render_config(PLAN, servers, str(tmp_path / "admin.sock"))
+    placed = _backend(text, backend_name("placed"))
+    names = [x.split()[1] for x in placed if x.startswith("server ")]
+    assert len(names) == len(set(names)) == 2
+    assert "server SERVE_PROXY_ACTOR-n1 127.0.0.1:8000" in placed
+    path = tmp_path / "haproxy.cfg"
+    path.write_text(text)
+    check = subprocess.run([haproxy_binary(), "-c", "-f", str(path)], capture_output=True,
+                           text=True, timeout=30)
+    assert check.returncode == 0, check.stdout + check.stderr
 
 
 def test_rewritten_path_is_accepted_by_every_group_and_the_gateway() -> None:

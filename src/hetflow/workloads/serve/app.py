@@ -975,6 +975,10 @@ def deploy(config: ServeConfig, *, timeout_s: float = 300.0) -> Served:
                               f"start: {exc}; is the port free?") from None
         served = Served(config, _url(host, config.http.port) + config.http.route_prefix.rstrip("/"),
                         plans, started_ray=started, front=front)
+        if not ray.get(front.state.remote(), timeout=30).get("direct_ingress", True):
+            log.warning("this Ray cluster runs Serve without direct ingress, so requests take "
+                        "Serve's proxy (slower); start Ray with %s in its environment for the "
+                        "fast path", " ".join(f"{k}={v}" for k, v in FAST_ENV.items()))
         _wait_ready(served, timeout_s)
     except BaseException:
         if front is not None:
@@ -1060,7 +1064,10 @@ def _wait_ready(served: Served, timeout_s: float) -> None:
         state = served.state()
         # Ready for hetflow serve: every model's own planned replicas routed (stricter than
         # /health's ready, which a fallback also satisfies).
-        waiting = [m for m, n in served.expected_replicas().items() if state["up"].get(m, 0) < n]
+        # Without direct ingress the servers are Serve's proxies, routed once the model's
+        # application is RUNNING (all its replicas up).
+        waiting = [m for m, n in served.expected_replicas().items()
+                   if state["up"].get(m, 0) < (n if state.get("direct_ingress", True) else 1)]
         if state["ready"] and not waiting:
             return
         last = (f"waiting for {', '.join(waiting) or 'the gateway'}"

@@ -174,11 +174,13 @@ def render_config(plan: FrontPlan, servers: dict[str, list[Server]], admin_socke
                   _client_path_header(root),
                   f"    http-request set-path {deepest}%[path]",
                   check]
-        for app in apps:
-            for s in servers.get(app, []):
-                lines.append(f"    server {s.name} {s.host}:{s.port}")
+        # Without direct ingress every application lists the same Serve proxies: a server
+        # name appears once per backend (HAProxy keeps only the last of equal names).
+        primary = {s.name: s for app in apps for s in servers.get(app, [])}
+        for s in primary.values():
+            lines.append(f"    server {s.name} {s.host}:{s.port}")
         for s in gateway:
-            lines.append(f"    server {s.name} {s.host}:{s.port} backup")
+            lines.append(f"    server gw-{s.name} {s.host}:{s.port} backup")
     lines += ["backend gateway",
               "    option httpchk GET /-/healthz",
               "    http-reuse always",
@@ -243,13 +245,24 @@ def direct_ingress_enabled() -> bool:
 def read_servers(controller: Any, apps: set[str], direct: bool = True
                  ) -> dict[str, list[Server]]:
     """Serve application -> its ingress replicas' direct HTTP addresses (from the controller).
-    Without direct ingress (a cluster started without :data:`FAST_ENV`) Serve lists its HTTP
-    proxies instead: they are used as they are (every request then takes Serve's proxy and
-    the fallback waits for Serve)."""
+
+    Without direct ingress (a cluster started without :data:`FAST_ENV`) Serve lists only its
+    HTTP proxies (one per node, under no application): each application that is RUNNING gets
+    them as its servers (every request then takes Serve's proxy), and one that is not gets
+    none, so the backup (the gateway, with the fallback chain) answers for it."""
     import ray
 
     groups = ray.get(controller.get_target_groups.remote(None, True), timeout=10)
     out: dict[str, list[Server]] = {}
+    if not direct:
+        from ray import serve
+
+        proxies = sorted((Server(_safe(t.name), t.ip, int(t.port)) for group in groups
+                          if "HTTP" in str(group.protocol).upper() for t in group.targets),
+                         key=lambda s: s.name)
+        statuses = serve.status().applications
+        return {app: proxies for app in apps
+                if app in statuses and str(statuses[app].status).endswith("RUNNING")}
     for group in groups:
         if group.app_name not in apps or "HTTP" not in str(group.protocol).upper():
             continue
@@ -258,7 +271,7 @@ def read_servers(controller: Any, apps: set[str], direct: bool = True
         # (the gateway, with the fallback chain) answers instead.
         out[group.app_name] = sorted(
             (Server(_safe(t.name), t.ip, int(t.port)) for t in group.targets
-             if t.name.startswith("SERVE_REPLICA") or not direct), key=lambda s: s.name)
+             if t.name.startswith("SERVE_REPLICA")), key=lambda s: s.name)
     return out
 
 
