@@ -24,6 +24,7 @@ $(STAMP): $(PY) pyproject.toml
 venv: $(STAMP)
 
 test: $(STAMP)
+	bash scripts/system_deps.sh
 	$(PY) -m pytest -q
 
 demo: $(STAMP)

@@ -29,6 +29,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -77,6 +78,7 @@ class HostCluster:
     devices: Sequence[str | None] = ()  # per worker: a synthetic node spec ("8x MI210") or None
     env: dict[str, str] = field(default_factory=dict)
     head_args: Sequence[str] = ()
+    gcs_redis: bool = False  # the head keeps its GCS in a real Redis (Ray's GCS fault tolerance)
 
     def __post_init__(self) -> None:
         tag = secrets.token_hex(2)
@@ -87,12 +89,16 @@ class HostCluster:
         self.hosts: list[Host] = []
         self.port = 6379
         self.started: list[str] = []
+        self.redis: subprocess.Popen | None = None
+        self.redis_address: str | None = None
 
     # -- life cycle ---------------------------------------------------------------------------
 
     def __enter__(self) -> "HostCluster":
         try:
             self._make_network()
+            if self.gcs_redis:
+                self._start_redis()
             self._start_ray()
         except BaseException:
             self.close()
@@ -142,15 +148,65 @@ class HostCluster:
         env.update(self.env)
         return env
 
+    def _start_redis(self) -> None:
+        """Debian's redis-server in the root namespace on the bridge's address (outside every
+        host, so a head loss leaves it running), no persistence to disk; ended by PID."""
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RuntimeError("redis-server is not installed: run scripts/system_deps.sh "
+                               "(apt-get install -y redis-server)")
+        import socket
+
+        with socket.socket() as probe:
+            probe.bind((f"{self.prefix}.254", 0))
+            port = probe.getsockname()[1]
+        self.redis = subprocess.Popen(
+            [binary, "--bind", f"{self.prefix}.254", "--port", str(port), "--save", "",
+             "--appendonly", "no", "--protected-mode", "no", "--daemonize", "no",
+             "--dir", tempfile.mkdtemp(prefix=f"hetflow-redis-{self.tag}-")],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.redis_address = f"{self.prefix}.254:{port}"
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection((f"{self.prefix}.254", port), timeout=1).close()
+                return
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError(f"redis-server did not start on {self.redis_address}")
+
+    def _start_head(self) -> None:
+        """``hetflow node start`` on the head host (``ray start --head`` with hetflow's flags;
+        with ``gcs_redis``, its documented ``--gcs-redis`` option: Ray's GCS state in Redis)."""
+        cmd = ["hetflow", "node", "start", f"--node-ip-address={self.head.address}",
+               "--num-cpus=0", "--object-store-memory=256MiB"]
+        if self.redis_address:
+            cmd += ["--gcs-redis", self.redis_address, "--gcs-namespace", f"hosts-{self.tag}"]
+        cmd += ["--", f"--port={self.port}", "--include-dashboard=false", "--disable-usage-stats",
+                f"--temp-dir=/tmp/hetflow-hosts-{self.tag}", *self.head_args]
+        try:
+            self.run(self.head, cmd, timeout=120)
+        except RuntimeError:  # a loaded machine: the head's raylet missed Ray's start deadline
+            self.kill_host(self.head)
+            time.sleep(1)
+            self.run(self.head, cmd, timeout=120)
+
+    def restart_head(self) -> float:
+        """The head host lost whole (every process SIGKILLed) and started again at the same
+        address; returns the seconds until the new head answered with every host alive."""
+        started = time.monotonic()
+        self.kill_host(self.head)
+        while self.pids(self.head):
+            time.sleep(0.05)
+        self._start_head()
+        self._wait_nodes(len(self.hosts), timeout=90)
+        return time.monotonic() - started
+
     def _start_ray(self) -> None:
         from hetflow.accelerators.synthetic import synthetic_node
         from hetflow.runtime.resources import node_labels, node_resources
 
-        head = self.head
-        self.run(head, ["ray", "start", "--head", f"--node-ip-address={head.address}",
-                        f"--port={self.port}", "--num-cpus=0", "--num-gpus=0",
-                        "--include-dashboard=false", "--disable-usage-stats",
-                        f"--temp-dir=/tmp/hetflow-hosts-{self.tag}", *self.head_args], timeout=120)
+        self._start_head()
         specs = list(self.devices) + [None] * (self.workers - len(self.devices))
         for host, spec in zip(self.worker_hosts, specs):
             cmd = ["ray", "start", f"--address={self.address}", f"--node-ip-address={host.address}",
@@ -255,5 +311,9 @@ class HostCluster:
                 time.sleep(0.2)
             subprocess.run(["ip", "netns", "del", host.name], capture_output=True)
             _ip("link", "del", host.veth, check=False)
+        if self.redis is not None:
+            self.redis.kill()
+            self.redis.wait(10)
+            self.redis = None
         _ip("link", "del", self.bridge, check=False)
         shutil.rmtree(f"/tmp/hetflow-hosts-{self.tag}", ignore_errors=True)

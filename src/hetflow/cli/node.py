@@ -5,6 +5,8 @@
     hetflow node start --address HEAD:6379         # join a running cluster
     hetflow node start --from topo.txt --name n1   # describe the node from recorded output
     hetflow node start --workload data             # size the object store for a data pipeline
+    hetflow node start --gcs-redis REDIS:6379      # a head whose GCS state survives a restart
+    hetflow node start -- --port=6380 --temp-dir=/data/ray   # anything after -- goes to ray start
 
 The node gives Ray no GPU resource; each accelerator becomes the custom resource
 ``hetflow_dev_<i>`` (capacity = its memory in MiB) and the node gets ``hetflow.io/*`` labels
@@ -48,8 +50,18 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="leave devices to Ray's own GPU accounting (num_gpus works for them): a "
                         "count K (the K highest-numbered) or device indices (6,7; one: 7,); "
                         "hetflow manages the rest, no device is in both")
+    s.add_argument("--gcs-redis", metavar="HOST:PORT",
+                   help="head only: keep Ray's GCS state in this Redis (Ray's GCS fault "
+                        "tolerance), so a restarted head gets the cluster back - actors, "
+                        "placement groups, hetflow's job queue; password from "
+                        "HETFLOW_GCS_REDIS_PASSWORD (docs/reliability.md)")
+    s.add_argument("--gcs-namespace", metavar="NAME",
+                   help="with --gcs-redis: the cluster's key prefix in Redis (give each cluster "
+                        "sharing one Redis its own; a restarted head must reuse it)")
     s.add_argument("--print", dest="print_only", action="store_true",
                    help="print the command and exit without starting anything")
+    s.add_argument("ray_args", nargs=argparse.REMAINDER, metavar="-- RAY_START_ARGS",
+                   help="after --: more `ray start` flags, passed as they are (e.g. --port=6380)")
     s.set_defaults(func=run_start)
     p.set_defaults(func=lambda args: p.print_help() or 2)
 
@@ -82,6 +94,61 @@ def _object_store(args: argparse.Namespace, node) -> tuple[int | None, str]:
     return choice.bytes, choice.describe()
 
 
+def _ray_args(rest: list[str] | None) -> list[str]:
+    rest = list(rest or [])
+    if rest[:1] == ["--"]:
+        rest = rest[1:]
+    for flag in rest:
+        name = flag.split("=", 1)[0]
+        if name in ("--head", "--address", "--resources", "--labels", "--num-gpus"):
+            raise InputError(f"{name} after -- is set by hetflow node start itself; use its own "
+                             "options (--address, --ray-gpus) instead")
+    return rest
+
+
+def _head_address(args: argparse.Namespace) -> str:
+    """The head just started here (its port from the flags after --, else Ray's 6379)."""
+    port = "6379"
+    rest = _ray_args(args.ray_args)
+    for i, flag in enumerate(rest):
+        if flag.startswith("--port="):
+            port = flag.split("=", 1)[1]
+        elif flag == "--port" and i + 1 < len(rest):
+            port = rest[i + 1]
+    return f"{args.node_ip_address or '127.0.0.1'}:{port}"
+
+
+def _gcs_storage(args: argparse.Namespace) -> tuple[dict[str, str], list[str]]:
+    """The head's environment and ``ray start`` flags for GCS fault tolerance on Redis
+    (Ray's own mechanism: ``RAY_REDIS_ADDRESS``, ``--redis-password``,
+    ``RAY_external_storage_namespace``); the Redis must answer now."""
+    import os
+
+    if args.gcs_namespace and not args.gcs_redis:
+        raise InputError("--gcs-namespace needs --gcs-redis HOST:PORT")
+    if not args.gcs_redis:
+        return {}, []
+    if args.address:
+        raise InputError("--gcs-redis is for the head node (it holds the GCS); drop --address, "
+                         "or drop --gcs-redis on a worker node")
+    from hetflow.runtime.session import _host_port
+
+    where = _host_port(args.gcs_redis)
+    if where is None or args.gcs_redis.startswith("ray://"):
+        raise InputError(f"--gcs-redis {args.gcs_redis!r} is not HOST:PORT (e.g. 10.0.0.5:6379)")
+    if not args.print_only:
+        try:
+            socket.create_connection(where, timeout=5).close()
+        except OSError as exc:
+            raise InputError(f"no Redis answers at {args.gcs_redis} ({exc.strerror or exc}); "
+                             "start it first (e.g. `redis-server --port PORT --bind IP`)") from None
+    env = {"RAY_REDIS_ADDRESS": args.gcs_redis}
+    if args.gcs_namespace:
+        env["RAY_external_storage_namespace"] = args.gcs_namespace
+    password = os.environ.get("HETFLOW_GCS_REDIS_PASSWORD")
+    return env, (["--redis-password", password] if password else [])
+
+
 def run_start(args: argparse.Namespace) -> int:
     from hetflow.runtime.resources import (
         fast_islands,
@@ -97,11 +164,13 @@ def run_start(args: argparse.Namespace) -> int:
         from hetflow.runtime.session import check_reachable
 
         check_reachable(args.address)  # `ray start --address` retries a dead head for minutes
+    gcs_env, gcs_args = _gcs_storage(args)
     whole = _node(args)
     node, ray_devices = split_ray_gpus(whole, args.ray_gpus)
-    env = ray_gpu_env(whole, ray_devices)
+    env = {**ray_gpu_env(whole, ray_devices), **gcs_env}
     store_bytes, store_reason = _object_store(args, node)
     extra = [f"--node-ip-address={args.node_ip_address}"] if args.node_ip_address else []
+    extra += gcs_args + _ray_args(args.ray_args)
     cmd = ray_start_command(node, args.address, num_cpus=args.num_cpus,
                             object_store_memory=store_bytes, extra=extra, ray_gpus=len(ray_devices))
     islands = fast_islands(node)
@@ -110,7 +179,9 @@ def run_start(args: argparse.Namespace) -> int:
     if ray_devices:
         print(f"# left to Ray's GPU accounting (num_gpus): devices {', '.join(map(str, ray_devices))}")
     print(f"# {store_reason}")
-    print(format_command(cmd, env))
+    shown = cmd if "--redis-password" not in cmd else [
+        "***" if i and cmd[i - 1] == "--redis-password" else c for i, c in enumerate(cmd)]
+    print(format_command(shown, env))
     if args.print_only:
         return 0
     import os
@@ -124,7 +195,7 @@ def run_start(args: argparse.Namespace) -> int:
 
     # A driver on this host must use the same address as the node, or Ray refuses to connect.
     where = {"_node_ip_address": args.node_ip_address} if args.node_ip_address else {}
-    ray.init(address=args.address or "auto", log_to_driver=False, **where)
+    ray.init(address=args.address or _head_address(args), log_to_driver=False, **where)
     try:
         publish_node(node)
     finally:

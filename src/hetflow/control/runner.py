@@ -105,6 +105,7 @@ class JobRunner:
         self.cancel_file.unlink(missing_ok=True)
         self.log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
         self.ray_job: str | None = None  # the attempt's Ray job (submission id), once submitted
+        self._ray_job_tried = threading.Event()  # set when its submission returned (or none is made)
         self._stop = threading.Event()
         self._cancel = threading.Event()
         self._proc: subprocess.Popen | None = None
@@ -177,6 +178,8 @@ class JobRunner:
         if self.settings.get("ray_jobs", True) and self.settings.get("dashboard_url"):
             # beside the work: a slow dashboard never delays it
             threading.Thread(target=self._submit_ray_job, name=f"rayjob-{self.job_id}", daemon=True).start()
+        else:
+            self._ray_job_tried.set()
         try:
             bound = self._reserve()
         except Unschedulable as exc:
@@ -233,6 +236,8 @@ class JobRunner:
             else:
                 self._log(f"(not shown in `ray job list`: {type(exc).__name__}: "
                           f"{str(exc).splitlines()[0][:200]})\n")
+        finally:
+            self._ray_job_tried.set()
         if self.ray_job is not None and self._watch_cancel():
             import json
 
@@ -426,6 +431,9 @@ class JobRunner:
         self.store.save_attempt_log(self.job_id, self.token, start, own)
         self.stop_file.unlink(missing_ok=True)
         write_outcome(self.outcome_file, outcome, message)  # its Ray job ends with it (_submit_ray_job)
+        # A short attempt can end before its Ray job is submitted (a slow dashboard): the runner
+        # is ended once the phase says done, so wait (bounded) for the submission to return.
+        self._ray_job_tried.wait(timeout=30)
         self._set(phase="done", outcome=outcome, message=message, fatal=fatal)
 
 
