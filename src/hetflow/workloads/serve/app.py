@@ -17,18 +17,20 @@ Shape (one Python process per request on the fast path, as in Ray Serve's fastes
   model sees it), gathers concurrent requests with ``@serve.batch`` (by rows) into one forward
   pass, and counts its metrics (sent to the front door every half second).
 * :class:`Gateway` (its own application) answers what is not one model's POST:
-  ``/v1/predict`` (the model named in the body), ``/health``, ``/metrics`` (every replica's
-  counts merged), ``/v1/models``; and it is the front door's **backup** server for every
-  model: while none of a model's replicas is up, the model's requests reach the gateway, which
-  sends them along the model's ``fallback`` chain over Serve handles (repeating an attempt
-  whose replica died, ``gateway.retries``).
+  ``/v1/predict`` (the model named in the body), ``/health``, ``/metrics`` (the sum of every
+  replica's counts, model and gateway replicas alike, as the front door holds them),
+  ``/v1/models``; and it is the front door's **backup** server for every model: while none
+  of a model's replicas is up, the model's requests reach the gateway, which sends them along
+  the model's ``fallback`` chain over Serve handles (repeating an attempt whose replica died,
+  ``gateway.retries``).
 * The front door (:mod:`.front`) is HAProxy with hetflow's config: per-model backends over the
   replicas' ports (from Serve's controller), L7 retries of requests whose replica died, the
   gateway as backup, readiness from HAProxy's own health checks.
 
 Endpoints: ``POST /v1/models/<name>/predict``, ``POST /v1/predict``, ``GET /v1/models``,
 ``GET /v1/models/<name>``, ``GET /health`` (200 ok/degraded when ready, 503 while starting or
-when no model can answer), ``GET /metrics`` (Prometheus text; ``?format=json``).
+when no model can answer), ``GET /metrics`` (Prometheus text or OpenMetrics, written by
+prometheus_client; ``?format=json``).
 """
 
 from __future__ import annotations
