@@ -121,22 +121,16 @@ class GatewayMetrics:
 
     def families(self) -> Iterator[Metric]:
         """The metric families (prometheus_client's), for a collector."""
-        requests = CounterMetricFamily("hetflow_serve_requests", "Answered requests by status.",
-                                       labels=["model", "code"])
-        for (model, code), value in sorted(self.requests.items()):
-            requests.add_metric([model, str(code)], value)
-        yield requests
-        fallbacks = CounterMetricFamily("hetflow_serve_fallbacks",
-                                        "Requests answered by a fallback model.",
-                                        labels=["model", "served_by"])
-        for (model, served_by), value in sorted(self.fallbacks.items()):
-            fallbacks.add_metric([model, served_by], value)
-        yield fallbacks
-        retries = CounterMetricFamily("hetflow_serve_retries",
-                                      "Attempts repeated after a replica died.", labels=["model"])
-        for model, value in sorted(self.retries.items()):
-            retries.add_metric([model], value)
-        yield retries
+        simple = (
+            (CounterMetricFamily, "hetflow_serve_requests", "Answered requests by status.",
+             ["model", "code"], self.requests),
+            (CounterMetricFamily, "hetflow_serve_fallbacks", "Requests answered by a fallback model.",
+             ["model", "served_by"], self.fallbacks),
+            (CounterMetricFamily, "hetflow_serve_retries", "Attempts repeated after a replica died.",
+             ["model"], {(m,): v for m, v in self.retries.items()}),
+        )
+        for kind, name, help_text, labels, values in simple:
+            yield _filled(kind(name, help_text, labels=labels), values)
         for name, help_text, hists in (
                 ("hetflow_serve_request_duration_seconds",
                  "Time to answer a request (successful requests), seconds.", self.latency),
@@ -147,12 +141,9 @@ class GatewayMetrics:
                 buckets = [(floatToGoString(float(le)), n) for le, n in hist.cumulative()]
                 family.add_metric([model], buckets, hist.total)
             yield family
-        replicas = GaugeMetricFamily("hetflow_serve_replicas_running",
-                                     "Running replicas per deployment (last status poll).",
-                                     labels=["model", "deployment"])
-        for (model, deployment), value in sorted(self.replicas.items()):
-            replicas.add_metric([model, deployment], value)
-        yield replicas
+        yield _filled(GaugeMetricFamily("hetflow_serve_replicas_running",
+                                        "Running replicas per deployment (last status poll).",
+                                        labels=["model", "deployment"]), self.replicas)
 
     def render(self, accept: str | None = None) -> tuple[bytes, str]:
         """The exposition prometheus_client writes for a scraper sending ``accept`` (text 0.0.4
@@ -174,6 +165,13 @@ class GatewayMetrics:
             "replicas_running": [{"model": m, "deployment": d, "running": v}
                                  for (m, d), v in sorted(self.replicas.items())],
         }
+
+
+def _filled(family: Any, values: dict[tuple, float]) -> Any:
+    """``family`` with one sample per (label values...) -> value, in label order."""
+    for key, value in sorted(values.items()):
+        family.add_metric([str(k) for k in key], value)
+    return family
 
 
 def _fmt(x: float) -> str:
