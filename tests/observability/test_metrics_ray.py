@@ -3,7 +3,7 @@
 Four nodes on this machine (ray.cluster_utils.Cluster): the head is a CPU node sampled for real
 from /proc; an 8x H100 and a 2x RTX 5090 (PCIe, from recorded nvidia-smi output) are sampled
 through the fake NVML, an 8x MI300X through the fake amdsmi, each fake describing what its GPUs
-are doing (utilisation, memory, power, link counters). Two jobs hold devices: a tp=2 job on the
+are doing (utilization, memory, power, link counters). Two jobs hold devices: a tp=2 job on the
 RTX 5090 pair (a PCIe link) and a tp=4 job on four H100s (NVSwitch) whose GPUs sit at 3%.
 
 The tests scrape every node's Prometheus endpoint over HTTP and parse it with
@@ -33,7 +33,13 @@ from hetflow.accelerators.synthetic import synthetic_node
 from hetflow.cli import main as cli_main
 from hetflow.core.request import ParallelLayout, PlacementRequest
 from hetflow.runtime.binding import live_snapshot, publish_node, reserve
-from hetflow.runtime.metrics import start_metrics, stop_metrics
+from hetflow.runtime.metrics import (
+    METRIC_NAMES,
+    METRIC_TYPES,
+    PROMETHEUS_PREFIX,
+    start_metrics,
+    stop_metrics,
+)
 from hetflow.runtime.samplers import CpuSampler
 from hetflow.runtime.resources import node_labels, node_resources
 from hetflow.scheduling.planner import plan
@@ -53,6 +59,8 @@ MI300X_POWER_W = 650
 RTX_UTIL = 95
 RTX_USED = [20 * GIB, 21 * GIB]
 RTX_TOTAL_MIB = 32607  # fake_pynvml.pcie_pair_box (nvidia-smi's figure for the RTX 5090)
+RTX_PCIE_TX = [3 * 10**12 + 17, 5 * 10**9]  # cumulative PCIe bytes the driver reports
+RTX_PCIE_RX = [7 * 10**11 + 3, 11 * 10**9]
 TP2_SAMPLES_PER_S = 120.0
 TP2_FLOPS_PER_SAMPLE = 1.0e12
 INTERVAL_S = 1.0
@@ -74,6 +82,7 @@ def fake_sampler(node: str):
         box = fake_pynvml.pcie_pair_box()
         for i, gpu in enumerate(box.gpus):
             gpu.utilization_gpu, gpu.memory_used = RTX_UTIL, RTX_USED[i]
+            gpu.pcie_tx_bytes, gpu.pcie_rx_bytes = RTX_PCIE_TX[i], RTX_PCIE_RX[i]
         return NvmlSampler.open(fake_pynvml.install(box))
     if node == "mi300x":
         box = fake_amdsmi.mi300x_xgmi_box()
@@ -144,8 +153,12 @@ def cluster():
         c.shutdown()
 
 
+FAMILY_TYPES: dict[str, str] = {}  # every ray_hetflow_* family seen: exposed name -> type
+
+
 def _scrape_all() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """Every ``ray_hetflow_*`` sample on every node's endpoint: (name, hetflow tags) -> value."""
+    """Every ``ray_hetflow_*`` sample on every node's endpoint: (name, hetflow tags) -> value.
+    Records each family's type (as the parser read the ``# TYPE`` lines) in FAMILY_TYPES."""
     out = {}
     keep = {"node", "device", "vendor", "model", "fabric", "direction", "job_id"}
     for info in ray.nodes():
@@ -154,6 +167,9 @@ def _scrape_all() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
         url = f"http://127.0.0.1:{info['MetricsExportPort']}/metrics"
         text = urllib.request.urlopen(url, timeout=10).read().decode()
         for family in text_string_to_metric_families(text):
+            if family.name.startswith("ray_hetflow_"):
+                exposed = family.name + ("_total" if family.type == "counter" else "")
+                FAMILY_TYPES[exposed] = family.type
             for s in family.samples:
                 if s.name.startswith("ray_hetflow_"):
                     tags = tuple(sorted((k, v) for k, v in s.labels.items() if k in keep))
@@ -189,44 +205,59 @@ def _meminfo_total() -> int:
 
 def test_prometheus_endpoint_carries_device_series(cluster) -> None:
     wanted = [
-        ("ray_hetflow_device_utilisation", {"node": "h100", "device": "7"}),
-        ("ray_hetflow_device_utilisation", {"node": "mi300x", "device": "7"}),
-        ("ray_hetflow_device_utilisation", {"node": "rtx5090", "device": "1"}),
-        ("ray_hetflow_device_utilisation", {"node": "cpu0", "device": "0"}),
-        ("ray_hetflow_device_link_bytes_per_second", {"node": "h100", "device": "0", "direction": "tx"}),
+        ("ray_hetflow_device_utilization_ratio", {"node": "h100", "device": "7"}),
+        ("ray_hetflow_device_utilization_ratio", {"node": "mi300x", "device": "7"}),
+        ("ray_hetflow_device_utilization_ratio", {"node": "rtx5090", "device": "1"}),
+        ("ray_hetflow_device_utilization_ratio", {"node": "cpu0", "device": "0"}),
+        ("ray_hetflow_device_link_bytes_total", {"node": "h100", "device": "0", "direction": "tx"}),
+        ("ray_hetflow_device_link_bytes_total", {"node": "rtx5090", "device": "0", "direction": "rx"}),
     ]
     series, missing = _scrape_until(wanted)
     assert not missing, f"series never appeared: {missing}"
 
     for i in range(8):
         h100 = {"node": "h100", "device": str(i)}
-        assert _get(series, "ray_hetflow_device_utilisation", h100) == pytest.approx(H100_UTIL / 100)
+        assert _get(series, "ray_hetflow_device_utilization_ratio", h100) == pytest.approx(H100_UTIL / 100)
         assert _get(series, "ray_hetflow_device_memory_used_bytes", h100) == H100_USED[i]
         assert _get(series, "ray_hetflow_device_power_watts", h100) == pytest.approx(H100_POWER_MW[i] / 1000)
         mi = {"node": "mi300x", "device": str(i), "vendor": "amd", "model": "MI300X"}
-        assert _get(series, "ray_hetflow_device_utilisation", mi) == pytest.approx(MI300X_ACTIVITY[i] / 100)
+        assert _get(series, "ray_hetflow_device_utilization_ratio", mi) == pytest.approx(MI300X_ACTIVITY[i] / 100)
         assert _get(series, "ray_hetflow_device_memory_used_bytes", mi) == MI300X_USED[i]
-        assert _get(series, "ray_hetflow_device_memory_total_bytes", mi) == 192 * GIB
+        assert _get(series, "ray_hetflow_device_memory_capacity_bytes", mi) == 192 * GIB
         assert _get(series, "ray_hetflow_device_power_watts", mi) == MI300X_POWER_W
-    # NVLink counters grow by 4096 KiB per link and query: the rate is positive; the PCIe-only
-    # RTX 5090s and the MI300Xs without link counters export no link series at all.
-    assert _get(series, "ray_hetflow_device_link_bytes_per_second",
-                {"node": "h100", "device": "0", "fabric": "nvlink", "direction": "rx"}) > 0
-    assert _get(series, "ray_hetflow_device_link_bytes_per_second", {"node": "rtx5090"}) is None
+    # Link traffic is a counter fed from the vendor's cumulative counters. The RTX 5090s'
+    # PCIe counters stand still, so the exported counter is exactly the driver's; the
+    # MI300Xs, without link counters here, export no link series at all.
+    for i in range(2):
+        for direction, value in (("tx", RTX_PCIE_TX[i]), ("rx", RTX_PCIE_RX[i])):
+            rtx_link = {"node": "rtx5090", "device": str(i), "fabric": "pcie", "direction": direction}
+            assert _get(series, "ray_hetflow_device_link_bytes_total", rtx_link) == value
+    assert _get(series, "ray_hetflow_device_link_bytes_total", {"node": "rtx5090", "fabric": "nvlink"}) is None
+    assert _get(series, "ray_hetflow_device_link_bytes_total", {"node": "mi300x"}) is None
     assert _get(series, "ray_hetflow_device_power_watts", {"node": "rtx5090"}) is None  # NotSupported
+    # The H100s' NVLink counters grow by 4096 KiB per link and query: the counter grows
+    # between scrapes, in whole KiB, from at least one query's traffic over 18 links.
+    h100_rx = {"node": "h100", "device": "0", "fabric": "nvlink", "direction": "rx"}
+    first = _get(series, "ray_hetflow_device_link_bytes_total", h100_rx)
+    assert first >= 18 * 4096 * 1024 and first % 1024 == 0
+    deadline = time.monotonic() + 20
+    while (later := _get(_scrape_all(), "ray_hetflow_device_link_bytes_total", h100_rx)) <= first:
+        assert time.monotonic() < deadline, f"the NVLink counter stayed at {first}"
+        time.sleep(1.0)
+    assert later % 1024 == 0
     rtx = {"node": "rtx5090", "device": "0", "vendor": "nvidia", "model": "RTX-5090"}
-    assert _get(series, "ray_hetflow_device_memory_total_bytes", rtx) == RTX_TOTAL_MIB * MIB
+    assert _get(series, "ray_hetflow_device_memory_capacity_bytes", rtx) == RTX_TOTAL_MIB * MIB
     # The CPU head node is sampled for real.
     cpu = {"node": "cpu0", "device": "0", "vendor": "cpu"}
-    assert 0.0 <= _get(series, "ray_hetflow_device_utilisation", cpu) <= 1.0
-    assert _get(series, "ray_hetflow_device_memory_total_bytes", cpu) == _meminfo_total()
+    assert 0.0 <= _get(series, "ray_hetflow_device_utilization_ratio", cpu) <= 1.0
+    assert _get(series, "ray_hetflow_device_memory_capacity_bytes", cpu) == _meminfo_total()
 
 
 def test_prometheus_endpoint_carries_job_and_cluster_series(cluster) -> None:
     wanted = [
         ("ray_hetflow_job_samples_per_second", {"job_id": "tp2-pcie"}),
         ("ray_hetflow_job_devices_held", {"job_id": "h100-idle"}),
-        ("ray_hetflow_cluster_allocated_utilisation", {}),
+        ("ray_hetflow_cluster_allocated_utilization_ratio", {}),
     ]
     series, missing = _scrape_until(wanted)
     assert not missing, f"series never appeared: {missing}"
@@ -235,8 +266,9 @@ def test_prometheus_endpoint_carries_job_and_cluster_series(cluster) -> None:
     achieved = TP2_SAMPLES_PER_S * TP2_FLOPS_PER_SAMPLE / 1e12
     job = {"job_id": "tp2-pcie"}
     assert _get(series, "ray_hetflow_job_samples_per_second", job) == TP2_SAMPLES_PER_S
-    assert _get(series, "ray_hetflow_job_achieved_tflops", job) == pytest.approx(achieved)
-    assert _get(series, "ray_hetflow_job_peak_tflops", job) == pytest.approx(2 * rtx_peak)
+    assert _get(series, "ray_hetflow_job_achieved_flops", job) == pytest.approx(achieved * 1e12)
+    assert _get(series, "ray_hetflow_job_peak_flops", job) == pytest.approx(2 * rtx_peak * 1e12)
+    assert _get(series, "ray_hetflow_job_step_duration_seconds", job) == 0.25
     assert _get(series, "ray_hetflow_job_effective_throughput_ratio", job) == pytest.approx(achieved / (2 * rtx_peak))
     assert _get(series, "ray_hetflow_job_devices_held", job) == 2
     assert _get(series, "ray_hetflow_job_devices_held", {"job_id": "h100-idle"}) == 4
@@ -244,12 +276,21 @@ def test_prometheus_endpoint_carries_job_and_cluster_series(cluster) -> None:
     # island with held ones (4 stranded); the MI300X island is untouched; no RTX is free.
     assert _get(series, "ray_hetflow_cluster_accelerators", {}) == 18
     assert _get(series, "ray_hetflow_cluster_devices_held", {}) == 6
-    assert _get(series, "ray_hetflow_cluster_allocated_utilisation", {}) == pytest.approx(6 / 18)
+    assert _get(series, "ray_hetflow_cluster_allocated_utilization_ratio", {}) == pytest.approx(6 / 18)
     assert _get(series, "ray_hetflow_cluster_free_devices", {}) == 12
-    assert _get(series, "ray_hetflow_cluster_fragmentation", {}) == pytest.approx(4 / 12)
+    assert _get(series, "ray_hetflow_cluster_fragmentation_ratio", {}) == pytest.approx(4 / 12)
     assert _get(series, "ray_hetflow_cluster_queue_length", {}) == 0
     busy = (8 * H100_UTIL + sum(MI300X_ACTIVITY) + 2 * RTX_UTIL) / 100 / 18
-    assert _get(series, "ray_hetflow_cluster_effective_utilisation", {}) == pytest.approx(busy)
+    assert _get(series, "ray_hetflow_cluster_effective_utilization_ratio", {}) == pytest.approx(busy)
+
+
+def test_every_exported_family_has_its_name_and_type(cluster) -> None:
+    """After the two tests above, every hetflow metric was on an endpoint: each family's
+    exposed name and ``# TYPE`` as prometheus_client's parser reads them."""
+    wanted = [(name, {}) for name in (PROMETHEUS_PREFIX + n for n in METRIC_NAMES)]
+    _, missing = _scrape_until(wanted)
+    assert not missing, f"never exported: {missing}"
+    assert FAMILY_TYPES == {PROMETHEUS_PREFIX + n: t for n, t in METRIC_TYPES.items()}
 
 
 def _top_once(capsys, monkeypatch, *extra: str) -> str:

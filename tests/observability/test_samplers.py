@@ -59,6 +59,10 @@ def test_nvml_sampler_reads_utilisation_memory_and_power_of_every_gpu() -> None:
         assert s.power_watts == pytest.approx(400 + 0.5 * i)
         assert s.link_fabric == "nvlink"
         assert s.link_tx_bytes_per_s is None  # one reading of a counter is not a rate yet
+        # ... but the counters themselves are there from the first reading, in bytes
+        assert s.link_tx_bytes == 18 * 1000 * 1024 and s.link_rx_bytes == 18 * 2000 * 1024
+        assert s.counters() == {("nvlink", "tx"): 18 * 1000 * 1024, ("nvlink", "rx"): 18 * 2000 * 1024}
+        assert s.pcie_tx_bytes is None  # the fake's driver has no PCIe counters here
     sampler.close()
     assert fake_pynvml.state.refcount == 0
 
@@ -80,6 +84,7 @@ def test_nvml_link_rate_is_the_counter_increase_over_time(aggregate_scope: bool)
     for s in second:
         assert s.link_tx_bytes_per_s == pytest.approx(18 * 500 * 1024 / 2.0)
         assert s.link_rx_bytes_per_s == pytest.approx(18 * 250 * 1024 / 2.0)
+        assert (s.link_tx_bytes, s.link_rx_bytes) == (18 * 1500 * 1024, 18 * 2250 * 1024)
 
 
 def test_nvml_counter_reset_gives_no_rate() -> None:
@@ -89,7 +94,21 @@ def test_nvml_counter_reset_gives_no_rate() -> None:
     sampler.sample()
     box.gpus[0].nvlink_tx_kib = [0] * 18  # the driver reset its counters
     clock.now += 1.0
-    assert sampler.sample()[0].link_tx_bytes_per_s is None
+    after = sampler.sample()[0]
+    assert after.link_tx_bytes_per_s is None
+    assert after.link_tx_bytes == 0  # the counter as the driver has it now
+
+
+def test_nvml_pcie_counters_where_the_driver_has_them() -> None:
+    box = fake_pynvml.pcie_pair_box()
+    box.gpus[0].pcie_tx_bytes, box.gpus[0].pcie_rx_bytes = 5_000, 7_000
+    sampler = NvmlSampler.open(fake_pynvml.install(box))
+    first = sampler.sample()
+    box.gpus[0].pcie_tx_bytes, box.gpus[0].pcie_rx_bytes = 9_000, 8_000
+    second = sampler.sample()
+    assert (first[0].pcie_tx_bytes, first[0].pcie_rx_bytes) == (5_000, 7_000)
+    assert second[0].counters() == {("pcie", "tx"): 9_000, ("pcie", "rx"): 8_000}
+    assert second[1].pcie_tx_bytes is None and second[1].counters() == {}  # NotSupported
 
 
 def test_pcie_gpus_have_no_link_series_and_unsupported_power_is_unknown() -> None:
@@ -100,6 +119,7 @@ def test_pcie_gpus_have_no_link_series_and_unsupported_power_is_unknown() -> Non
 
     for s in first + second:
         assert s.link_fabric is None and s.link_tx_bytes_per_s is None
+        assert s.link_tx_bytes is None and s.counters() == {}
         assert s.power_watts is None  # the fake answers NotSupported, as NVML may
     assert second[1].utilisation == pytest.approx(0.77)
     assert second[1].memory_used_bytes == 3 * GIB
@@ -154,7 +174,9 @@ def test_amdsmi_sampler_reads_activity_vram_power_and_xgmi_rates() -> None:
         assert s.link_fabric == "xgmi"
         assert s.link_tx_bytes_per_s == pytest.approx(7 * 300 * 1024 / 4.0)
         assert s.link_rx_bytes_per_s == pytest.approx(7 * 100 * 1024 / 4.0)
+        assert s.counters() == {("xgmi", "tx"): 7 * 320 * 1024, ("xgmi", "rx"): 7 * 110 * 1024}
     assert first[0].link_rx_bytes_per_s is None
+    assert first[0].link_rx_bytes == 7 * 10 * 1024  # the counter from the first reading on
     sampler.close()
     assert not fake_amdsmi.state.initialized
 

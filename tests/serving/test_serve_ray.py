@@ -29,6 +29,7 @@ import numpy as np
 import pytest
 import ray
 import requests
+from prometheus_client.parser import text_string_to_metric_families
 
 from hetflow.accelerators.synthetic import synthetic_node
 from hetflow.workloads.serve.app import deploy
@@ -59,7 +60,8 @@ def served(digits_model, tmp_path_factory):
         "http": {"host": "127.0.0.1", "port": _free_port()},
         "limits": {"max_body_bytes": BODY_LIMIT, "max_rows": 16, "request_timeout_s": 30,
                    "max_new_tokens": 32, "client_timeout_s": 1},
-        "gateway": {"status_poll_s": 0.5},
+        # two gateway replicas: /metrics must be the sum over replicas whichever one answers
+        "gateway": {"status_poll_s": 0.5, "replicas": 2},
         "models": [
             {"name": "digits", "train": digits_model.train_dict,
              "checkpoint_dir": str(digits_model.checkpoint_dir), "device": "cpu",
@@ -104,6 +106,23 @@ def served(digits_model, tmp_path_factory):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def scrape(served) -> tuple[dict[tuple[str, frozenset], float], dict[str, str]]:
+    """``GET /metrics`` read by prometheus_client's parser: ({(sample, labels): value},
+    {family: type})."""
+    r = requests.get(served.url + "/metrics", timeout=10)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain; version=0.0.4")
+    values, types = {}, {}
+    for family in text_string_to_metric_families(r.text):
+        types[family.name] = family.type
+        for sample in family.samples:
+            values[(sample.name, frozenset(sample.labels.items()))] = sample.value
+    return values, types
+
+
+def sample(values, name: str, **labels: str) -> float:
+    return values.get((name, frozenset(labels.items())), 0.0)
 
 
 def post(served, path: str, body, **kw) -> requests.Response:
@@ -227,12 +246,11 @@ def test_bad_input_gets_4xx_and_never_sticks(served) -> None:
     assert good.status_code == 200 and time.monotonic() - started < 5
     # refused before any model saw them: too many rows, and a body over the limit (the
     # replicas send their counts to the front door every half second)
-    want = 'hetflow_serve_requests_total{model="-",code="413"} 2'
     deadline = time.monotonic() + 10
-    while want not in (text := requests.get(served.url + "/metrics", timeout=10).text):
-        assert time.monotonic() < deadline, text
+    while sample(values := scrape(served)[0], "hetflow_serve_requests_total", model="-", code="413") != 2:
+        assert time.monotonic() < deadline, values
         time.sleep(0.3)
-    assert 'code="5' not in text
+    assert not [k for k in values if dict(k[1]).get("code", "").startswith("5")]
 
 
 # --- standard protocols: KServe v2 (tritonclient) and OpenAI (openai), unmodified clients -----
@@ -341,8 +359,8 @@ def test_bad_input_on_every_protocol_is_4xx_and_never_sticks(served) -> None:
         reply = sock.recv(4096)
     assert reply.startswith(b"HTTP/1.1 408"), reply[:80]
     good()
-    text = requests.get(served.url + "/metrics", timeout=10).text
-    assert 'code="5' not in text
+    values, _ = scrape(served)
+    assert not [k for k in values if dict(k[1]).get("code", "").startswith("5")]
 
 
 # --- placement ------------------------------------------------------------------------------
@@ -375,9 +393,40 @@ def test_health_and_metrics(served) -> None:
     assert body["status"] == "ok"
     assert body["models"]["digits"]["running_replicas"] == 2
     assert body["models"]["placed"]["running_replicas"] == 3
-    text = requests.get(served.url + "/metrics", timeout=10).text
-    assert "# TYPE hetflow_serve_request_seconds histogram" in text
-    assert 'hetflow_serve_replicas_running{model="placed",deployment="svc.placed-gpu-node-d0"} 2' in text
+    values, types = scrape(served)
+    assert types == {"hetflow_serve_requests": "counter", "hetflow_serve_fallbacks": "counter",
+                     "hetflow_serve_retries": "counter",
+                     "hetflow_serve_request_duration_seconds": "histogram",
+                     "hetflow_serve_request_batch_size": "histogram",
+                     "hetflow_serve_replicas_running": "gauge"}
+    assert sample(values, "hetflow_serve_replicas_running", model="placed",
+                  deployment="svc.placed-gpu-node-d0") == 2
+    answered = sample(values, "hetflow_serve_requests_total", model="digits", code="200")
+    timed = sample(values, "hetflow_serve_request_duration_seconds_count", model="digits")
+    assert answered > 0 and timed == answered  # every answered request was timed
+    assert sample(values, "hetflow_serve_request_duration_seconds_bucket", model="digits",
+                  le="+Inf") == timed
+
+
+def test_metrics_are_the_sum_over_gateway_replicas(served) -> None:
+    """Requests by name (``/v1/predict``) are answered by the two gateway replicas in turn;
+    every scrape - whichever gateway replica answers it - shows all of them."""
+    key = ("hetflow_serve_requests_total", frozenset({"model": "digits-int8", "code": "200"}.items()))
+    before, deadline = None, time.monotonic() + 10
+    while before != (now := scrape(served)[0].get(key, 0.0)):  # earlier tests' reports are in
+        assert time.monotonic() < deadline, (before, now)
+        before = now
+        time.sleep(0.6)
+    count = 12
+    for body in digits_bodies(rows=1, count=count):
+        r = post(served, "/v1/predict", {**json.loads(body), "model": "digits-int8"})
+        assert r.status_code == 200 and r.json()["served_by"] == "digits-int8"
+    deadline = time.monotonic() + 10
+    while (seen := scrape(served)[0].get(key, 0.0)) != before + count:
+        assert seen <= before + count and time.monotonic() < deadline, (before, seen)
+        time.sleep(0.3)
+    # HAProxy balances the scrapes over both gateway replicas too: each one sums them all
+    assert {scrape(served)[0][key] for _ in range(6)} == {before + count}
 
 
 def test_dry_run_prints_what_would_start_and_starts_nothing(served, capsys) -> None:

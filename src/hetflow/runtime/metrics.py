@@ -1,34 +1,39 @@
 """Per-device, per-job and per-cluster metrics, exported through Ray's metrics system.
 
 Three sources, one destination (Ray's Prometheus endpoint on every node, which Ray prefixes
-with ``ray_``, so ``hetflow_device_utilisation`` is scraped as ``ray_hetflow_device_utilisation``):
+with ``ray_``, so ``hetflow_device_utilization_ratio`` is scraped as
+``ray_hetflow_device_utilization_ratio``). Names follow Prometheus' naming rules: base units
+(``_bytes``, ``_seconds``, ``_watts``, FLOP/s as ``_flops``), fractions 0..1 as ``_ratio``,
+``_total`` only on counters, "utilization" spelled as Ray and DCGM spell it. The old names and
+what replaced them: :data:`RENAMED` (and docs/observability.md).
 
 * **Devices.** One :class:`NodeMetricsAgent` actor per Ray node (``num_cpus=0``, pinned with a
   hard ``NodeAffinitySchedulingStrategy``, detached, named ``hetflow-metrics-<node id>`` in
   namespace ``hetflow``) samples its node's devices every ``interval_s`` through one
   :class:`DeviceSampler`: NVML (:class:`NvmlSampler`), amdsmi (:class:`AmdSmiSampler`) or the
   host CPU from ``/proc`` (:class:`CpuSampler`). Gauges, tags ``node, device, vendor, model``:
-  ``hetflow_device_utilisation`` (busy fraction 0..1), ``hetflow_device_memory_used_bytes``,
-  ``hetflow_device_memory_total_bytes``, ``hetflow_device_power_watts`` (where the library
-  gives it) and ``hetflow_device_link_bytes_per_second`` (extra tags ``fabric`` = nvlink|xgmi,
-  ``direction`` = tx|rx; the rate of NVML's NVLink / amdsmi's xGMI data counters between two
-  samples). A value the library cannot give is not exported (no made-up zeros).
+  ``hetflow_device_utilization_ratio`` (busy fraction 0..1), ``hetflow_device_memory_used_bytes``,
+  ``hetflow_device_memory_capacity_bytes``, ``hetflow_device_power_watts`` (where the library
+  gives it); and one counter, ``hetflow_device_link_bytes_total`` (extra tags ``fabric`` =
+  nvlink|xgmi|pcie, ``direction`` = tx|rx): the vendor's own cumulative data counters (NVML's
+  NVLink and PCIe counters, amdsmi's xGMI counters), so ``rate()`` gives the traffic. A value
+  the library cannot give is not exported (no made-up zeros).
 * **Jobs.** A workload calls :func:`report_job_metrics` (from one process per job, e.g. rank
   0) with samples/s, step time and the FLOPs per sample; gauges, tag ``job_id`` (not ``job``,
   which Prometheus reserves for the scrape job and would rename to ``exported_job``):
-  ``hetflow_job_samples_per_second``, ``hetflow_job_step_time_seconds``,
-  ``hetflow_job_achieved_tflops``, ``hetflow_job_peak_tflops`` (the catalog's dense peak of the
-  devices held, at the job's precision) and ``hetflow_job_effective_throughput_ratio``
-  (achieved / peak). ``hetflow_job_devices_held`` comes from the cluster exporter (below), which
-  reads it from Ray's placement-group table.
+  ``hetflow_job_samples_per_second``, ``hetflow_job_step_duration_seconds``,
+  ``hetflow_job_achieved_flops``, ``hetflow_job_peak_flops`` (FLOP/s; the peak is the catalog's
+  dense peak of the devices held, at the job's precision) and
+  ``hetflow_job_effective_throughput_ratio`` (achieved / peak). ``hetflow_job_devices_held``
+  comes from the cluster exporter (below), which reads it from Ray's placement-group table.
 * **Cluster.** One :class:`ClusterMetricsExporter` actor (named ``hetflow-cluster-metrics``)
   computes from :func:`~hetflow.runtime.binding.live_snapshot` and the latest device samples:
   ``hetflow_cluster_accelerators``, ``hetflow_cluster_devices_held``,
-  ``hetflow_cluster_allocated_utilisation`` (devices held / accelerators),
-  ``hetflow_cluster_effective_utilisation`` (mean measured busy fraction of all accelerators),
-  ``hetflow_cluster_queue_length`` (hetflow placement groups still PENDING),
-  ``hetflow_cluster_fragmentation`` (free devices whose fast-link island is partly held, over
-  all free devices) and ``hetflow_cluster_free_devices``.
+  ``hetflow_cluster_allocated_utilization_ratio`` (devices held / accelerators),
+  ``hetflow_cluster_effective_utilization_ratio`` (mean measured busy fraction of all
+  accelerators), ``hetflow_cluster_queue_length`` (hetflow placement groups still PENDING),
+  ``hetflow_cluster_fragmentation_ratio`` (free devices whose fast-link island is partly held,
+  over all free devices) and ``hetflow_cluster_free_devices``.
 
 The agents also store their latest sample, and :func:`report_job_metrics` the job's latest
 record, in Ray's internal KV (namespace ``hetflow``, keys ``metrics/node/<node>`` and
@@ -43,7 +48,8 @@ The samplers live in :mod:`hetflow.runtime.samplers` and the calculations (job a
 metrics, bottleneck hints) in :mod:`hetflow.runtime.measures`, both free of Ray; this module
 is the Ray side: gauges, the agents and the exporter, the KV records and the view for ``top``.
 Tested in ``tests/observability/`` (samplers with fake NVML/amdsmi and the real /proc; a local
-Ray cluster scraped over HTTP).
+Ray cluster scraped over HTTP and parsed with prometheus_client's parser; the naming rules in
+``test_metric_names.py``).
 """
 
 from __future__ import annotations
@@ -85,32 +91,49 @@ DEVICE_TAGS = ("node", "device", "vendor", "model")
 LINK_TAGS = DEVICE_TAGS + ("fabric", "direction")
 JOB_TAGS = ("job_id",)
 DEVICE_GAUGES = {
-    "hetflow_device_utilisation": "Busy fraction of the device (0..1) over the last sample",
+    "hetflow_device_utilization_ratio": "Busy fraction of the device (0..1) over the last sample",
     "hetflow_device_memory_used_bytes": "Device memory in use, bytes",
-    "hetflow_device_memory_total_bytes": "Device memory, bytes",
+    "hetflow_device_memory_capacity_bytes": "Device memory, bytes",
     "hetflow_device_power_watts": "Power draw, watts (where the vendor library reports it)",
 }
-LINK_GAUGE = "hetflow_device_link_bytes_per_second"
+LINK_COUNTER = "hetflow_device_link_bytes_total"
+LINK_DESCRIPTION = ("Bytes over the device's links, from the vendor's cumulative counters "
+                    "(NVML NVLink/PCIe, amdsmi xGMI)")
 JOB_GAUGES = {
     "hetflow_job_samples_per_second": "Samples (or tokens, as the job counts them) per second",
-    "hetflow_job_step_time_seconds": "Seconds per training or serving step",
-    "hetflow_job_achieved_tflops": "Achieved TFLOP/s (samples/s x FLOPs per sample)",
-    "hetflow_job_peak_tflops": "Catalog dense peak TFLOP/s of the devices the job holds",
-    "hetflow_job_effective_throughput_ratio": "Achieved over peak TFLOP/s",
+    "hetflow_job_step_duration_seconds": "Seconds per training or serving step (the latest report)",
+    "hetflow_job_achieved_flops": "Achieved FLOP/s (samples/s x FLOPs per sample)",
+    "hetflow_job_peak_flops": "Catalog dense peak FLOP/s of the devices the job holds",
+    "hetflow_job_effective_throughput_ratio": "Achieved over peak FLOP/s (0..1)",
 }
 JOB_DEVICES_GAUGE = "hetflow_job_devices_held"
+# gauge -> (the ClusterMetrics field it shows, description)
 CLUSTER_GAUGES = {
-    "hetflow_cluster_accelerators": "Accelerators on alive hetflow nodes",
-    "hetflow_cluster_devices_held": "Device-equivalents held by jobs (shared ones by memory)",
-    "hetflow_cluster_allocated_utilisation": "Devices held over accelerators (0..1)",
-    "hetflow_cluster_effective_utilisation": "Mean measured busy fraction of the accelerators",
-    "hetflow_cluster_queue_length": "hetflow placement groups waiting for devices",
-    "hetflow_cluster_fragmentation": "Free devices in partly held fast-link islands, over free devices",
-    "hetflow_cluster_free_devices": "Accelerators no job holds",
+    "hetflow_cluster_accelerators": ("accelerators", "Accelerators on alive hetflow nodes"),
+    "hetflow_cluster_devices_held": ("devices_held", "Device-equivalents held by jobs (shared ones by memory)"),
+    "hetflow_cluster_allocated_utilization_ratio": ("allocated_utilisation", "Devices held over accelerators (0..1)"),
+    "hetflow_cluster_effective_utilization_ratio": ("effective_utilisation", "Mean measured busy fraction of the accelerators (0..1)"),
+    "hetflow_cluster_queue_length": ("queue_length", "hetflow placement groups waiting for devices"),
+    "hetflow_cluster_fragmentation_ratio": ("fragmentation", "Free devices in partly held fast-link islands, over free devices (0..1)"),
+    "hetflow_cluster_free_devices": ("free_devices", "Accelerators no job holds"),
 }
-METRIC_NAMES = frozenset(
-    [*DEVICE_GAUGES, LINK_GAUGE, *JOB_GAUGES, JOB_DEVICES_GAUGE, *CLUSTER_GAUGES]
-)
+METRIC_TYPES = {
+    **{name: "gauge" for name in (*DEVICE_GAUGES, *JOB_GAUGES, JOB_DEVICES_GAUGE, *CLUSTER_GAUGES)},
+    LINK_COUNTER: "counter",
+}
+METRIC_NAMES = frozenset(METRIC_TYPES)
+# What each name exported before the naming fix became (for users' queries and dashboards).
+RENAMED = {
+    "hetflow_device_utilisation": "hetflow_device_utilization_ratio",
+    "hetflow_device_memory_total_bytes": "hetflow_device_memory_capacity_bytes",
+    "hetflow_device_link_bytes_per_second": LINK_COUNTER,
+    "hetflow_job_step_time_seconds": "hetflow_job_step_duration_seconds",
+    "hetflow_job_achieved_tflops": "hetflow_job_achieved_flops",
+    "hetflow_job_peak_tflops": "hetflow_job_peak_flops",
+    "hetflow_cluster_allocated_utilisation": "hetflow_cluster_allocated_utilization_ratio",
+    "hetflow_cluster_effective_utilisation": "hetflow_cluster_effective_utilization_ratio",
+    "hetflow_cluster_fragmentation": "hetflow_cluster_fragmentation_ratio",
+}
 
 
 # ============================================================================ Ray: gauges
@@ -129,21 +152,56 @@ class _Gauges:
             self._gauges[name].set(float(value), tags=dict(tags))
 
 
+class _Counters:
+    """``ray.util.metrics.Counter`` objects made once per process (Ray exports each as
+    ``ray_<name>``, type counter, with ``_total`` once)."""
+
+    def __init__(self, specs: Mapping[str, str], tag_keys: tuple[str, ...]) -> None:
+        from ray.util.metrics import Counter
+
+        self._counters = {name: Counter(name, description=desc, tag_keys=tag_keys) for name, desc in specs.items()}
+
+    def inc(self, name: str, value: float, tags: Mapping[str, str]) -> None:
+        if value > 0:  # Ray refuses zero increments; a counter that has not moved stays unset
+            self._counters[name].inc(float(value), tags=dict(tags))
+
+
+class CounterFeed:
+    """Feeds readings of a vendor's cumulative counter into a Prometheus counter as increments.
+
+    The first reading of a key adds the whole reading, so the exported counter equals the
+    vendor's (traffic since the driver loaded). A reading below the previous one (the driver
+    reloaded, or NVML's PCIe counter wrapped) restarts from zero: it adds the reading itself,
+    so the exported counter never goes down (what the wrap itself skipped is lost).
+    """
+
+    def __init__(self) -> None:
+        self._last: dict[Any, int] = {}
+
+    def increment(self, key: Any, reading: int) -> int:
+        last = self._last.get(key)
+        self._last[key] = reading
+        if last is None or reading < last:
+            return reading
+        return reading - last
+
+
 def _device_tags(node: str, d: DeviceSample, model: str | None) -> dict[str, str]:
     return {"node": node, "device": str(d.device), "vendor": d.vendor.value,
             "model": model or d.name or "unknown"}
 
 
-def export_node_sample(sample: NodeSample, models: Mapping[int, str], gauges: _Gauges, links: _Gauges) -> None:
+def export_node_sample(sample: NodeSample, models: Mapping[int, str], gauges: _Gauges,
+                       links: _Counters, feed: CounterFeed) -> None:
     for d in sample.devices:
         tags = _device_tags(sample.node, d, models.get(d.device))
-        gauges.set("hetflow_device_utilisation", d.utilisation, tags)
+        gauges.set("hetflow_device_utilization_ratio", d.utilisation, tags)
         gauges.set("hetflow_device_memory_used_bytes", d.memory_used_bytes, tags)
-        gauges.set("hetflow_device_memory_total_bytes", d.memory_total_bytes, tags)
+        gauges.set("hetflow_device_memory_capacity_bytes", d.memory_total_bytes, tags)
         gauges.set("hetflow_device_power_watts", d.power_watts, tags)
-        if d.link_fabric:
-            for direction, value in (("tx", d.link_tx_bytes_per_s), ("rx", d.link_rx_bytes_per_s)):
-                links.set(LINK_GAUGE, value, {**tags, "fabric": d.link_fabric, "direction": direction})
+        for (fabric, direction), reading in d.counters().items():
+            step = feed.increment((d.device, fabric, direction), reading)
+            links.inc(LINK_COUNTER, step, {**tags, "fabric": fabric, "direction": direction})
 
 
 # ============================================================================ Ray: KV records
@@ -265,7 +323,8 @@ class NodeMetricsAgent:
         topology = published_nodes().get(node)
         self._models = {d.index: d.model for d in topology.devices if d.model} if topology else {}
         self._gauges = _Gauges(DEVICE_GAUGES, DEVICE_TAGS)
-        self._links = _Gauges({LINK_GAUGE: "Link data rate, bytes/s (NVLink or xGMI counters)"}, LINK_TAGS)
+        self._links = _Counters({LINK_COUNTER: LINK_DESCRIPTION}, LINK_TAGS)
+        self._feed = CounterFeed()
         self._lock = threading.Lock()
         self._latest: NodeSample | None = None
         self.sample_now()
@@ -276,7 +335,7 @@ class NodeMetricsAgent:
         with self._lock:
             sample = NodeSample(self._node, self._sampler.source, time.time(),
                                 tuple(self._sampler.sample()))
-            export_node_sample(sample, self._models, self._gauges, self._links)
+            export_node_sample(sample, self._models, self._gauges, self._links, self._feed)
             _kv_put(NODE_KEY + self._node, sample.to_dict())
             self._latest = sample
             return sample.to_dict()
@@ -298,7 +357,7 @@ class ClusterMetricsExporter:
 
     def __init__(self, interval_s: float = 5.0, stale_after_s: float | None = None) -> None:
         self._stale = stale_after_s if stale_after_s is not None else max(30.0, 3 * interval_s)
-        self._gauges = _Gauges(CLUSTER_GAUGES, ())
+        self._gauges = _Gauges({name: desc for name, (_, desc) in CLUSTER_GAUGES.items()}, ())
         self._jobs = _Gauges({JOB_DEVICES_GAUGE: "Devices the job holds (from Ray's placement groups)"}, JOB_TAGS)
         self._seen_jobs: set[str] = set()
         self._latest: dict[str, Any] = {}
@@ -308,8 +367,8 @@ class ClusterMetricsExporter:
     def export_now(self) -> dict[str, Any]:
         """Compute and export now; returns the cluster metrics as a dict."""
         view = collect_view(stale_after_s=self._stale)
-        for name in CLUSTER_GAUGES:
-            self._gauges.set(name, getattr(view.cluster, name.removeprefix("hetflow_cluster_")), {})
+        for name, (attribute, _) in CLUSTER_GAUGES.items():
+            self._gauges.set(name, getattr(view.cluster, attribute), {})
         for job, devices in view.job_devices.items():
             self._jobs.set(JOB_DEVICES_GAUGE, len(devices), {"job_id": job})
         for gone in self._seen_jobs - set(view.job_devices):
@@ -452,15 +511,19 @@ def report_job_metrics(
     gauges: _Gauges = _job_state["gauges"]
     tags = {"job_id": job_id}
     gauges.set("hetflow_job_samples_per_second", record.samples_per_s, tags)
-    gauges.set("hetflow_job_step_time_seconds", record.step_time_s, tags)
-    gauges.set("hetflow_job_achieved_tflops", record.achieved_tflops, tags)
-    gauges.set("hetflow_job_peak_tflops", record.peak_tflops, tags)
+    gauges.set("hetflow_job_step_duration_seconds", record.step_time_s, tags)
+    gauges.set("hetflow_job_achieved_flops", _flops(record.achieved_tflops), tags)
+    gauges.set("hetflow_job_peak_flops", _flops(record.peak_tflops), tags)
     gauges.set("hetflow_job_effective_throughput_ratio", record.effective_ratio, tags)
     last = _job_state["last_put"].get(job_id, 0.0)
     if time.monotonic() - last >= _KV_MIN_INTERVAL_S:
         _kv_put(JOB_KEY + job_id, record.to_dict())
         _job_state["last_put"][job_id] = time.monotonic()
     return record
+
+
+def _flops(tflops: float | None) -> float | None:
+    return None if tflops is None else tflops * 1e12
 
 
 # ============================================================================ the live view
@@ -513,7 +576,7 @@ def collect_view(stale_after_s: float = 30.0) -> ClusterView:
 
 
 __all__ = [
-    "ClusterMetricsExporter", "ClusterView", "METRIC_NAMES", "NodeMetricsAgent",
-    "PROMETHEUS_PREFIX", "build_view", "collect_view", "read_job_metrics", "read_node_samples",
+    "ClusterMetricsExporter", "ClusterView", "CounterFeed", "METRIC_NAMES", "METRIC_TYPES",
+    "NodeMetricsAgent", "PROMETHEUS_PREFIX", "RENAMED", "build_view", "collect_view", "read_job_metrics", "read_node_samples",
     "report_job_metrics", "start_metrics", "stop_metrics",
 ]

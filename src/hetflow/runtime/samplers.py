@@ -3,7 +3,9 @@
 (:class:`CpuSampler`); :func:`open_sampler` picks the one the node has.
 
 A sample holds only what the library gave (``None`` elsewhere, never a made-up zero). Link
-rates are the difference of the library's data counters between two samples. No Ray here: the
+traffic is kept both ways: the library's own cumulative data counters, in bytes (exported as
+Prometheus counters, so a query takes ``rate()`` of them), and the rate between two samples
+(for ``hetflow top``). No Ray here: the
 metrics agents (:mod:`hetflow.runtime.metrics`) and the workflow's utilisation recorder call
 these in their own processes. Tested with fake NVML/amdsmi modules that follow the real APIs
 and with the real ``/proc`` (``tests/observability/test_samplers.py``).
@@ -42,9 +44,25 @@ class DeviceSample:
     memory_used_bytes: int | None = None
     memory_total_bytes: int | None = None
     power_watts: float | None = None
-    link_fabric: str | None = None  # "nvlink" / "xgmi": what the link rates count
+    link_fabric: str | None = None  # "nvlink" / "xgmi": what the link figures count
     link_tx_bytes_per_s: float | None = None
     link_rx_bytes_per_s: float | None = None
+    # The vendor's cumulative counters, bytes (they restart when the driver reloads, and
+    # NVML's PCIe counters may wrap): the fabric's above, and PCIe where the library counts it.
+    link_tx_bytes: int | None = None
+    link_rx_bytes: int | None = None
+    pcie_tx_bytes: int | None = None
+    pcie_rx_bytes: int | None = None
+
+    def counters(self) -> dict[tuple[str, str], int]:
+        """(fabric, direction) -> cumulative bytes, for every counter the library gave."""
+        out = {}
+        for fabric, tx, rx in ((self.link_fabric, self.link_tx_bytes, self.link_rx_bytes),
+                               ("pcie", self.pcie_tx_bytes, self.pcie_rx_bytes)):
+            for direction, value in (("tx", tx), ("rx", rx)):
+                if fabric and value is not None:
+                    out[(fabric, direction)] = value
+        return out
 
 
 @dataclass(frozen=True)
@@ -116,16 +134,19 @@ def _percent(value: Any) -> float | None:
 
 
 class NvmlSampler:
-    """NVIDIA GPUs through NVML (``pynvml``): utilisation, memory, power, NVLink data rates.
+    """NVIDIA GPUs through NVML (``pynvml``): utilisation, memory, power, NVLink and PCIe traffic.
 
     NVLink traffic is NVML's ``NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_{TX,RX}`` field values
     (cumulative KiB). They are asked for with ``scopeId = UINT_MAX``, which nvml.h documents as
     the sum over all links; a driver that refuses that scope is asked link by link and the
-    links that answer are summed. A GPU whose counters answer neither way has no link rate.
+    links that answer are summed. A GPU whose counters answer neither way has no NVLink figures.
+    PCIe traffic is ``NVML_FI_DEV_PCIE_COUNT_{TX,RX}_BYTES`` (cumulative bytes; nvml.h: "Value
+    can be wrapped"), where the driver answers them (newer drivers only).
     """
 
     source = "nvml"
     _TX, _RX = 138, 139  # NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX / _RX
+    _PCIE_TX, _PCIE_RX = 197, 198  # NVML_FI_DEV_PCIE_COUNT_TX_BYTES / _RX_BYTES
     _ALL_LINKS = 0xFFFFFFFF
 
     def __init__(self, lib: Any, handles: dict[int, Any], clock: Callable[[], float]) -> None:
@@ -134,6 +155,7 @@ class NvmlSampler:
         self._clock = clock
         self._rates = _CounterRate()
         self._no_nvlink: set[int] = set()
+        self._no_pcie: set[int] = set()
 
     @classmethod
     def open(cls, lib: Any = None, clock: Callable[[], float] = time.monotonic) -> "NvmlSampler | None":
@@ -187,6 +209,17 @@ class NvmlSampler:
         rx = sum(int(v.value.ullVal) for v in answered if v.fieldId == self._RX)
         return tx, rx
 
+    def _pcie_bytes(self, index: int, handle: Any) -> tuple[int, int] | None:
+        """Cumulative (tx, rx) PCIe bytes, or None where the driver has no such counters."""
+        if index in self._no_pcie:
+            return None
+        values = self._optional(self._lib.nvmlDeviceGetFieldValues, handle,
+                                [self._PCIE_TX, self._PCIE_RX])
+        if values is None or any(v.nvmlReturn != 0 for v in values):
+            self._no_pcie.add(index)  # an older driver or GPU: do not ask again every sample
+            return None
+        return int(values[0].value.ullVal), int(values[1].value.ullVal)
+
     def sample(self) -> list[DeviceSample]:
         now = self._clock()
         out = []
@@ -197,8 +230,9 @@ class NvmlSampler:
             power_mw = self._optional(lib.nvmlDeviceGetPowerUsage, handle)
             name = self._optional(lib.nvmlDeviceGetName, handle)
             counters = self._nvlink_kib(index, handle)
-            tx = self._rates.rate((index, "tx"), counters[0] * 1024 if counters else None, now)
-            rx = self._rates.rate((index, "rx"), counters[1] * 1024 if counters else None, now)
+            tx_bytes = counters[0] * 1024 if counters else None
+            rx_bytes = counters[1] * 1024 if counters else None
+            pcie = self._pcie_bytes(index, handle)
             out.append(DeviceSample(
                 device=index,
                 vendor=Vendor.NVIDIA,
@@ -208,8 +242,12 @@ class NvmlSampler:
                 memory_total_bytes=int(memory.total) if memory is not None else None,
                 power_watts=power_mw / 1000.0 if power_mw is not None else None,
                 link_fabric="nvlink" if counters else None,
-                link_tx_bytes_per_s=tx,
-                link_rx_bytes_per_s=rx,
+                link_tx_bytes_per_s=self._rates.rate((index, "tx"), tx_bytes, now),
+                link_rx_bytes_per_s=self._rates.rate((index, "rx"), rx_bytes, now),
+                link_tx_bytes=tx_bytes,
+                link_rx_bytes=rx_bytes,
+                pcie_tx_bytes=pcie[0] if pcie else None,
+                pcie_rx_bytes=pcie[1] if pcie else None,
             ))
         return out
 
@@ -296,8 +334,8 @@ class AmdSmiSampler:
             activity = self._optional(lib.amdsmi_get_gpu_activity, handle) or {}
             asic = self._optional(lib.amdsmi_get_gpu_asic_info, handle) or {}
             counters = self._xgmi_kb(handle)
-            tx = self._rates.rate((index, "tx"), counters[0] * 1024 if counters else None, now)
-            rx = self._rates.rate((index, "rx"), counters[1] * 1024 if counters else None, now)
+            tx_bytes = counters[0] * 1024 if counters else None
+            rx_bytes = counters[1] * 1024 if counters else None
             name = asic.get("market_name")
             out.append(DeviceSample(
                 device=index,
@@ -308,8 +346,10 @@ class AmdSmiSampler:
                 memory_total_bytes=self._optional(lib.amdsmi_get_gpu_memory_total, handle, vram),
                 power_watts=self._power(handle),
                 link_fabric="xgmi" if counters else None,
-                link_tx_bytes_per_s=tx,
-                link_rx_bytes_per_s=rx,
+                link_tx_bytes_per_s=self._rates.rate((index, "tx"), tx_bytes, now),
+                link_rx_bytes_per_s=self._rates.rate((index, "rx"), rx_bytes, now),
+                link_tx_bytes=tx_bytes,
+                link_rx_bytes=rx_bytes,
             ))
         return out
 

@@ -97,6 +97,8 @@ NVML_P2P_CAPS_INDEX_READ = (0,)
 # UINT_MAX returns aggregate value summed up across all links for the specified counter type."
 NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX = 138
 NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX = 139
+NVML_FI_DEV_PCIE_COUNT_TX_BYTES = 197
+NVML_FI_DEV_PCIE_COUNT_RX_BYTES = 198
 NVML_VALUE_TYPE_DOUBLE = 0
 NVML_VALUE_TYPE_UNSIGNED_INT = 1
 NVML_VALUE_TYPE_UNSIGNED_LONG = 2
@@ -243,6 +245,11 @@ class FakeGpu:
     # call, so that a sampler sees the counters move.
     nvlink_kib_per_query: int = 0
     nvlink_aggregate_scope: bool = True  # False: scopeId UINT_MAX answers NotSupported per field
+    # Cumulative PCIe bytes (NVML_FI_DEV_PCIE_COUNT_{TX,RX}_BYTES); None: NotSupported (older
+    # drivers). Each nvmlDeviceGetFieldValues call adds pcie_bytes_per_query to both.
+    pcie_tx_bytes: int | None = None
+    pcie_rx_bytes: int | None = None
+    pcie_bytes_per_query: int = 0
 
 
 @dataclass
@@ -374,7 +381,10 @@ def nvmlDeviceGetPowerUsage(handle: c_nvmlDevice_t) -> int:  # noqa: N802
 
 
 def _field_value(gpu: FakeGpu, field_id: int, scope_id: int) -> tuple[int, int]:
-    """(nvmlReturn, value) of one NVLink throughput field, as NVML fills it per field."""
+    """(nvmlReturn, value) of one NVLink or PCIe counter field, as NVML fills it per field."""
+    if field_id in (NVML_FI_DEV_PCIE_COUNT_TX_BYTES, NVML_FI_DEV_PCIE_COUNT_RX_BYTES):
+        value = gpu.pcie_tx_bytes if field_id == NVML_FI_DEV_PCIE_COUNT_TX_BYTES else gpu.pcie_rx_bytes
+        return (NVML_ERROR_NOT_SUPPORTED, 0) if value is None else (NVML_SUCCESS, value)
     counters = {NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX: gpu.nvlink_tx_kib,
                 NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX: gpu.nvlink_rx_kib}.get(field_id)
     if not counters:
@@ -393,6 +403,9 @@ def nvmlDeviceGetFieldValues(handle: c_nvmlDevice_t, fieldIds):  # noqa: N802,N8
     for counters in (gpu.nvlink_tx_kib, gpu.nvlink_rx_kib):
         for link in range(len(counters)):
             counters[link] += gpu.nvlink_kib_per_query
+    if gpu.pcie_tx_bytes is not None and gpu.pcie_rx_bytes is not None:
+        gpu.pcie_tx_bytes += gpu.pcie_bytes_per_query
+        gpu.pcie_rx_bytes += gpu.pcie_bytes_per_query
     values = (c_nvmlFieldValue_t * len(fieldIds))()
     for i, field_id in enumerate(fieldIds):
         try:

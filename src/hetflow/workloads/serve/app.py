@@ -17,18 +17,20 @@ Shape (one Python process per request on the fast path, as in Ray Serve's fastes
   model sees it), gathers concurrent requests with ``@serve.batch`` (by rows) into one forward
   pass, and counts its metrics (sent to the front door every half second).
 * :class:`Gateway` (its own application) answers what is not one model's POST:
-  ``/v1/predict`` (the model named in the body), ``/health``, ``/metrics`` (every replica's
-  counts merged), ``/v1/models``; and it is the front door's **backup** server for every
-  model: while none of a model's replicas is up, the model's requests reach the gateway, which
-  sends them along the model's ``fallback`` chain over Serve handles (repeating an attempt
-  whose replica died, ``gateway.retries``).
+  ``/v1/predict`` (the model named in the body), ``/health``, ``/metrics`` (the sum of every
+  replica's counts, model and gateway replicas alike, as the front door holds them),
+  ``/v1/models``; and it is the front door's **backup** server for every model: while none
+  of a model's replicas is up, the model's requests reach the gateway, which sends them along
+  the model's ``fallback`` chain over Serve handles (repeating an attempt whose replica died,
+  ``gateway.retries``).
 * The front door (:mod:`.front`) is HAProxy with hetflow's config: per-model backends over the
   replicas' ports (from Serve's controller), L7 retries of requests whose replica died, the
   gateway as backup, readiness from HAProxy's own health checks.
 
 Endpoints: ``POST /v1/models/<name>/predict``, ``POST /v1/predict``, ``GET /v1/models``,
 ``GET /v1/models/<name>``, ``GET /health`` (200 ok/degraded when ready, 503 while starting or
-when no model can answer), ``GET /metrics`` (Prometheus text; ``?format=json``).
+when no model can answer), ``GET /metrics`` (Prometheus text or OpenMetrics, written by
+prometheus_client; ``?format=json``).
 """
 
 from __future__ import annotations
@@ -125,20 +127,19 @@ class _MetricsReporter:
 
     def __init__(self, app: str, source: str, metrics: GatewayMetrics) -> None:
         self.app, self.source, self.metrics = app, source, metrics
-        self.version = 0  # bumped by the owner on every change
         self._sent = -1
         self._task: asyncio.Task | None = None
         self._front: Any = None
 
     def changed(self) -> None:
-        self.version += 1
+        """Make sure the latest counts reach the front door (call after counting)."""
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._loop())
 
     async def _loop(self) -> None:
-        while self._sent != self.version:
+        while self._sent != self.metrics.version:
             await asyncio.sleep(0.5)
-            version = self.version
+            version = self.metrics.version
             try:
                 if self._front is None:
                     self._front = ray.get_actor(front_name(self.app), namespace="serve")
@@ -322,6 +323,10 @@ class Gateway:
         self.handles = {m: [serve.get_deployment_handle(d, d) for d in ds]
                         for m, ds in table.groups.items()}
         self.metrics = GatewayMetrics()
+        # Every gateway replica's counts go to the front door too, so /metrics is the sum over
+        # all replicas whichever gateway replica a scrape reaches.
+        self.replica = serve.get_replica_context().replica_id.unique_id
+        self.reporter = _MetricsReporter(table.app, self.replica, self.metrics)
         self.running: dict[str, int] = {}  # deployment -> RUNNING replicas (last poll)
         self.front: dict[str, Any] = {}  # the front door's state (last poll)
         self.inflight: dict[str, int] = {d: 0 for ds in table.groups.values() for d in ds}
@@ -332,6 +337,12 @@ class Gateway:
     # --- HTTP --------------------------------------------------------------------------
 
     async def __call__(self, request: Request) -> Response:
+        try:
+            return await self._answer(request)
+        finally:
+            self.reporter.changed()
+
+    async def _answer(self, request: Request) -> Response:
         self._ensure_poller()
         path = client_path(request)
         try:
@@ -354,7 +365,8 @@ class Gateway:
                 merged = await self._merged_metrics()
                 if request.query_params.get("format") == "json":
                     return _json(200, merged.to_dict())
-                return Response(merged.render(), media_type="text/plain; version=0.0.4")
+                body, content_type = merged.render(request.headers.get("accept"))
+                return Response(body, headers={"content-type": content_type})
             if path == "/v1/models" or path.startswith("/v1/models/"):
                 _require(request.method, "GET", path)
                 await self._first_poll()
@@ -453,6 +465,7 @@ class Gateway:
             else:
                 yield text.flush(), "length"
             self.metrics.served(req.model, name, time.perf_counter() - started, 1)
+            self.reporter.changed()  # a stream ends after __call__ returned
 
         if req.stream:
             async def events():
@@ -473,13 +486,16 @@ class Gateway:
             self.model_state(m)["served_by"] is not None for m in self.table.groups)
 
     async def _merged_metrics(self) -> GatewayMetrics:
-        merged = GatewayMetrics()
-        merged.merge(self.metrics)
+        """The sum of every replica's latest report, as the front door holds them (this
+        replica's own counts recorded there first, in the same call). Every scrape, through
+        whichever gateway replica, reads the same reports, so no counter goes down between
+        scrapes; the other replicas' counts are up to half a second old."""
         try:
-            for other in await self._front_door().metrics.remote():
-                merged.merge(other)
+            merged = await self._front_door().metrics.remote(self.replica, self.metrics)
         except Exception:  # noqa: BLE001 - without the front door: this replica's own
             self._front_actor = None
+            merged = GatewayMetrics()
+            merged.merge(self.metrics)
         merged.set_replicas({(m, d): self.running.get(d, 0)
                              for m, ds in self.table.groups.items() for d in ds})
         return merged

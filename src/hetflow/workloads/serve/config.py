@@ -81,7 +81,7 @@ class GatewayConfig(_Section):
     back when a model's replicas are down, and serves /health and /metrics."""
 
     replicas: int = Field(1, gt=0)
-    """Gateway replicas (each keeps its own request counters in /metrics)."""
+    """Gateway replicas (/metrics shows the sum of every replica's counts, whichever answers)."""
     cpus: float = Field(0.0, ge=0)
     """CPUs Ray reserves for each gateway replica (it mostly waits on I/O)."""
     status_poll_s: float = Field(0.5, gt=0)

@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hetflow.core.errors import InputError
+from hetflow.workloads.serve.metrics import ReplicaReports
 
 INTERNAL_PREFIX = "/_hetflow"  # Serve route prefixes of hetflow's applications
 PATH_HEADER = "x-hetflow-path"  # the path the client sent (HAProxy rewrites the path itself)
@@ -293,7 +294,7 @@ class FrontDoor:
         self.servers: dict[str, list[Server]] = {}
         self.proc: subprocess.Popen | None = None
         self.error: str | None = None
-        self.reports: dict[str, Any] = {}  # replica -> its latest metrics (GatewayMetrics)
+        self.reports = ReplicaReports()  # replica -> its latest metrics (GatewayMetrics)
         self._write(render_config(plan, {}, self.admin))
         self._start()
         self._task: asyncio.Task | None = None
@@ -419,11 +420,15 @@ class FrontDoor:
 
     def report(self, source: str, metrics: Any) -> None:
         """A replica's cumulative metrics (it sends them every half second when they change;
-        a dead replica's last report stays counted)."""
-        self.reports[source] = metrics
+        a dead replica's last report stays counted; an overtaken older one is dropped)."""
+        self.reports.report(source, metrics)
 
-    def metrics(self) -> list[Any]:
-        return list(self.reports.values())
+    def metrics(self, source: str | None = None, latest: Any = None) -> Any:
+        """The sum of every replica's latest report (a GatewayMetrics: what ``/metrics``
+        shows); ``source`` and ``latest`` first record the caller's own newest counts."""
+        if source is not None and latest is not None:
+            self.report(source, latest)
+        return self.reports.total()
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -1,28 +1,53 @@
-"""The gateway's request counters, latency and batch-size histograms, in Prometheus text.
+"""The serving counters, latency and batch-size histograms, exposed through prometheus_client.
 
-Pure Python. Each gateway replica keeps its own (``gateway.replicas`` is 1 by default); Ray
-Serve's own metrics (``serve_*``, per replica, through Ray's metrics agent) are separate.
+Pure Python (no Ray). Every replica - each model replica and each gateway replica - counts
+what it answered in one :class:`GatewayMetrics` and sends it, cumulative, to the front door
+actor (:meth:`~hetflow.workloads.serve.front.FrontDoor.report`); ``GET /metrics`` on the
+gateway renders the **sum over all replicas** the front door holds (a dead replica's last
+report stays counted, so no counter goes down), whichever gateway replica answers. Ray Serve's
+own metrics (``serve_*``, per replica, through Ray's metrics agent) are separate.
 
-Exposed at ``GET /metrics`` (Prometheus text format 0.0.4) and ``GET /metrics?format=json``:
+Exposed at ``GET /metrics`` (Prometheus text 0.0.4, or OpenMetrics when the scraper's
+``Accept`` asks for it; both written by prometheus_client) and ``GET /metrics?format=json``:
 
-* ``hetflow_serve_requests_total{model,code}`` - answered requests by HTTP status; requests
-  refused by the gateway's checks (4xx) count under ``model="-"``.
-* ``hetflow_serve_fallbacks_total{model,served_by}`` - requests another model answered.
-* ``hetflow_serve_retries_total{model}`` - attempts repeated because a replica died under them.
-* ``hetflow_serve_request_seconds{model}`` - gateway latency histogram (successful requests).
-* ``hetflow_serve_request_batch_requests{model}`` - histogram, per request, of how many
-  requests shared its forward pass (1 = it ran alone): whether batches really form.
-* ``hetflow_serve_replicas_running{model,deployment}`` - from Serve's status, last poll.
+* ``hetflow_serve_requests_total{model,code}`` - counter: answered requests by HTTP status;
+  requests refused by the checks (4xx) before a model was known count under ``model="-"``.
+* ``hetflow_serve_fallbacks_total{model,served_by}`` - counter: requests another model answered.
+* ``hetflow_serve_retries_total{model}`` - counter: attempts repeated because a replica died.
+* ``hetflow_serve_request_duration_seconds{model}`` - histogram: time to answer (successful
+  requests, measured in the replica or the gateway that answered).
+* ``hetflow_serve_request_batch_size{model}`` - histogram, per request, of how many requests
+  shared its forward pass (1 = it ran alone): whether batches really form.
+* ``hetflow_serve_replicas_running{model,deployment}`` - gauge, from Serve's status, last poll.
+
+The names before the naming fix: :data:`RENAMED`.
 """
 
 from __future__ import annotations
 
 import bisect
 from collections import defaultdict
-from typing import Any
+from typing import Any, Iterator
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.utils import floatToGoString
 
 LATENCY_BUCKETS_S = (0.001, 0.002, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+METRIC_TYPES = {
+    "hetflow_serve_requests_total": "counter",
+    "hetflow_serve_fallbacks_total": "counter",
+    "hetflow_serve_retries_total": "counter",
+    "hetflow_serve_request_duration_seconds": "histogram",
+    "hetflow_serve_request_batch_size": "histogram",
+    "hetflow_serve_replicas_running": "gauge",
+}
+RENAMED = {
+    "hetflow_serve_request_seconds": "hetflow_serve_request_duration_seconds",
+    "hetflow_serve_request_batch_requests": "hetflow_serve_request_batch_size",
+}
 
 
 class Histogram:
@@ -48,9 +73,11 @@ class Histogram:
 
 
 class GatewayMetrics:
-    """Counters and histograms of one gateway replica."""
+    """Counters and histograms of one replica (or, merged, of several). ``version`` grows with
+    every change, so the front door keeps a replica's newest report."""
 
     def __init__(self) -> None:
+        self.version = 0
         self.requests: dict[tuple[str, int], int] = defaultdict(int)
         self.fallbacks: dict[tuple[str, str], int] = defaultdict(int)
         self.retries: dict[str, int] = defaultdict(int)
@@ -60,6 +87,7 @@ class GatewayMetrics:
 
     def answered(self, model: str, code: int) -> None:
         self.requests[(model, code)] += 1
+        self.version += 1
 
     def served(self, model: str, served_by: str, seconds: float, batch_requests: int) -> None:
         self.answered(model, 200)
@@ -70,6 +98,7 @@ class GatewayMetrics:
 
     def retried(self, model: str) -> None:
         self.retries[model] += 1
+        self.version += 1
 
     def set_replicas(self, running: dict[tuple[str, str], int]) -> None:
         self.replicas = dict(running)
@@ -90,25 +119,39 @@ class GatewayMetrics:
                 into.total += hist.total
                 into.count += hist.count
 
-    def render(self) -> str:
-        """Prometheus text exposition."""
-        lines: list[str] = []
-        _family(lines, "hetflow_serve_requests_total", "counter", "Answered requests by status.",
-                [({"model": m, "code": str(c)}, v) for (m, c), v in sorted(self.requests.items())])
-        _family(lines, "hetflow_serve_fallbacks_total", "counter",
-                "Requests answered by a fallback model.",
-                [({"model": m, "served_by": s}, v) for (m, s), v in sorted(self.fallbacks.items())])
-        _family(lines, "hetflow_serve_retries_total", "counter",
-                "Attempts repeated after a replica died.",
-                [({"model": m}, v) for m, v in sorted(self.retries.items())])
-        _histograms(lines, "hetflow_serve_request_seconds", "Gateway latency of answered requests.",
-                    self.latency)
-        _histograms(lines, "hetflow_serve_request_batch_requests",
-                    "Requests sharing each request's forward pass.", self.batch)
-        _family(lines, "hetflow_serve_replicas_running", "gauge",
-                "Running replicas per deployment (last status poll).",
-                [({"model": m, "deployment": d}, v) for (m, d), v in sorted(self.replicas.items())])
-        return "\n".join(lines) + "\n"
+    def families(self) -> Iterator[Metric]:
+        """The metric families (prometheus_client's), for a collector."""
+        simple = (
+            (CounterMetricFamily, "hetflow_serve_requests", "Answered requests by status.",
+             ["model", "code"], self.requests),
+            (CounterMetricFamily, "hetflow_serve_fallbacks", "Requests answered by a fallback model.",
+             ["model", "served_by"], self.fallbacks),
+            (CounterMetricFamily, "hetflow_serve_retries", "Attempts repeated after a replica died.",
+             ["model"], {(m,): v for m, v in self.retries.items()}),
+        )
+        for kind, name, help_text, labels, values in simple:
+            yield _filled(kind(name, help_text, labels=labels), values)
+        for name, help_text, hists in (
+                ("hetflow_serve_request_duration_seconds",
+                 "Time to answer a request (successful requests), seconds.", self.latency),
+                ("hetflow_serve_request_batch_size",
+                 "Requests sharing each request's forward pass.", self.batch)):
+            family = HistogramMetricFamily(name, help_text, labels=["model"])
+            for model, hist in sorted(hists.items()):
+                buckets = [(floatToGoString(float(le)), n) for le, n in hist.cumulative()]
+                family.add_metric([model], buckets, hist.total)
+            yield family
+        yield _filled(GaugeMetricFamily("hetflow_serve_replicas_running",
+                                        "Running replicas per deployment (last status poll).",
+                                        labels=["model", "deployment"]), self.replicas)
+
+    def render(self, accept: str | None = None) -> tuple[bytes, str]:
+        """The exposition prometheus_client writes for a scraper sending ``accept`` (text 0.0.4
+        by default, OpenMetrics when asked): (body, content type)."""
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_Collector(self))
+        encoder, content_type = choose_encoder(accept or "")
+        return encoder(registry), content_type
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -124,34 +167,57 @@ class GatewayMetrics:
         }
 
 
+def _filled(family: Any, values: dict[tuple, float]) -> Any:
+    """``family`` with one sample per (label values...) -> value, in label order."""
+    for key, value in sorted(values.items()):
+        family.add_metric([str(k) for k in key], value)
+    return family
+
+
 def _fmt(x: float) -> str:
     return f"{x:g}"
 
 
-def _labels(labels: dict[str, str]) -> str:
-    def esc(v: str) -> str:
-        return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+class ReplicaReports:
+    """Every replica's latest cumulative metrics, by replica (what the front door holds and
+    ``/metrics`` sums). A report older than the one held - a lower ``version``, since calls
+    may overtake each other - is dropped, and a dead replica's last report stays, so no sum
+    ever goes down."""
 
-    return "{" + ",".join(f'{k}="{esc(v)}"' for k, v in labels.items()) + "}"
+    def __init__(self) -> None:
+        self.latest: dict[str, GatewayMetrics] = {}
+
+    def report(self, source: str, metrics: GatewayMetrics) -> None:
+        held = self.latest.get(source)
+        if held is None or getattr(metrics, "version", 0) >= getattr(held, "version", 0):
+            self.latest[source] = metrics
+
+    def reports(self) -> list[GatewayMetrics]:
+        return list(self.latest.values())
+
+    def total(self) -> GatewayMetrics:
+        merged = GatewayMetrics()
+        for metrics in self.latest.values():
+            merged.merge(metrics)
+        return merged
 
 
-def _family(lines: list[str], name: str, kind: str, help_text: str,
-            samples: list[tuple[dict[str, str], float]]) -> None:
-    lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
-    lines += [f"{name}{_labels(labels)} {_fmt(value)}" for labels, value in samples]
+class _Collector:
+    """A prometheus_client collector over one (merged) :class:`GatewayMetrics`."""
 
+    def __init__(self, metrics: GatewayMetrics) -> None:
+        self.metrics = metrics
 
-def _histograms(lines: list[str], name: str, help_text: str, hists: dict[str, Histogram]) -> None:
-    lines += [f"# HELP {name} {help_text}", f"# TYPE {name} histogram"]
-    for model, hist in sorted(hists.items()):
-        for bound, count in hist.cumulative():
-            lines.append(f"{name}_bucket{_labels({'model': model, 'le': bound})} {count}")
-        lines.append(f"{name}_sum{_labels({'model': model})} {_fmt(hist.total)}")
-        lines.append(f"{name}_count{_labels({'model': model})} {hist.count}")
+    def describe(self) -> list[Metric]:
+        return []  # names are fixed; nothing to check against other collectors
+
+    def collect(self) -> Iterator[Metric]:
+        return self.metrics.families()
 
 
 def _hist_dict(h: Histogram) -> dict[str, Any]:
     return {"count": h.count, "sum": h.total, "buckets": dict(h.cumulative())}
 
 
-__all__ = ["BATCH_BUCKETS", "GatewayMetrics", "Histogram", "LATENCY_BUCKETS_S"]
+__all__ = ["BATCH_BUCKETS", "GatewayMetrics", "Histogram", "LATENCY_BUCKETS_S", "METRIC_TYPES",
+           "RENAMED", "ReplicaReports"]
