@@ -198,6 +198,13 @@ class HostCluster:
         self.kill_host(self.head)
         while self.pids(self.head):
             time.sleep(0.05)
+        # On one machine the worker hosts' raylets carry the head's address in their command
+        # lines, which `ray start --head` (scanning this machine's processes) takes for a head
+        # still running here if the dead head's address file says the same address; on a real
+        # cluster those processes are on other machines. The file goes with the dead head.
+        from ray._private.utils import get_ray_address_file
+
+        Path(get_ray_address_file(f"/tmp/hetflow-hosts-{self.tag}")).unlink(missing_ok=True)
         self._start_head()
         self._wait_nodes(len(self.hosts), timeout=90)
         return time.monotonic() - started

@@ -71,9 +71,9 @@ def test_the_head_restarts_and_the_queue_and_running_jobs_survive(tmp_path: Path
                             "train": {"steps": STEPS, "batch_size": 256, "log_every": 10},
                             "checkpoint": {"dir": str(ckpt), "interval": 40},
                             "resources": {"device": "cpu", "cpus_per_rank": 1}}},
-        "sleeper": {"name": "sleeper", "kind": "python", "cpus": 2,
+        "sleeper": {"name": "sleeper", "kind": "python", "cpus": 2, "devices": {"count": 0},
                     "python": {"script": str(SLEEP_JOB), "args": ["45"]}, "work": {"seconds": 45}},
-        "queued": {"name": "queued", "kind": "python", "cpus": 2,
+        "queued": {"name": "queued", "kind": "python", "cpus": 2, "devices": {"count": 0},
                    "python": {"script": str(SLEEP_JOB), "args": ["2"]}, "work": {"seconds": 2}},
     }
     paths = {}
