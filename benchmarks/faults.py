@@ -16,6 +16,11 @@ takes to recover from a lost worker host and from a head restart, and what is lo
    process and is started again. ``head_restart_s`` = kill -> ``hetflow status`` (run on a
    worker host) answering with every job's record; the run checks every job then ends
    SUCCEEDED and the training job's checkpoint holds each step once (``head_steps_lost``).
+3. **Replica host lost under load**: ``hetflow serve`` with two replicas, one per worker host,
+   its front door on the head; ``hey`` sends requests for 12 s and a replica host loses every
+   process 4 s in. ``requests_lost`` = requests not answered 200 (goal 0: the front door
+   retries a request whose replica connection broke); the dead replica is replaced once the
+   host rejoins.
 
 There is no baseline run beside these: plain Ray Train's own recovery differs in what it
 resumes from (the user's checkpoint callback), and without GCS fault tolerance a head loss
@@ -115,6 +120,14 @@ def head_restart(steps: int) -> dict[str, float]:
             "jobs": len(ids), "head_steps_lost": steps - len(recorded & set(range(1, steps + 1)))}
 
 
+def serving_loss() -> dict[str, float]:
+    from tests.hosts.test_serving_host_loss import lose_a_replica_host, serve_env
+
+    with HostCluster(workers=2, worker_cpus=2, env=serve_env()) as hosts, \
+            tempfile.TemporaryDirectory() as tmp:
+        return lose_a_replica_host(hosts, Path(tmp))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=600, help="training steps per run")
@@ -132,8 +145,14 @@ def main() -> int:
           f"records kept {head['records_kept']}/{head['jobs']}, jobs succeeded "
           f"{head['jobs_succeeded']}/{head['jobs']}, training steps lost {head['head_steps_lost']}",
           flush=True)
+    serving = serving_loss()
+    print(f"serving host lost under load (hey, 8 connections): {serving['requests_ok']} answered, "
+          f"{serving['requests_lost']} failed; replicas {serving['replicas_before']} -> "
+          f"{serving['replicas_after']} after the host rejoined "
+          f"({serving['replaced_after_rejoin_s']:.1f} s)", flush=True)
     print(f"RESULT node_loss_recovery_s={loss['node_loss_recovery_s']:.1f} "
-          f"head_restart_s={head['head_restart_s']:.1f} steps_lost={loss['steps_lost']} "
+          f"head_restart_s={head['head_restart_s']:.1f} requests_lost={serving['requests_lost']} "
+          f"steps_lost={loss['steps_lost']} "
           f"steps_twice={loss['steps_twice']} head_jobs_lost={head['jobs'] - head['jobs_succeeded']} "
           f"head_steps_lost={head['head_steps_lost']}")
     return 0

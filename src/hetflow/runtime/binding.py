@@ -66,6 +66,16 @@ def published_nodes() -> dict[str, NodeTopology]:
     return nodes
 
 
+def published_accelerators() -> bool:
+    """Whether any published node has an accelerator hetflow manages. CPU-only nodes started
+    with ``hetflow node start`` are published too, but a job with ``device: auto`` on a
+    cluster of only those runs on CPUs (as on plain Ray nodes), not on the device planner."""
+    from hetflow.core.topology import Vendor
+
+    return any(a.vendor is not Vendor.CPU for n in published_nodes().values()
+               for a in n.accelerators)
+
+
 def _ray_nodes_by_label() -> dict[str, str]:
     """hetflow node label value -> Ray node id, for alive nodes."""
     out = {}

@@ -969,10 +969,13 @@ def deploy(config: ServeConfig, *, timeout_s: float = 300.0) -> Served:
         host = config.http.host
         loopback = host in ("127.0.0.1", "localhost", "::1")
         # Serve's own HTTP proxy stays on an internal port (the front door owns http.port);
-        # the replicas' own HTTP servers bind Serve's http host.
-        serve.start(http_options={"host": host, "port": _free_port(host)},
+        # the replicas' own HTTP servers bind Serve's http host - on every node, so a host
+        # address (one node's) would fail on the others: they bind all of their node's
+        # addresses then, and the front door reaches each at its node's IP.
+        serve_host = host if loopback else "0.0.0.0"
+        serve.start(http_options={"host": serve_host, "port": _free_port(host)},
                     proxy_location="HeadOnly" if loopback else "EveryNode")
-        _check_host(host)
+        _check_host(serve_host)
         try:
             serve.run_many(build_applications(config, plans),
                            wait_for_applications_running=False)

@@ -64,9 +64,9 @@ def place_layout(layout: ParallelLayout, res: ResourcesConfig, job_id: str) -> P
     """
     world = layout.world_size
     if res.device != "cpu":
-        from hetflow.runtime.binding import published_nodes
+        from hetflow.runtime.binding import published_accelerators
 
-        if published_nodes():
+        if published_accelerators():
             return _place_on_hetflow_nodes(layout, res, job_id)
     gpus = ray.cluster_resources().get("GPU", 0) if res.device != "cpu" else 0
     if res.device == "gpu" and not gpus:

@@ -223,11 +223,11 @@ def place_trials(config: Any, key: str) -> TrialPlacement:
 
     from hetflow.core.request import parse_vendor
     from hetflow.core.units import parse_bytes
-    from hetflow.runtime.binding import live_snapshot, published_nodes
+    from hetflow.runtime.binding import live_snapshot, published_accelerators
 
     res, cpus = config.base.resources, config.trial.cpus
     concurrent = config.budget.concurrent
-    if res.device != "cpu" and published_nodes():
+    if res.device != "cpu" and published_accelerators():
         memory = config.trial_memory
         request = trial_request(f"{config.name}-trial", parse_bytes(memory) if memory else None,
                                 parse_vendor(res.vendor), res.accelerator)
