@@ -43,7 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from hetflow.core.errors import InputError
 
-FLUSH_TIMEOUT_S = 30.0  # at the end, how long queued logging may still take
+FLUSH_TIMEOUT_S = 120.0  # at the end, how long queued logging (checkpoint uploads) may still take
 PARENT_TAG = "mlflow.parentRunId"  # MLflow's nested-run convention (the UI nests by it)
 MAX_PARAM_CHARS = 6000  # MLflow's limit on a parameter value
 MAX_TAG_CHARS = 8000  # ... and on a tag value
