@@ -126,6 +126,12 @@ def test_tune_logs_the_run_and_each_trial_nested(store: str, tmp_path: Path) -> 
         history = client.get_metric_history(trial.info.run_id, "val_accuracy")
         assert [m.step for m in history] == [1, 2]  # one value per epoch
 
+    # --resume continues the same runs (here nothing is left to run): no second tuning run
+    assert hetflow(["tune", str(config), "--quiet", "--resume"]) == 0
+    again = runs(store, "tuning")
+    assert sorted(r.info.run_id for r in again) == sorted(r.info.run_id for r in found)
+    assert client.get_run(parent.info.run_id).info.status == "FINISHED"
+
 
 def test_launch_passes_its_run_to_a_script_that_logs_itself(store: str, tmp_path: Path) -> None:
     code = hetflow(["launch", "--nproc", "2", "--device", "cpu", "--quiet", "--log-dir", str(tmp_path / "logs"),
@@ -146,13 +152,17 @@ def test_launch_passes_its_run_to_a_script_that_logs_itself(store: str, tmp_path
     log = Path(client.download_artifacts(run.info.run_id, "logs/rank-0.log", str(tmp_path / "dl")))
     assert f"run {run.info.run_id}" in log.read_text()  # rank 0's script saw hetflow's run id
 
+    # a script that does not use MLflow and fails: the run has what hetflow knows, ended FAILED
     code = hetflow(["launch", "--nproc", "1", "--device", "cpu", "--quiet", "--env", "EXIT_CODE=3",
+                    "--env", "NO_MLFLOW=1",
                     "--log-dir", str(tmp_path / "logs2"), "--mlflow", store, "--mlflow-experiment", "launches",
                     str(SCRIPTS / "logs_itself.py")])
     assert code == 3
     failed = [r for r in runs(store, "launches") if r.info.run_id != run.info.run_id]
     assert len(failed) == 1 and failed[0].info.status == "FAILED"
     assert failed[0].data.metrics["hetflow.exit_code"] == 3
+    assert failed[0].data.params["hetflow.nproc"] == "1" and "script.lr" not in failed[0].data.params
+    assert "logs/rank-0.log" in artifact_paths(client, failed[0].info.run_id)
 
 
 def free_port() -> int:
