@@ -17,12 +17,12 @@ from pathlib import Path
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 import pytest
-import ray
 import yaml
 from mlflow.tracking import MlflowClient
 
 from hetflow.cli.main import main as hetflow
 from hetflow.workloads.train.checkpoint import latest_checkpoint
+from tests.ray_cluster import local_ray
 
 pytestmark = pytest.mark.ray
 
@@ -30,11 +30,9 @@ SCRIPTS = Path(__file__).parent / "scripts"
 
 
 @pytest.fixture(scope="module", autouse=True)
-def local_ray():
-    ray.init(address="local", num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1",
-             log_to_driver=False)
-    yield
-    ray.shutdown()
+def cluster():
+    with local_ray(num_cpus=2):
+        yield
 
 
 @pytest.fixture
