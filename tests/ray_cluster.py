@@ -19,6 +19,18 @@ from hetflow.runtime.resources import node_labels, node_resources  # noqa: E402
 
 
 @contextmanager
+def local_ray(num_cpus: int = 2) -> Iterator[None]:
+    """One plain local Ray for a test module: ``num_cpus`` CPUs, on 127.0.0.1, no dashboard, shut
+    down at the end."""
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1",
+             log_to_driver=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+@contextmanager
 def hetflow_cluster(nodes: Sequence[NodeTopology], *, head_cpus: int, node_cpus: int = 1,
                     **init: Any) -> Iterator[Cluster]:
     """A CPU head with ``head_cpus`` CPUs and one Ray node per hetflow node (``node_cpus`` CPUs,

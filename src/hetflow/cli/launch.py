@@ -65,6 +65,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dry-run", action="store_true",
                    help="print the Ray it would join or start, where each rank would go and what it would "
                         "run; start nothing")
+    from hetflow.cli.main import add_tracking_flags
+
+    add_tracking_flags(p)
     p.add_argument("-m", "--module", action="store_true",
                    help="run the target as a module (python -m), as torchrun -m")
     p.add_argument("target", nargs=argparse.REMAINDER, metavar="SCRIPT [ARGS ...]",
@@ -98,6 +101,10 @@ def spec_from_args(args: argparse.Namespace) -> Any:
         "stop_grace_s": args.stop_grace, "placement_timeout_s": args.placement_timeout,
         "run_id": args.run_id, "log_dir": args.log_dir,
     }
+    if args.mlflow is not None or args.mlflow_experiment is not None:
+        from hetflow.runtime.tracking import with_cli
+
+        fields["tracking"] = with_cli(None, args.mlflow, args.mlflow_experiment)
     try:
         spec = LaunchSpec(**fields)
     except ValidationError as exc:
@@ -124,6 +131,10 @@ def run(args: argparse.Namespace) -> int:
         return dry_run(spec, args.json)
     from hetflow.workloads.launch.launcher import launch
 
+    if spec.tracking.enabled:
+        from hetflow.cli.main import require
+
+        require("mlflow")
     result = launch(spec, quiet=args.quiet)
     if args.json:
         json.dump({"exit_code": result.exit_code, "restarts": result.restarts,

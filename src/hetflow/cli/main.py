@@ -18,6 +18,7 @@ import sys
 
 from hetflow import __version__
 from hetflow.core.errors import HetflowError, InputError
+from hetflow.runtime.tracking import MISSING_MLFLOW
 
 # Verb modules, in the order `hetflow --help` lists them.
 COMMAND_MODULES = ["inventory", "plan", "node", "simulate", "train", "launch", "tune", "serve", "run", "jobs", "top",
@@ -40,11 +41,23 @@ MISSING_PACKAGES = {
              "CPU `pip install torch --index-url https://download.pytorch.org/whl/cpu` (or `make venv`), "
              "CUDA `pip install torch --index-url https://download.pytorch.org/whl/cu128`, "
              "ROCm `pip install torch --index-url https://download.pytorch.org/whl/rocm6.4`",
+    "mlflow": MISSING_MLFLOW,
     "sklearn": "scikit-learn is not installed; the digits dataset comes from it (hetflow's `demo` extra): "
                "pip install -e '.[demo]' in a hetflow checkout, or pip install scikit-learn",
 }
 
 _json_errors = False  # set by main() when the command line asks for --json
+
+
+def add_tracking_flags(p: argparse.ArgumentParser) -> None:
+    """``--mlflow URI`` and ``--mlflow-experiment NAME`` (either turns MLflow tracking on;
+    docs/tracking.md)."""
+    p.add_argument("--mlflow", metavar="URI",
+                   help="log this run to MLflow at URI, e.g. sqlite:///mlflow.db or http://host:5000 "
+                        "(\"$MLFLOW_TRACKING_URI\" for MLflow's own setting); docs/tracking.md")
+    p.add_argument("--mlflow-experiment", metavar="NAME",
+                   help="MLflow experiment (default MLFLOW_EXPERIMENT_NAME, else the job's name); "
+                        "turns tracking on")
 
 DATASET_PACKAGES = {"digits": "sklearn"}  # built-in datasets that come from an optional package
 

@@ -21,7 +21,7 @@ import argparse
 import sys
 from typing import Any
 
-from hetflow.cli.main import require
+from hetflow.cli.main import add_tracking_flags, require
 from hetflow.core.errors import InputError
 from hetflow.runtime.session import check_reachable
 
@@ -43,6 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="print the Ray it would join or start, each stage's settings, where the training "
                         "ranks would go and which stages are cached; start nothing")
     p.add_argument("--json", action="store_true", help="with --dry-run: the same as JSON")
+    add_tracking_flags(p)
     p.set_defaults(func=run)
 
 
@@ -53,11 +54,18 @@ def run(args: argparse.Namespace) -> int:
     if args.address:  # before the file, whose reading imports the serving code (seconds)
         check_reachable(args.address)
     spec = load_workflow(args.workflow)
+    if args.mlflow is not None or args.mlflow_experiment is not None:
+        from hetflow.runtime.tracking import with_cli
+
+        spec = spec.model_copy(update={"tracking": with_cli(spec.tracking, args.mlflow,
+                                                            args.mlflow_experiment)})
     if args.dry_run:
         return dry_run(spec, args.address, args.json)
     if args.json:
         raise InputError("--json goes with --dry-run (a run prints its stages and writes a report)")
     require("torch", dataset=spec.train_config().dataset)
+    if spec.tracking.enabled:
+        require("mlflow")
     # no address: an embedded local Ray (RAY_ADDRESS is not read, docs/workflow.md)
     check_reachable(args.address or spec.ray.address or "local")
     result = run_workflow(spec, address=args.address, fresh=args.fresh,

@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from hetflow.cli.main import require
+from hetflow.cli.main import add_tracking_flags, require
 from hetflow.core.errors import InputError
 from hetflow.runtime.session import check_reachable
 
@@ -42,6 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dry-run", action="store_true",
                    help="print the Ray it would join or start, the layout and where each rank would go; "
                         "start nothing")
+    add_tracking_flags(p)
     p.set_defaults(func=run)
 
 
@@ -66,6 +67,11 @@ def run(args: argparse.Namespace) -> int:
         overrides.setdefault("resources", {})["ray_address"] = args.address
     if overrides:
         config = config.with_overrides(**overrides)
+    if args.mlflow is not None or args.mlflow_experiment is not None:
+        from hetflow.runtime.tracking import with_cli
+
+        tracking = with_cli(config.tracking, args.mlflow, args.mlflow_experiment)
+        config = config.model_copy(update={"tracking": tracking})
     if args.dry_run:
         from hetflow.cli.dryrun import show, train_plan
         from hetflow.runtime.preview import preview_cluster
@@ -73,6 +79,8 @@ def run(args: argparse.Namespace) -> int:
         lines, data = train_plan(config, preview_cluster(config.resources.ray_address), config.name)
         return show(lines, data, args.json)
     require("torch", dataset=config.dataset)
+    if config.tracking.enabled:
+        require("mlflow")
     check_reachable(config.resources.ray_address)
 
     from hetflow.workloads.train.job import run_training

@@ -19,7 +19,7 @@ import json
 import sys
 from typing import Any
 
-from hetflow.cli.main import require
+from hetflow.cli.main import add_tracking_flags, require
 from hetflow.runtime.session import check_reachable
 
 
@@ -38,6 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--output", metavar="DIR", help="output directory (overrides output.dir)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--quiet", action="store_true", help="no live table")
+    add_tracking_flags(p)
     p.set_defaults(func=run)
 
 
@@ -52,7 +53,14 @@ def run(args: argparse.Namespace) -> int:
         if args.output:
             data["output"]["dir"] = args.output
         config = tuning_config_from_dict(data, source=args.config)
+    if args.mlflow is not None or args.mlflow_experiment is not None:
+        from hetflow.runtime.tracking import with_cli
+
+        config = config.model_copy(update={"tracking": with_cli(config.tracking, args.mlflow,
+                                                                args.mlflow_experiment)})
     require("torch", dataset=config.base.dataset)
+    if config.tracking.enabled:
+        require("mlflow")
     check_reachable(config.base.resources.ray_address)
 
     from hetflow.workloads.tune.runner import run_tuning

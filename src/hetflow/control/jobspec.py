@@ -338,6 +338,10 @@ def resolve(spec: JobSpec, base: Path) -> JobSpec:
         from hetflow.workloads.train.config import config_from_dict
 
         config = config_from_dict(data, source=f"job {spec.name}: train")
+        if config.tracking.enabled:
+            raise InputError(f"job {spec.name}: train.tracking: MLflow tracking runs with `hetflow "
+                             "train`, not yet for the controller's train jobs; remove it (or run "
+                             "the job with `hetflow train --mlflow URI`)")
         ckpt = config.checkpoint.dir
         if ckpt is None or not Path(ckpt).is_absolute():
             # the runner's working directory is not the submitter's: pin the directory now

@@ -214,9 +214,10 @@ class StageBars:
 class _Run:
     """The state of one run while its stages go (one method per stage)."""
 
-    def __init__(self, spec: WorkflowSpec, bars: StageBars) -> None:
+    def __init__(self, spec: WorkflowSpec, bars: StageBars, tracker: Any | None = None) -> None:
         self.spec = spec
         self.bars = bars
+        self.tracker = tracker  # the run's MLflow run (spec.tracking), or None
         self.cache = StageCache(Path(spec.cache_dir).absolute() / spec.name)
         self.outcomes: list[StageOutcome] = []
         self.failures: list[str] = []
@@ -224,6 +225,27 @@ class _Run:
     def _done(self, name: str, status: str, key: str, t0: float, detail: str) -> None:
         self.outcomes.append(StageOutcome(name, status, key, time.time() - t0, detail))
         self.bars.finish(name, f"{status}: {detail}" if detail else status)
+        if self.tracker is not None:
+            self.tracker.set_tags({f"hetflow.stage.{name}": status})
+            self.tracker.log_metrics({f"stage.{name}.wall_s": time.time() - t0})
+
+    @contextmanager
+    def _stage_run(self, name: str) -> Iterator[Any]:
+        """A nested MLflow run for a stage (None without tracking), ended with the stage."""
+        if self.tracker is None:
+            yield None
+            return
+        from hetflow.runtime.tracking import status_of
+
+        child = self.tracker.child(name, name)
+        failure: BaseException | None = None
+        try:
+            yield child
+        except BaseException as exc:
+            failure = exc
+            raise
+        finally:
+            child.finish(status_of(failure))
 
     def prepare(self) -> tuple[dict[str, Any], Any]:
         import ray
@@ -263,6 +285,9 @@ class _Run:
         total = self.spec.train.train.steps
         self.bars.start("train", total)
         if record is not None:
+            with self._stage_run("train") as child:
+                if child is not None:  # the cached result, logged as the stage's run
+                    _log_cached_training(child, record)
             self._done("train", "skipped", key, t0,
                        f"val_accuracy {record['metrics'].get('val_accuracy', 0):.3f}")
             return record
@@ -274,7 +299,8 @@ class _Run:
             self.bars.update("train", rec["step"], f"loss {rec['loss']:.3f}")
 
         # The ranks map the prepare stage's arrays from the object store (no second load).
-        result = run_training(config, on_progress=on_progress, data=arrays_ref)
+        with self._stage_run("train") as child:
+            result = run_training(config, on_progress=on_progress, data=arrays_ref, tracker=child)
         record = {
             "checkpoint": result.checkpoint,
             "checkpoint_hash": hash_tree(Path(result.checkpoint)),
@@ -311,13 +337,20 @@ class _Run:
         trials = self.spec.tune.budget.trials
         self.bars.start("tune", trials)
         if record is not None:
+            with self._stage_run("tune") as child:
+                if child is not None:
+                    child.set_tags({"hetflow.cached": "true"})
+                    child.log_metrics({f"best_{record['metric']}": record["best_value"],
+                                       "trials": record["trials"]})
             self._done("tune", "skipped", key, t0, f"best {_fmt(record['best_value'])}")
             return record
         out = self.cache.dir("tune", key) / "out"
         config = self.spec.tuning_config(str(out))
         resume = (out / EXPERIMENT_DIR).exists()
         done = TrialsDone(lambda n: self.bars.update("tune", n))
-        result = run_tuning(config, resume=resume, quiet=True, callbacks=[done], data=arrays_ref)
+        with self._stage_run("tune") as child:
+            result = run_tuning(config, resume=resume, quiet=True, callbacks=[done], data=arrays_ref,
+                                tracker=child)
         best_train = (_read_yaml(result.best_config_path) if result.best_config_path else None)
         checkpoint = (_step_dir(result.best_checkpoint_path)
                       if result.best_checkpoint_path else None)
@@ -370,6 +403,10 @@ class _Run:
                                  f"{e.precision} is below export.min_accuracy {e.min_accuracy}")
         self._done("export", status, key, t0,
                    f"{record['source']} at {e.precision}: accuracy {record['accuracy']:.3f}")
+        if self.tracker is not None:
+            self.tracker.log_metrics({"export_accuracy": record["accuracy"]})
+            self.tracker.set_tags({"hetflow.export.source": record["source"],
+                                   "hetflow.export.precision": e.precision})
         return record
 
     def _choose(self, trained: dict[str, Any],
@@ -524,26 +561,72 @@ def run_workflow(spec: WorkflowSpec, address: str | None = None, *, fresh: bool 
     results_dir = Path(spec.results_dir).absolute() / run_id
     from hetflow.workflow.utilisation import UtilisationRecorder
 
-    with UtilisationRecorder() as util, ray_session(spec, address), StageBars(progress) as bars:
-        run = _Run(spec, bars)
-        util.stage = "prepare"
-        prepared, arrays_ref = run.prepare()
-        util.stage = "train"
-        trained = run.train(prepared, arrays_ref)
-        util.stage = "tune"
-        tuned = run.tune(prepared, arrays_ref)
-        util.stage = "export"
-        exported = run.export(prepared, trained, tuned, arrays_ref)
-        util.stage = "serve"
-        served_accuracy, load, url, _ = run.serve_and_load(exported, arrays_ref)
-    result = WorkflowResult(run_id, results_dir, run.outcomes, prepared, trained, tuned,
-                            exported, served_accuracy, load, url, run.failures,
-                            wall_s=time.time() - t0, utilisation=list(util.samples))
-    if report:
-        from hetflow.workflow.report import write_report
+    tracker = None
+    if spec.tracking.mlflow is not None:  # before Ray: a bad URI is exit 2 at once
+        from hetflow.runtime.tracking import Tracker
 
-        result.report_md, result.report_html = write_report(result, spec)
-    return result
+        tracker = Tracker.start(spec.tracking.mlflow, spec.name, kind="workflow", run_name=run_id)
+        tracker.log_params(spec.model_dump(mode="json", exclude={"tracking"}))
+        tracker.set_tags({"hetflow.run_id": run_id})
+    status = "FAILED"
+    try:
+        with UtilisationRecorder() as util, ray_session(spec, address), StageBars(progress) as bars:
+            run = _Run(spec, bars, tracker)
+            util.stage = "prepare"
+            prepared, arrays_ref = run.prepare()
+            util.stage = "train"
+            trained = run.train(prepared, arrays_ref)
+            util.stage = "tune"
+            tuned = run.tune(prepared, arrays_ref)
+            util.stage = "export"
+            exported = run.export(prepared, trained, tuned, arrays_ref)
+            util.stage = "serve"
+            served_accuracy, load, url, _ = run.serve_and_load(exported, arrays_ref)
+        result = WorkflowResult(run_id, results_dir, run.outcomes, prepared, trained, tuned,
+                                exported, served_accuracy, load, url, run.failures,
+                                wall_s=time.time() - t0, utilisation=list(util.samples))
+        if report:
+            from hetflow.workflow.report import write_report
+
+            result.report_md, result.report_html = write_report(result, spec)
+        if tracker is not None:
+            _log_workflow_result(tracker, result)
+        status = "FINISHED" if result.ok else "FAILED"
+        return result
+    except KeyboardInterrupt:
+        status = "KILLED"
+        raise
+    finally:
+        if tracker is not None:
+            tracker.finish(status)
+
+
+def _log_cached_training(tracker: Any, record: dict[str, Any]) -> None:
+    """A skipped (cached) train stage as its run: the config it ran with, its loss curve,
+    metrics and placement from the cache record, and its checkpoint."""
+    from hetflow.workloads.train.config import config_from_dict
+    from hetflow.workloads.train.job import log_training_start
+
+    log_training_start(tracker, config_from_dict(record["train_config"], source="cache"))
+    losses = {int(k): v for k, v in record["losses"].items()}
+    tracker.log_metric_rows([(step, {"train_loss": loss}) for step, loss in sorted(losses.items())])
+    if losses:
+        tracker.log_metrics({**record["metrics"], "samples_per_s": record.get("samples_per_s")},
+                            step=max(losses))
+    tracker.set_tags({"hetflow.cached": "true", "hetflow.placement": record.get("placement")})
+    tracker.log_artifacts(record["checkpoint"], "checkpoint")
+
+
+def _log_workflow_result(tracker: Any, result: WorkflowResult) -> None:
+    """The served model's accuracy and latencies, the checks, and the report as artifacts."""
+    load = result.load
+    tracker.log_metrics({"served_accuracy": result.served_accuracy, "load_p50_ms": load.p50_ms,
+                         "load_p99_ms": load.p99_ms, "load_achieved_qps": load.achieved_qps,
+                         "load_errors": load.error_count, "wall_s": result.wall_s})
+    tracker.set_tags({"hetflow.ok": result.ok,
+                      **({"hetflow.failures": "; ".join(result.failures)} if result.failures else {})})
+    if result.report_md is not None:
+        tracker.log_artifacts(result.results_dir, "report")
 
 
 __all__ = ["STAGES", "StageOutcome", "WorkflowResult", "new_run_id", "ray_session",

@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from hetflow.core.errors import InputError
 from hetflow.core.validation import field_errors
 from hetflow.core.yamlfile import read_user_text
+from hetflow.runtime.tracking import TrackingConfig
 from hetflow.workloads.serve.config import BatchingConfig, GatewayConfig, HTTPConfig, LimitsConfig
 from hetflow.workloads.models.spec import spec_label, spec_of
 from hetflow.workloads.train.config import TrainConfig
@@ -172,6 +173,10 @@ class WorkflowSpec(_Section):
     """Stage 5: serving."""
     load_test: LoadTestStage = Field(default_factory=LoadTestStage)
     """Stage 6: the load test."""
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    """Experiment tracking, off by default: ``tracking: {mlflow: {uri, experiment}}`` logs the
+    run to MLflow, with the train and tune stages as nested runs (docs/tracking.md;
+    ``hetflow run --mlflow URI``)."""
 
     @model_validator(mode="after")
     def _check_stages(self) -> "WorkflowSpec":
@@ -179,6 +184,9 @@ class WorkflowSpec(_Section):
         if "data" in self.train.model_fields_set:
             errors.append("train.data: set by the workflow; put dataset, val_fraction and seed "
                           "under prepare instead")
+        if "tracking" in self.train.model_fields_set:
+            errors.append("train.tracking: set by the workflow; put tracking at the top level "
+                          "of the file (the stages become nested runs of the workflow's run)")
         if "dir" in self.train.checkpoint.model_fields_set:
             errors.append("train.checkpoint.dir: set by the workflow (under cache_dir); remove it")
         spec = spec_of(self.train.model)

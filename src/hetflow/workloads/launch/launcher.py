@@ -163,12 +163,28 @@ class Launcher:
         self._where: list[dict[str, Any]] = []
         self._embedded_cores: int | None = None
         self._signalled: int | None = None
+        self._tracker: Any = None  # the launch's MLflow run (spec.tracking), or None
+        self._placements: list[dict[str, Any]] = []
 
     # -- public ----------------------------------------------------------------------------------
 
     def run(self) -> LaunchResult:
         t0 = time.time()
         target = resolve_target(self.spec, self._cwd)
+        if self.spec.tracking.mlflow is not None:  # before Ray: a bad URI is exit 2 at once
+            from hetflow.runtime.tracking import Tracker
+
+            self._tracker = Tracker.start(self.spec.tracking.mlflow, self.run_id, kind="launch")
+            self._tracker.log_params({"hetflow": self._params(target)})
+        result: LaunchResult | None = None
+        try:
+            result = self._run_on_ray(target, t0)
+            return result
+        finally:
+            if self._tracker is not None:
+                self._track_end(result)
+
+    def _run_on_ray(self, target: Target, t0: float) -> LaunchResult:
         from hetflow.runtime.session import connect  # join or start Ray (its rules)
 
         session = connect(self.spec.address, self.spec.nproc,
@@ -191,6 +207,43 @@ class Launcher:
             for log in self._logs:
                 log.close()
             session.close()
+
+    # -- tracking --------------------------------------------------------------------------------
+
+    def _params(self, target: Target) -> dict[str, Any]:
+        """The launch's settings as MLflow parameters (``hetflow.*``: apart from the script's)."""
+        spec = self.spec
+        return {"target": spec.target, "args": list(spec.args), "nproc": spec.nproc, "tp": spec.tp,
+                "pp": spec.pp, "device": spec.device, "vendor": spec.vendor, "model": spec.model,
+                "memory": spec.memory, "cpus_per_rank": spec.cpus_per_rank,
+                "max_restarts": spec.max_restarts, "visible_devices": spec.visible_devices,
+                "working_dir": target.working_dir, "run_id": self.run_id,
+                "env": sorted(spec.env) or None}
+
+    def _track_attempt(self, attempt: int, ranks: list[dict[str, Any]]) -> None:
+        if self._tracker is None:
+            return
+        how = self._placed.how if self._placed is not None else ""
+        self._placements.append({"attempt": attempt, "how": how, "ranks": ranks})
+        self._tracker.set_tags({"hetflow.placement": how, "hetflow.attempt": attempt})
+        self._tracker.log_dict({"attempts": self._placements}, "placement.json")
+
+    def _track_end(self, result: LaunchResult | None) -> None:
+        """Exit status, restarts and times as metrics; the rank logs as artifacts (``logs/``);
+        the run FINISHED (exit 0), KILLED (interrupted) or FAILED."""
+        tracker = self._tracker
+        if result is None:
+            tracker.finish("FAILED")
+            return
+        tracker.log_metrics({"hetflow.exit_code": result.exit_code,
+                             "hetflow.restarts": result.restarts, "hetflow.wall_s": result.wall_s,
+                             "hetflow.startup_s": result.startup_s})
+        tracker.set_tags({"hetflow.exit_code": result.exit_code,
+                          **({"hetflow.failure": result.failures[-1]} if result.failures else {})})
+        if result.log_dir.is_dir():
+            tracker.log_artifacts(result.log_dir, "logs")
+        interrupted = result.exit_code in (128 + signal.SIGINT, 128 + signal.SIGTERM) and not result.failures
+        tracker.finish("FINISHED" if result.exit_code == 0 else "KILLED" if interrupted else "FAILED")
 
     # -- Ray and placement -----------------------------------------------------------------------
 
@@ -259,6 +312,7 @@ class Launcher:
         attempt = 0
         while True:
             ranks = self._start_attempt(target, attempt)
+            self._track_attempt(attempt, ranks)
             if startup_s is None:
                 startup_s = time.time() - t0
             failure = self._watch(attempt)
@@ -296,7 +350,8 @@ class Launcher:
 
         port = (self._where[0]["port"] if attempt == 0 and len(self._where) else
                 ray.get(self._actors[0].free_port.remote()))
-        user_env = dict(self.spec.env)
+        # the launch's MLflow run for a script that logs itself (the user's --env wins)
+        user_env = {**(self._tracker.env() if self._tracker is not None else {}), **self.spec.env}
         if "OMP_NUM_THREADS" in os.environ and "OMP_NUM_THREADS" not in user_env:
             user_env["OMP_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"]
         envs = torchrun_env([w["node_id"] for w in self._where], self._where[0]["ip"], port,

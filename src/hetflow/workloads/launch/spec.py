@@ -14,6 +14,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from hetflow.core.request import ParallelLayout
+from hetflow.runtime.tracking import TrackingConfig
 
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 
@@ -70,6 +71,10 @@ class LaunchSpec(BaseModel):
     """``TORCHELASTIC_RUN_ID`` and the name of the run's log directory (default: generated)."""
     log_dir: str | None = None
     """Where each rank's output is kept (``rank-<k>.log``); default ``results/launch/<run_id>``."""
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    """MLflow tracking (``--mlflow URI``): the launch is one MLflow run - its settings, where
+    each rank ran, the exit status, the rank logs - and the ranks get ``MLFLOW_RUN_ID`` and
+    ``MLFLOW_TRACKING_URI``, so a script that logs to MLflow itself logs into that run."""
 
     @model_validator(mode="after")
     def _check(self) -> "LaunchSpec":

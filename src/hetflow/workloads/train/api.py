@@ -336,7 +336,9 @@ class FuncWorker:
         from hetflow.workloads.launch.rank import free_port
 
         return {"ip": ray.util.get_node_ip_address(), "port": free_port(), "pid": os.getpid(),
-                "node_id": ray.get_runtime_context().get_node_id()}
+                "node_id": ray.get_runtime_context().get_node_id(),
+                "visible_devices": {k: os.environ.get(k) for k in
+                                    ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")}}
 
     def run(self, fn: Callable[..., Any], config: Any, env: dict[str, str], layout: tuple[int, int, int],
             device_kind: str, threads: int, info: dict[str, Any], progress: Any) -> Any:

@@ -37,6 +37,7 @@ from hetflow.core.errors import InputError
 from hetflow.core.request import ParallelLayout
 from hetflow.core.validation import describe
 from hetflow.core.yamlfile import read_yaml
+from hetflow.runtime.tracking import TrackingConfig
 from hetflow.workloads.models.gpt.config import GPTConfig
 from hetflow.workloads.models.mlp.config import MLPConfig
 from hetflow.workloads.models.spec import (
@@ -200,6 +201,9 @@ class TrainConfig(_Section):
     """Checkpoint directory and interval."""
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
     """Devices, CPUs, failures."""
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    """Experiment tracking, off by default: ``tracking: {mlflow: {uri, experiment}}`` logs the
+    job to MLflow (docs/tracking.md; ``hetflow train --mlflow URI`` does the same)."""
 
     @field_validator("model", mode="before")
     @classmethod

@@ -74,10 +74,12 @@ class TrainingJob:
     """
 
     def __init__(self, config: TrainConfig, on_progress: ProgressCallback | None = None,
-                 data: Any | None = None) -> None:
+                 data: Any | None = None, tracker: Any | None = None) -> None:
         self.config = config
         self.on_progress = on_progress
         self.data = data  # ObjectRef of prepared split arrays, or None
+        self.tracker = tracker  # a hetflow.runtime.tracking.Tracker to log into, or None
+        self._placements: list[dict[str, Any]] = []  # each attempt's placement (tracking)
         self.records: list[dict[str, Any]] = []
         self.worker_pids: list[int] = []
         self.attempt = 0
@@ -86,15 +88,34 @@ class TrainingJob:
         self._seen = 0  # rank 0's reports read so far
 
     def run(self) -> TrainResult:
+        """The job to its end; with tracking on (``config.tracking`` or a given tracker) it is
+        logged as an MLflow run (:func:`log_training_start`, :func:`log_training_result`)."""
         import ray
 
+        from hetflow.runtime.tracking import Tracker, status_of
+
+        own = None
+        if self.tracker is None and self.config.tracking.mlflow is not None:
+            own = self.tracker = Tracker.start(self.config.tracking.mlflow, self.config.name,
+                                               kind="train")
+        if self.tracker is not None:
+            log_training_start(self.tracker, self.config)
         started_ray = False
-        if not ray.is_initialized():
-            ray.init(address=self.config.resources.ray_address, log_to_driver=True)
-            started_ray = True
+        failure: BaseException | None = None
         try:
-            return self._run()
+            if not ray.is_initialized():
+                ray.init(address=self.config.resources.ray_address, log_to_driver=True)
+                started_ray = True
+            result = self._run()
+            if self.tracker is not None:
+                log_training_result(self.tracker, result, self.config)
+            return result
+        except BaseException as exc:
+            failure = exc
+            raise
         finally:
+            if own is not None:
+                own.finish(status_of(failure))
             if self._progress is not None:
                 ray.kill(self._progress)
                 self._progress = None
@@ -117,6 +138,7 @@ class TrainingJob:
             try:
                 config, group = self._start(config, failures)
                 self.worker_pids = group.pids
+                self._track_placement(group)
                 ranks = group.run(train_func, {"config": config, "data": self.data},
                                   {"checkpoint_dir": str(config.checkpoint_dir)}, self._progress,
                                   tick=self._poll)
@@ -175,10 +197,23 @@ class TrainingJob:
 
         new = ray.get(self._progress.since.remote(self._seen))
         self._seen += len(new)
-        for record in loss_records(new):
+        records = loss_records(new)
+        for record in records:
             self.records.append(record)
             if self.on_progress is not None:
                 self.on_progress(record, self)
+        if self.tracker is not None and records:  # queued: the tracker's thread logs them
+            self.tracker.log_metric_rows([(r["step"], {"train_loss": r["loss"]}) for r in records])
+
+    def _track_placement(self, group: Any) -> None:
+        """Each attempt's placement: a tag (the planner's explanation) and ``placement.json``
+        (every attempt: which node, process and devices each rank got)."""
+        if self.tracker is None:
+            return
+        self._placements.append({"attempt": self.attempt, "how": group.how,
+                                 "ranks": [{"rank": r, **w} for r, w in enumerate(group.where)]})
+        self.tracker.set_tags({"hetflow.placement": group.how, "hetflow.attempt": self.attempt})
+        self.tracker.log_dict({"attempts": self._placements}, "placement.json")
 
     def _gave_up(self, failures: list[str]) -> str:
         info = latest_checkpoint(self.config.checkpoint_dir)
@@ -218,6 +253,33 @@ class TrainingJob:
         )
 
 
+def log_training_start(tracker: Any, config: TrainConfig) -> None:
+    """A training run's parameters (the config's sections, flattened: ``train.lr``,
+    ``layout.dp``, ...) and, with artifacts on, the config itself (``config.yaml``)."""
+    data = config.model_dump(mode="json", exclude={"tracking"})
+    tracker.log_params(data)
+    if tracker.target.artifacts:
+        tracker.log_dict(data, "config.yaml")
+
+
+def log_training_result(tracker: Any, result: TrainResult, config: TrainConfig) -> None:
+    """The end of a training run: validation metrics, throughput, restarts at the last step;
+    every rank's node, device and process (``placement.json``, ``ranks``); the final checkpoint
+    (artifacts ``checkpoint/``)."""
+    numbers = {**result.metrics, "samples_per_s": result.samples_per_s,
+               "startup_s": result.startup_s, "wall_s": result.wall_s,
+               "restarts": result.restarts, "final_train_loss": result.final_loss}
+    tracker.log_metrics(numbers, step=result.steps)
+    ranks = [{"rank": r.rank, "host": r.host, "node_id": r.node_id, "pid": r.pid,
+              "device": r.device, "backend": r.backend, "runtime": r.runtime,
+              "visible_devices": r.visible_devices} for r in result.ranks]
+    tracker.log_dict({"how": result.placement, "layout": result.layout, "ranks": ranks},
+                     "ranks.json")
+    tracker.set_tags({"hetflow.placement": result.placement,
+                      "hetflow.layout": "x".join(f"{k}{v}" for k, v in result.layout.items())})
+    tracker.log_artifacts(result.checkpoint, "checkpoint")
+
+
 def smaller_layouts(config: TrainConfig) -> list[TrainConfig]:
     """The same job with fewer data-parallel replicas, largest first, where the global batch
     still splits evenly (over replicas, and over microbatches with a pipeline)."""
@@ -253,17 +315,20 @@ def evaluate_checkpoint(config: TrainConfig, info: CheckpointInfo,
 
 
 def run_training(config: TrainConfig, on_progress: ProgressCallback | None = None,
-                 data: Any | None = None) -> TrainResult:
+                 data: Any | None = None, tracker: Any | None = None) -> TrainResult:
     """Run ``config`` on Ray (joining ``resources.ray_address``, or a local Ray) to the end.
 
     ``data``: an ObjectRef of the split's arrays (keys ``SPLIT_KEYS`` of
     :mod:`hetflow.workloads.train.data`) already in Ray's object store - e.g. a workflow's
     prepare stage. Every rank then maps those arrays instead of loading ``config.dataset``
     itself. They must be the split ``config.data`` describes (the final evaluation uses it too).
+
+    ``tracker``: log into this MLflow run (a workflow's stage run); without it, a config with
+    ``tracking.mlflow`` gets a run of its own.
     """
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    return TrainingJob(config, on_progress, data).run()
+    return TrainingJob(config, on_progress, data, tracker).run()
 
 
 __all__ = ["TrainResult", "TrainingFailed", "TrainingJob", "evaluate_checkpoint",
-           "run_training", "smaller_layouts"]
+           "log_training_result", "log_training_start", "run_training", "smaller_layouts"]

@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from hetflow.core.errors import InputError
 from hetflow.core.validation import describe
 from hetflow.core.yamlfile import read_yaml
+from hetflow.runtime.tracking import TrackingConfig
 from hetflow.workloads.models.spec import BUILTIN_SPECS, builtin_spec, spec_label, spec_of
 from hetflow.workloads.train.config import TrainConfig, load_config
 from hetflow.workloads.tune.space import SearchSpace, parse_flat_space, parse_space
@@ -195,6 +196,23 @@ class TuningConfig(_Section):
     """Resources of one trial."""
     output: OutputConfig = Field(default_factory=OutputConfig)
     """Output directory and progress display."""
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    """Experiment tracking, off by default: ``tracking: {mlflow: {uri, experiment}}`` logs the
+    run and each trial (nested) to MLflow (docs/tracking.md; ``hetflow tune --mlflow URI``).
+    Default: the base training config's ``tracking``."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _inherit_tracking(cls, data: Any) -> Any:
+        """A base training file with ``tracking`` turns it on for the tuning run, unless the
+        tuning file has its own."""
+        own = data.get("tracking") if isinstance(data, dict) else None
+        if isinstance(data, dict) and not (isinstance(own, dict) and own.get("mlflow") is not None) \
+                and isinstance(data.get("base"), dict):
+            inherited = (data["base"].get("tracking") or {})
+            if isinstance(inherited, dict) and inherited.get("mlflow") is not None:
+                data = {**data, "tracking": inherited}
+        return data
 
     @model_validator(mode="after")
     def _check_combinations(self) -> "TuningConfig":

@@ -111,7 +111,8 @@ class TuningResult:
 
 
 def run_tuning(config: TuningConfig, *, resume: bool = False, callbacks: Sequence[Any] = (),
-               quiet: bool = False, data: Any | None = None) -> TuningResult:
+               quiet: bool = False, data: Any | None = None,
+               tracker: Any | None = None) -> TuningResult:
     """Run (or with ``resume`` continue) the tuning run of ``config`` to its budget.
 
     ``data``: an ObjectRef of the split's arrays already in Ray's object store (keys
@@ -123,6 +124,10 @@ def run_tuning(config: TuningConfig, *, resume: bool = False, callbacks: Sequenc
     the callbacks it started with instead (Tune restores them with the run). ``quiet``: no
     table and no placement line. Raises InputError when the output directory already holds a
     run and ``resume`` is False, or holds none to resume.
+
+    Tracking (``config.tracking.mlflow``, or ``tracker``: a run to log into, e.g. a workflow's
+    stage): the tuning run is an MLflow run and each trial a run nested under it
+    (:mod:`~hetflow.workloads.tune.mlflow_trials`); a resumed run continues the same runs.
     """
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     # Each checkpoint forces a snapshot of the run's state (what resume reads); that is the
@@ -133,17 +138,83 @@ def run_tuning(config: TuningConfig, *, resume: bool = False, callbacks: Sequenc
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     import ray
 
+    from hetflow.runtime.tracking import status_of
+
     experiment = config.output_dir / EXPERIMENT_DIR
     _check_output(experiment, resume)
+    own = None
+    if tracker is None and config.tracking.mlflow is not None:
+        own = tracker = _start_tracker(config, resume)
     started_ray = False
-    if not ray.is_initialized():
-        ray.init(address=config.base.resources.ray_address, include_dashboard=False)
-        started_ray = True
+    status = "FAILED"
     try:
-        return _run(config, experiment, resume, list(callbacks), quiet, data)
+        if not ray.is_initialized():
+            ray.init(address=config.base.resources.ray_address, include_dashboard=False)
+            started_ray = True
+        result = _run(config, experiment, resume, list(callbacks), quiet, data, tracker)
+        if tracker is not None:
+            log_tuning_result(tracker, result)
+        status = "KILLED" if result.interrupted else "FINISHED"  # an interrupted run resumes
+        return result
+    except BaseException as exc:
+        status = status_of(exc)
+        raise
     finally:
         if started_ray:
             ray.shutdown()
+        if own is not None:
+            own.finish(status)
+
+
+TRACKING_FILE = "mlflow.json"  # in the output directory: the tuning run's MLflow run (resume)
+
+
+def _start_tracker(config: TuningConfig, resume: bool) -> Any:
+    """The tuning run's MLflow run: on resume the one the run started with (same URI)."""
+    from hetflow.runtime.tracking import Tracker, resolve
+
+    assert config.tracking.mlflow is not None
+    saved = config.output_dir / TRACKING_FILE
+    run_id = None
+    if resume and saved.is_file():
+        record = json.loads(saved.read_text())
+        if record.get("uri") == resolve(config.tracking.mlflow, config.name).uri:
+            run_id = record.get("run_id")
+    tracker = Tracker.start(config.tracking.mlflow, config.name, kind="tune", run_id=run_id)
+    if tracker.run_id is not None:
+        config.output_dir.mkdir(parents=True, exist_ok=True)
+        tmp = saved.with_name(saved.name + ".tmp")
+        tmp.write_text(json.dumps({"uri": tracker.target.uri, "run_id": tracker.run_id}))
+        os.replace(tmp, saved)
+    return tracker
+
+
+def log_tuning_start(tracker: Any, config: TuningConfig, how: str) -> None:
+    """The tuning run's parameters (search, budget, trial, space, the base job; flattened)
+    and where trials are placed."""
+    tracker.log_params(config.model_dump(mode="json", exclude={"tracking", "output"}))
+    tracker.set_tags({"hetflow.placement": how})
+
+
+def log_tuning_result(tracker: Any, result: TuningResult) -> None:
+    """The end of a tuning run: the best value, trial counts, compute spent; the outputs as
+    artifacts (``trials.json``, ``best/`` with its config and checkpoint, ``curves.png``)."""
+    best = result.best
+    tracker.log_metrics({f"best_{result.metric}": best.best if best else None,
+                         "trials": len(result.trials), "stopped_early": len(result.stopped_early),
+                         "trial_epochs": result.trial_epochs, "wall_s": result.wall_s})
+    if best is not None:
+        tracker.set_tags({"hetflow.best_trial": best.trial_id, "hetflow.best_epoch": best.best_epoch,
+                          **{f"hetflow.best.{k}": v for k, v in best.params.items()}})
+    tracker.log_dict([{"trial_id": t.trial_id, "device": t.device, "device_units": t.device_units,
+                       "visible_devices": t.visible_devices, "status": t.status}
+                      for t in result.trials], "placement.json")
+    out = result.output_dir
+    tracker.log_artifacts(out / "trials.json")
+    if (out / "best").is_dir():
+        tracker.log_artifacts(out / "best", "best")
+    if result.plot_path is not None:
+        tracker.log_artifacts(result.plot_path)
 
 
 def _check_output(experiment: Path, resume: bool) -> None:
@@ -158,7 +229,7 @@ def _check_output(experiment: Path, resume: bool) -> None:
 
 
 def _run(config: TuningConfig, experiment: Path, resume: bool, callbacks: list[Any],
-         quiet: bool, data: Any | None = None) -> TuningResult:
+         quiet: bool, data: Any | None = None, tracker: Any | None = None) -> TuningResult:
     from ray import tune
 
     from hetflow.workloads.tune.placement import place_trials
@@ -184,6 +255,13 @@ def _run(config: TuningConfig, experiment: Path, resume: bool, callbacks: list[A
     table = LiveTable(space, search.metric, search.mode, budget.epochs, budget.trials,
                       live=config.output.live)
     run_callbacks = [*placement.callbacks, *([] if quiet else [table]), *callbacks]
+    if tracker is not None:
+        log_tuning_start(tracker, config, placement.how)
+        if tracker.run_id is not None:  # one nested run per trial (Ray Tune's MLflow callback)
+            from hetflow.workloads.tune.mlflow_trials import TrialRuns
+
+            run_callbacks.append(TrialRuns(tracker.target.uri, tracker.target.experiment,
+                                           tracker.run_id))
     if not quiet:
         print(f"placement: {placement.how}", flush=True)
     started_at = time.time()
@@ -481,7 +559,8 @@ def _write_best_config(config: TuningConfig, best: TrialSummary, path: Path) -> 
     header = (f"# The best trial of tuning run {config.name!r}: trial {best.trial_id}, "
               f"{config.search.metric} {best.best:.4f} after {best.best_epoch} epoch(s).\n"
               f"# `hetflow train {path.name}` trains it again; its weights are in checkpoint/.\n")
-    path.write_text(header + yaml.safe_dump(train_config.model_dump(mode="json"),
+    quiet = None if train_config.tracking.enabled else {"tracking"}  # no empty section
+    path.write_text(header + yaml.safe_dump(train_config.model_dump(mode="json", exclude=quiet),
                                             sort_keys=False))
     return path
 
