@@ -289,13 +289,18 @@ def cpu_groups() -> dict[str, list[tuple[str, float]]]:
 def test_cpu_jobs_run_on_every_nodes_cpus_while_device_jobs_run(cluster: Path) -> None:
     head = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and "hetflow.io/node" not in (n.get("Labels") or {}))
     device = client.submit(sleep_spec("gangs", 2, 12, devices={"type": "L40S"}))["job_id"]
-    cpu_ids = [client.submit(sleep_spec(f"cpu{i}", 0, 4))["job_id"] for i in range(3)]
+    cpu_ids = [client.submit(sleep_spec(f"cpu{i}", 0, 6))["job_id"] for i in range(3)]
     late = client.submit(sleep_spec("cpu-late", 0, 1))["job_id"]
-    running = wait_for(lambda: (jobs := jobs_by_id()) and all(jobs[i]["status"] == "RUNNING" for i in cpu_ids)
-                       and jobs, 30, "three CPU jobs running")
+
+    def all_running():  # the records and the placement groups read together (a loaded machine)
+        jobs = jobs_by_id()
+        if not all(jobs[i]["status"] == "RUNNING" for i in cpu_ids):
+            return None
+        groups = cpu_groups()
+        return (jobs, groups) if all(i in groups for i in cpu_ids) else None
+    running, groups = wait_for(all_running, 30, "three CPU jobs running")
     # one CPU each on a, b and the plain head: the cluster's three CPUs, reserved in Ray
     assert sorted(running[i]["devices"] for i in cpu_ids) == ["1 CPU on a", "1 CPU on b", f"1 CPU on ray-{head[:12]}"]
-    groups = cpu_groups()
     assert sorted(cpu for i in cpu_ids for _, cpu in groups[i]) == [1.0, 1.0, 1.0]
     assert head in {node for i in cpu_ids for node, _ in groups[i]}
     assert running[late]["status"] == "QUEUED"

@@ -61,9 +61,10 @@ def _wait(check, timeout: float, what: str):
     raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
 
 
-def test_the_head_restarts_and_the_queue_and_running_jobs_survive(tmp_path: Path) -> None:
-    if NO_REDIS:
-        pytest.fail(NO_REDIS)  # namespaces work here but the set-up is incomplete: not a skip
+def test_the_head_restarts_and_the_queue_and_running_jobs_survive(hosts: HostCluster, tmp_path: Path) -> None:
+    if NO_REDIS or not hosts.redis_address:
+        # namespaces work here but the set-up is incomplete: a failure, not a skip
+        pytest.fail(NO_REDIS or "the namespace cluster runs without Redis")
     ckpt = tmp_path / "ckpt"
     files = {
         "train": {"name": "train", "kind": "train", "preemptible": True,
@@ -72,7 +73,7 @@ def test_the_head_restarts_and_the_queue_and_running_jobs_survive(tmp_path: Path
                             "checkpoint": {"dir": str(ckpt), "interval": 40},
                             "resources": {"device": "cpu", "cpus_per_rank": 1}}},
         "sleeper": {"name": "sleeper", "kind": "python", "cpus": 2, "devices": {"count": 0},
-                    "python": {"script": str(SLEEP_JOB), "args": ["45"]}, "work": {"seconds": 45}},
+                    "python": {"script": str(SLEEP_JOB), "args": ["30"]}, "work": {"seconds": 30}},
         "queued": {"name": "queued", "kind": "python", "cpus": 2, "devices": {"count": 0},
                    "python": {"script": str(SLEEP_JOB), "args": ["2"]}, "work": {"seconds": 2}},
     }
@@ -80,42 +81,41 @@ def test_the_head_restarts_and_the_queue_and_running_jobs_survive(tmp_path: Path
     for key, data in files.items():
         paths[key] = tmp_path / f"{key}.yaml"
         paths[key].write_text(yaml.safe_dump(data))
-    with HostCluster(workers=2, worker_cpus=2, gcs_redis=True) as hosts:
-        client = hosts.worker_hosts[0]
-        ids = {key: _submit(hosts, client, paths[key]) for key in ("train", "sleeper")}
-        _wait(lambda: (j := _jobs(hosts, client)) and all(j[i]["status"] == "RUNNING"
-                                                           for i in ids.values()), 120,
-              "both jobs to run")
-        ids["queued"] = _submit(hosts, client, paths["queued"])
+    client = hosts.worker_hosts[0]
+    ids = {key: _submit(hosts, client, paths[key]) for key in ("train", "sleeper")}
+    _wait(lambda: (j := _jobs(hosts, client)) and all(j[i]["status"] == "RUNNING"
+                                                       for i in ids.values()), 120,
+          "both jobs to run")
+    ids["queued"] = _submit(hosts, client, paths["queued"])
 
-        def trained_some():
-            job = (_jobs(hosts, client) or {}).get(ids["train"], {})
-            return (job.get("progress_step") or 0) >= 60
-        _wait(trained_some, 120, "the training job to pass step 60")
-        before = _jobs(hosts, client)
-        assert before is not None and before[ids["queued"]]["status"] == "QUEUED", before
+    def trained_some():
+        job = (_jobs(hosts, client) or {}).get(ids["train"], {})
+        return (job.get("progress_step") or 0) >= 60
+    _wait(trained_some, 120, "the training job to pass step 60")
+    before = _jobs(hosts, client)
+    assert before is not None and before[ids["queued"]]["status"] == "QUEUED", before
 
-        started = time.monotonic()
-        hosts.restart_head()
-        after = _wait(lambda: _jobs(hosts, client, timeout=20), 90,
-                      "the controller to answer after the head restart")
-        answered_s = time.monotonic() - started
-        print(f"head restart: controller answering after {answered_s:.1f} s")
-        assert set(ids.values()) <= set(after), after  # every record kept
-        assert after[ids["queued"]]["status"] in ("QUEUED", "RUNNING", "SUCCEEDED"), after
+    started = time.monotonic()
+    hosts.restart_head()
+    after = _wait(lambda: _jobs(hosts, client, timeout=20), 90,
+                  "the controller to answer after the head restart")
+    answered_s = time.monotonic() - started
+    print(f"head restart: controller answering after {answered_s:.1f} s")
+    assert set(ids.values()) <= set(after), after  # every record kept
+    assert after[ids["queued"]]["status"] in ("QUEUED", "RUNNING", "SUCCEEDED"), after
 
-        ended = _wait(lambda: (j := _jobs(hosts, client)) and all(j[i]["status"] in ENDED
-                                                                  for i in ids.values()) and j,
-                      400, "every job to end")
-        assert {k: ended[i]["status"] for k, i in ids.items()} == dict.fromkeys(ids, "SUCCEEDED")
-        from hetflow.workloads.train.checkpoint import latest_checkpoint
+    ended = _wait(lambda: (j := _jobs(hosts, client)) and all(j[i]["status"] in ENDED
+                                                              for i in ids.values()) and j,
+                  400, "every job to end")
+    assert {k: ended[i]["status"] for k, i in ids.items()} == dict.fromkeys(ids, "SUCCEEDED")
+    from hetflow.workloads.train.checkpoint import latest_checkpoint
 
-        final = latest_checkpoint(ckpt)
-        assert final is not None and final.step == STEPS
-        losses = final.meta["losses"]
-        assert sorted(int(k) for k in losses) == list(range(1, STEPS + 1))  # each step once
-        out = hosts.python(client, "import ray\nray.init(address=ADDRESS)\n"
-                                   "from ray.util import placement_group_table\n"
-                                   "live = sum(g['state'] != 'REMOVED' for g in placement_group_table().values())\n"
-                                   "print(f'LIVE_GROUPS={live}')\n")
-        assert re.findall(r"LIVE_GROUPS=(\d+)", out.stdout)[-1:] == ["0"], out.stdout + out.stderr
+    final = latest_checkpoint(ckpt)
+    assert final is not None and final.step == STEPS
+    losses = final.meta["losses"]
+    assert sorted(int(k) for k in losses) == list(range(1, STEPS + 1))  # each step once
+    out = hosts.python(client, "import ray\nray.init(address=ADDRESS)\n"
+                               "from ray.util import placement_group_table\n"
+                               "live = sum(g['state'] != 'REMOVED' for g in placement_group_table().values())\n"
+                               "print(f'LIVE_GROUPS={live}')\n")
+    assert re.findall(r"LIVE_GROUPS=(\d+)", out.stdout)[-1:] == ["0"], out.stdout + out.stderr

@@ -29,12 +29,6 @@ SCRIPT = str(REPO / "examples" / "launch" / "ddp_snapshot.py")
 STEPS = 400  # x 0.05 s: a rank left running on a cut-off host would need 16 s more
 
 
-@pytest.fixture(scope="module")
-def hosts():
-    with HostCluster(workers=2, worker_cpus=2) as cluster:
-        yield cluster
-
-
 def _launch(hosts: HostCluster, tmp: Path, name: str, sleep: float) -> list[str]:
     snap = tmp / f"{name}.pt"
     return ["hetflow", "launch", "--address", hosts.address, "--nproc", "2", "--max-restarts", "2",

@@ -15,7 +15,6 @@ import json
 import re
 import shutil
 import socket
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -111,12 +110,6 @@ def lose_a_replica_host(hosts: HostCluster, tmp: Path) -> dict[str, float]:
     return {"requests_ok": ok, "requests_lost": bad, "replicas_before": before,
             "processes_killed": killed[0] if killed else 0, "replicas_after": replicas,
             "replaced_after_rejoin_s": replaced_s}
-
-
-@pytest.fixture(scope="module")
-def hosts():
-    with HostCluster(workers=2, worker_cpus=2, env=serve_env()) as cluster:
-        yield cluster
 
 
 def test_a_replica_host_lost_under_load_loses_no_request(hosts, tmp_path) -> None:
