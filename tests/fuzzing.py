@@ -132,7 +132,7 @@ def raw_bodies(base: bytes) -> st.SearchStrategy[bytes]:
     cut = st.integers(0, len(base)).map(lambda n: base[:n])
     spliced = st.tuples(st.integers(0, len(base)), st.binary(min_size=1, max_size=16)).map(
         lambda t: base[:t[0]] + t[1] + base[t[0]:])
-    deep = st.integers(1, 3000).map(lambda n: b"[" * n + b"]" * n)
+    deep = st.integers(1, 700).map(lambda n: b"[" * n + b"]" * n)
     return st.one_of(st.binary(max_size=200), cut, spliced, deep,
                      st.sampled_from([b"", b"null", b"\xff\xfe{}", b"{\"inputs\": NaN}", b"[]",
                                       b"\"\\ud800\"", b"{\"a\":1,\"a\":2}"]))
@@ -159,6 +159,15 @@ def fuzz(check: Callable[[Any], None], strategy: st.SearchStrategy[Any], example
     return tried[0]
 
 
+def reuse_cli_parser(monkeypatch: Any) -> None:
+    """Build hetflow's command-line parser once for many ``main()`` calls (building it is
+    most of a call's time); ``main`` parses and handles errors as always."""
+    import hetflow.cli.main as cli
+
+    parser = cli.build_parser()
+    monkeypatch.setattr(cli, "build_parser", lambda: parser)
+
+
 def report(capsys: Any, line: str) -> None:
     """Print a fuzz count past pytest's capture (``capsys``: the test's fixture); the counts
     go into docs/reliability.md."""
@@ -172,4 +181,4 @@ def one_line_message(text: str) -> bool:
 
 
 __all__ = ["EDGE_NUMBERS", "EDGE_VALUES", "broken", "fuzz", "leaf_edits", "json_bytes", "json_trees", "mutated", "one_line_message",
-           "raw_bodies", "report"]
+           "raw_bodies", "report", "reuse_cli_parser"]
