@@ -201,16 +201,8 @@ def test_fuzzed_cluster_files_exit_0_or_2_with_one_line(capsys, tmp_path, monkey
     broken values, keys and bytes: exit 0 (a valid cluster: its snapshot) or 2 with one line."""
     import yaml
 
-    from tests.fuzzing import (
-        fuzz,
-        json_bytes,
-        leaf_edits,
-        mutated,
-        one_line_message,
-        raw_bodies,
-        report,
-        reuse_cli_parser,
-    )
+    from tests.fuzzing import (fuzz, json_bytes, leaf_edits, mutated, one_line_message, raw_bodies,
+                               report, reuse_cli_parser)
 
     reuse_cli_parser(monkeypatch)
     example = _example_cluster()

@@ -188,15 +188,8 @@ def test_fuzzed_job_files_exit_0_or_2_with_one_line(tmp_path: Path, monkeypatch,
     from hypothesis import strategies as st
 
     from hetflow.cli.main import main
-    from tests.fuzzing import (
-        fuzz,
-        leaf_edits,
-        mutated,
-        one_line_message,
-        raw_bodies,
-        report,
-        reuse_cli_parser,
-    )
+    from tests.fuzzing import (fuzz, leaf_edits, mutated, one_line_message, raw_bodies, report,
+                               reuse_cli_parser)
 
     monkeypatch.setenv("RAY_ADDRESS", "local")  # the dry run looks for no cluster
     reuse_cli_parser(monkeypatch)

@@ -17,15 +17,8 @@ from hypothesis import strategies as st
 from hetflow.workloads.serve import kserve, openai_api
 from hetflow.workloads.serve.metrics import GatewayMetrics
 from hetflow.workloads.serve.protocol import InputSpec, RequestError, parse_predict
-from tests.fuzzing import (
-    fuzz,
-    json_bytes,
-    leaf_edits,
-    mutated,
-    one_line_message,
-    raw_bodies,
-    report,
-)
+from tests.fuzzing import (fuzz, json_bytes, leaf_edits, mutated, one_line_message, raw_bodies,
+                           report)
 
 FLOAT = InputSpec("float", 4, 0.0, 1.0, 3, "4 values in 0..1")
 TOKENS = InputSpec("int", 4, 0, 255, 256, "4 byte tokens 0..255")
