@@ -240,8 +240,9 @@ class ModelServer:
             if temperature == 0:
                 token = int(logits.argmax())
             else:
-                # float64, largest logit at 0: any temperature above 0 (down to 5e-324) gives
-                # finite weights, the largest 1 (in float32, logits / 1e-300 is inf - inf = NaN)
+                # float64, the largest logit at 0: any temperature above 0 (down to 5e-324)
+                # gives finite weights (in float32, 1e-300 is 0: logits / 0 are infinities,
+                # and their softmax NaN, which torch.multinomial refuses)
                 probs = torch.softmax((logits.double() - logits.max()) / temperature, -1)
                 if top_p < 1:
                     ordered, index = probs.sort(descending=True)
