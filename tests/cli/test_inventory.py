@@ -179,3 +179,71 @@ def test_garbled_fixtures_exit_0_or_2_never_a_traceback(capsys, tmp_path, name, 
         assert json.loads(out)["error"]["exit_code"] == 2
     else:
         json.loads(out)
+
+
+# --- fuzzed cluster files (`--cluster`: a cluster YAML or a snapshot JSON) ---------------------
+
+
+def _example_cluster() -> dict:
+    """examples/cluster-mixed.yaml with its recorded files' paths made absolute (the fuzzed
+    copies are written elsewhere)."""
+    import yaml
+
+    doc = yaml.safe_load(EXAMPLE_CLUSTER.read_text())
+    for node in doc["nodes"]:
+        if "from" in node:
+            node["from"] = [str(EXAMPLE_CLUSTER.parent / f) for f in node["from"]]
+    return doc
+
+
+def test_fuzzed_cluster_files_exit_0_or_2_with_one_line(capsys, tmp_path, monkeypatch) -> None:
+    """`hetflow inventory --json --cluster FILE` on cluster YAMLs and snapshot JSONs with
+    broken values, keys and bytes: exit 0 (a valid cluster: its snapshot) or 2 with one line."""
+    import yaml
+
+    from tests.fuzzing import (fuzz, json_bytes, leaf_edits, mutated, one_line_message, raw_bodies,
+                               report, reuse_cli_parser)
+
+    reuse_cli_parser(monkeypatch)
+    example = _example_cluster()
+    small = {"inter_node_gbps": 25, "nodes": [{"count": 1, "node": "2x L40S", "name": "l"},
+                                              {"count": 1, "node": "cpu", "name": "c"}]}
+    # a catalog entry and a recorded one (the example's first), fewer devices: quicker to load
+    good = {"inter_node_gbps": 12.5, "nodes": [
+        {"count": 2, "node": "2x H100", "name": "h"},
+        {**next(n for n in example["nodes"] if "from" in n), "name": "r"}]}
+    (tmp_path / "small.yaml").write_text(yaml.safe_dump(small))
+    assert main(["inventory", "--json", "--cluster", str(tmp_path / "small.yaml")]) == 0
+    snapshot = json.loads(capsys.readouterr().out)
+    as_yaml = lambda doc: yaml.safe_dump(doc, allow_unicode=True).encode()  # noqa: E731
+    outcomes = {0: 0, 2: 0}
+
+    def check(case: tuple[str, bytes]) -> None:
+        suffix, text = case
+        path = tmp_path / f"cluster{suffix}"
+        path.write_bytes(text)
+        code = main(["inventory", "--json", "--cluster", str(path)])  # an exception fails it
+        out, err = capsys.readouterr()
+        assert code in (0, 2) and err == "", (code, text[:200], out[:200], err)
+        outcomes[code] += 1
+        if code == 0:
+            assert json.loads(out)["nodes"]
+        else:  # with --json the error is one JSON object on stdout (docs/cli.md)
+            assert len(out.strip().splitlines()) == 1, out
+            error = json.loads(out)["error"]
+            assert error["exit_code"] == 2 and one_line_message(error["message"]), out
+
+    yamls = st.one_of(mutated(good), mutated(small)).map(lambda d: (".yaml", as_yaml(d)))
+    jsons = mutated(snapshot).map(lambda d: (".json", json_bytes(d)))
+    raws = st.one_of(raw_bodies(as_yaml(small)).map(lambda b: (".yaml", b)),
+                     raw_bodies(json.dumps(snapshot).encode()).map(lambda b: (".json", b)))
+    sweep = [(".yaml", as_yaml(example)), (".yaml", as_yaml(good)),
+             (".json", json.dumps(snapshot).encode()),
+             (".yaml", b"[" * 600 + b"]" * 600), (".json", b"[" * 600 + b"]" * 600),
+             (".yaml", b"{nodes: " * 600 + b"1" + b"}" * 600)]
+    sweep += [(".yaml", as_yaml(doc)) for doc in leaf_edits(small)]
+    sweep += [(".json", json_bytes(doc)) for doc in leaf_edits(snapshot)[::4]]
+    tried = fuzz(check, st.one_of(yamls, jsons, raws), 150, sweep)
+    report(capsys, f"fuzz: {tried} cluster files to `hetflow inventory --cluster` ({outcomes[0]} "
+                   f"valid: exit 0; {outcomes[2]} exit 2 with one line), never a traceback")
+    assert outcomes[0] >= 3  # the good ones (and some fuzzed) are accepted

@@ -152,3 +152,67 @@ def test_launch_jobs_take_a_device_per_rank_or_a_cpu_per_rank(tmp_path: Path) ->
 def test_bad_launch_sections_say_what_to_write(launch: dict, message: str) -> None:
     with pytest.raises(InputError, match=message.replace("(", r"\(").replace(")", r"\)").replace("?", r"\?")):
         job_from_dict({"name": "l", "kind": "launch", "launch": launch})
+
+
+# --- fuzzed job files, as `hetflow submit --dry-run` reads them -------------------------------
+
+TRAIN = {"name": "digits-dp2", "model": {"kind": "mlp", "hidden": [32]},
+         "data": {"dataset": "digits", "val_fraction": 0.2}, "layout": {"dp": 2},
+         "train": {"steps": 30, "batch_size": 64, "lr": 0.003},
+         "checkpoint": {"dir": "ckpt", "interval": 10}, "resources": {"device": "cpu"}}
+GOOD_JOBS = [
+    {"name": "digits", "kind": "train", "train": TRAIN, "devices": {"count": 0}, "cpus": 2,
+     "memory": "2GiB", "work": {"steps": 30}},
+    {"name": "py", "kind": "python", "python": {"script": "run.py", "args": ["30"], "env": {"A": "1"}},
+     "devices": {"count": 1, "vendor": "nvidia", "memory": "16GiB"}, "cpus": 1,
+     "preemptible": False, "weight": 1.0, "work": {"seconds": 30}, "max_attempts": 2},
+    {"name": "l", "kind": "launch", "launch": {"script": "train.py", "nproc": 4, "tp": 2,
+                                               "max_restarts": 1}},
+    {"name": "t", "kind": "tune", "tune": "tune.yaml", "job_type": "tune"},
+]
+# YAML a parser must not choke on: nesting deeper than Python's stack, an alias bomb (each
+# level nine references to the one above), tabs, a document stream, a binary tag
+NASTY_YAML = [b"[" * 600 + b"]" * 600, b"{a: " * 600 + b"1" + b"}" * 600,
+              b"a: &a [x, x, x, x, x, x, x, x, x]\n" + b"".join(
+                  b"%c: &%c [*%c, *%c, *%c, *%c, *%c, *%c, *%c, *%c, *%c]\n" % (
+                      (98 + i, 98 + i) + (97 + i,) * 9) for i in range(8))
+              + b"name: i\nkind: python\npython: {script: r.py, args: *i}\n",
+              b"name:\tx\n", b"name: a\n---\nname: b\n", b"name: !!binary aGk=\nkind: tune\n",
+              b"\xef\xbb\xbfname: bom\nkind: tune\ntune: t.yaml\n", b"\x00\x01", b"- 1\n- 2\n"]
+
+
+def test_fuzzed_job_files_exit_0_or_2_with_one_line(tmp_path: Path, monkeypatch, capsys) -> None:
+    """`hetflow submit JOB --dry-run` on job files with broken values, keys and bytes: exit 0
+    (a valid job: its description) or 2 with one line; never a traceback or a hang."""
+    import yaml
+    from hypothesis import strategies as st
+
+    from hetflow.cli.main import main
+    from tests.fuzzing import (fuzz, leaf_edits, mutated, one_line_message, raw_bodies, report,
+                               reuse_cli_parser)
+
+    monkeypatch.setenv("RAY_ADDRESS", "local")  # the dry run looks for no cluster
+    reuse_cli_parser(monkeypatch)
+    path = tmp_path / "job.yaml"
+    as_yaml = lambda doc: yaml.safe_dump(doc, allow_unicode=True).encode()  # noqa: E731
+    outcomes = {0: 0, 2: 0}
+
+    def check(text: bytes) -> None:
+        path.write_bytes(text)
+        code = main(["submit", str(path), "--dry-run"])  # an exception fails the test
+        out, err = capsys.readouterr()
+        assert code in (0, 2), (code, text[:200], out, err)
+        outcomes[code] += 1
+        if code == 0:
+            assert out.startswith("dry run: nothing was started") and err == ""
+        else:
+            assert out == "" and err.startswith("hetflow: error: ") and one_line_message(err), err
+
+    bodies = st.one_of(*(mutated(job).map(as_yaml) for job in GOOD_JOBS),
+                       *(raw_bodies(as_yaml(job)) for job in GOOD_JOBS))
+    sweep = [as_yaml(job) for job in GOOD_JOBS] + NASTY_YAML
+    sweep += [as_yaml(doc) for doc in leaf_edits(GOOD_JOBS[1])]
+    tried = fuzz(check, bodies, 150, sweep)
+    report(capsys, f"fuzz: {tried} job files to `hetflow submit --dry-run` ({outcomes[0]} valid: "
+                   f"exit 0; {outcomes[2]} exit 2 with one line), never a traceback")
+    assert outcomes[0] >= len(GOOD_JOBS)  # the good ones (and some fuzzed) are accepted

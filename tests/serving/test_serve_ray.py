@@ -363,6 +363,187 @@ def test_bad_input_on_every_protocol_is_4xx_and_never_sticks(served) -> None:
     assert not [k for k in values if dict(k[1]).get("code", "").startswith("5")]
 
 
+# --- fuzzed requests on every protocol (after the bad-input tests: their counts are exact) ----
+
+FUZZ_TIMEOUT_S = 10  # an answer later than this is a hang (the test fails)
+CONTENT_TYPES = ["application/json", "application/json; charset=utf-8", "text/plain", "",
+                 "application/x-www-form-urlencoded", "application/vnd.api+json", "*/*",
+                 "multipart/form-data; boundary=x", "application/json\u00e9"]
+# printable latin-1 (what an HTTP header value can carry), '²' and friends included; not
+# U+00A0, which requests takes for leading whitespace and refuses
+HEADER_TEXT = "".join(map(chr, [*range(0x21, 0x7F), *range(0xA1, 0x100)]))
+
+
+def _fuzz_answer(r: requests.Response, what: str) -> int | str:
+    """The invariant: 200, or a 4xx whose body is hetflow's JSON error of one line (or, for
+    what the HTTP layer itself refuses, its short page: counted as "<code> http"); never a
+    5xx. The status, as counted."""
+    from tests.fuzzing import one_line_message
+
+    code = r.status_code
+    assert code == 200 or 400 <= code < 500, (what, code, r.text[:300])
+    if code == 200 or r.request.method == "HEAD":
+        return code
+    if not r.headers.get("content-type", "").startswith("application/json"):
+        assert len(r.content) < 300 and b"Traceback" not in r.content, (what, r.text[:300])
+        return f"{code} http"
+    error = r.json()["error"]
+    message = error["message"] if isinstance(error, dict) else error  # OpenAI's, ours
+    assert isinstance(message, str) and one_line_message(message), (what, r.text[:300])
+    return code
+
+
+def _good_requests_answered(served) -> None:
+    """Right after bad input: the v1, v2 and OpenAI endpoints answer good requests, at once."""
+    started = time.monotonic()
+    v1 = post(served, "/v1/models/digits/predict", {"inputs": [ROW, [0.0] * 64]})
+    v2 = post(served, V2, _v2_body([2, 64], data=ROW + [0.0] * 64))
+    assert v1.status_code == 200 and v2.status_code == 200, (v1.text, v2.text)
+    by_v2 = [o for o in v2.json()["outputs"] if o["name"] == "predictions"][0]["data"]
+    assert v1.json()["predictions"] == by_v2  # the same rows, the same answers both ways
+    done = post(served, "/v1/completions", {"model": "tinygpt", "prompt": "ab", "max_tokens": 2,
+                                            "temperature": 0})
+    assert done.status_code == 200 and done.json()["usage"]["completion_tokens"] == 2, done.text
+    assert time.monotonic() - started < 10
+
+
+def test_fuzzed_requests_on_every_protocol_get_4xx_or_200(served, capsys) -> None:
+    """Hypothesis-drawn requests - valid bodies with parts broken (edge numbers, NaN, wrong
+    types and shapes, unicode, unknown keys), raw bytes, wrong content types, odd header
+    values, paths and methods - to every endpoint: each answered 200 or 4xx with a one-line
+    JSON error, none later than FUZZ_TIMEOUT_S; good requests answered right after each
+    batch; no 5xx counted anywhere."""
+    from hypothesis import strategies as st
+
+    from tests.fuzzing import fuzz, json_bytes, mutated, raw_bodies, report
+
+    def send(method: str, path: str, body: bytes | None = None, **headers: str) -> int | str:
+        r = requests.request(method, served.url + path, data=body, timeout=FUZZ_TIMEOUT_S,
+                             headers={"content-type": "application/json", **headers})
+        code = _fuzz_answer(r, f"{method} {path} {headers} {(body or b'')[:200]!r}")
+        if code == 200 and path.endswith("/predict"):
+            predictions = r.json()["predictions"]
+            assert all(type(p) is int and 0 <= p < 10 for p in predictions), r.text[:300]
+        return code
+
+    lines = []
+
+    def batch(name: str, check, strategy, examples: int, sweep=()) -> None:
+        codes: dict[int | str, int] = {}
+
+        def counted(case) -> None:
+            code = check(case)
+            codes[code] = codes.get(code, 0) + 1
+
+        tried = fuzz(counted, strategy, examples, sweep)
+        _good_requests_answered(served)
+        lines.append(f"fuzz: {tried} inputs to {name}, every answer 4xx or 200 "
+                     f"({', '.join(f'{n} x {c}' for c, n in sorted(codes.items(), key=str))}), a good "
+                     "request answered after")
+
+    # v1 predict: by the model's URL (its replicas) and by name (the gateway)
+    good_v1 = {"inputs": [ROW, [0.0] * 64], "probabilities": True}
+    v1_bodies = st.one_of(mutated(good_v1).map(json_bytes), raw_bodies(json.dumps(good_v1).encode()))
+    batch("/v1/models/<m>/predict and /v1/predict",
+          lambda c: send("POST", c[0], c[1], **{"content-type": c[2]}),
+          st.tuples(st.sampled_from(["/v1/models/digits/predict", "/v1/models/placed/predict",
+                                     "/v1/predict"]), v1_bodies,
+                    st.one_of(st.just("application/json"), st.sampled_from(CONTENT_TYPES))), 110,
+          # (first, what the fuzzers found: a whole number past float64 was a 500)
+          [(path, json_bytes({"inputs": [[10**400] + ROW[1:]]}), "application/json")
+           for path in ("/v1/models/digits/predict", "/v1/predict")])
+
+    # KServe v2 infer: JSON tensors, and binary ones with any Inference-Header-Content-Length
+    good_v2 = _v2_body([2, 64], data=[ROW, [0.0] * 64])
+    tensor = np.full((1, 64), 0.5, dtype="<f4").tobytes()
+    head = {"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32",
+                        "parameters": {"binary_data_size": len(tensor)}}],
+            "parameters": {"binary_data_output": True}}
+    binary = st.tuples(mutated(head).map(json_bytes), st.binary(max_size=300),
+                       st.one_of(st.none(), st.text(HEADER_TEXT, min_size=1, max_size=8))).map(
+        lambda t: (t[0] + t[1], t[2] if t[2] is not None else str(len(t[0]))))
+    v2_json = st.one_of(mutated(good_v2).map(json_bytes),
+                        raw_bodies(json.dumps(good_v2).encode())).map(lambda b: (b, None))
+
+    def infer(case) -> int | str:
+        body, length = case
+        extra = {"inference-header-content-length": length} if length is not None else {}
+        if length is not None:
+            extra["content-type"] = "application/octet-stream"
+        return send("POST", V2, body, **extra)
+
+    head_bytes = json_bytes(head)
+    batch("/v2/models/<m>/infer (JSON and binary)", infer, st.one_of(v2_json, binary), 110,
+          [(json_bytes(_v2_body([1, 64], data=[10**400] + ROW[1:])), None),
+           (head_bytes + tensor, str(len(head_bytes))), (head_bytes + tensor, "\u00b2")])
+
+    # OpenAI completions, streamed and not
+    good_cmpl = {"model": "tinygpt", "prompt": "def f(x):", "max_tokens": 2, "temperature": 0.7,
+                 "top_p": 0.9, "stream": True, "stop": ["\n"], "seed": 1}
+
+    def completion(body: bytes) -> int | str:
+        r = requests.post(served.url + "/v1/completions", data=body, timeout=FUZZ_TIMEOUT_S,
+                          headers={"content-type": "application/json"})
+        code = _fuzz_answer(r, f"/v1/completions {body[:200]!r}")
+        if code == 200:
+            if r.headers["content-type"].startswith("text/event-stream"):
+                assert r.text.endswith("data: [DONE]\n\n"), r.text[-300:]
+            else:
+                assert r.json()["choices"][0]["finish_reason"] in ("length", "stop"), r.text
+        return code
+
+    batch("/v1/completions (streamed and not)", completion,
+          st.one_of(mutated(good_cmpl).map(json_bytes),
+                    raw_bodies(json.dumps(good_cmpl).encode())), 80,
+          [json_bytes({**good_cmpl, "temperature": 1e-300, "seed": 2**64 - 1}),
+           json_bytes({**good_cmpl, "stream": False, "temperature": 5e-324}),
+           json_bytes({**good_cmpl, "seed": 2**64})])
+
+    # everything else: metadata, health, metrics, listings, unknown paths; any method
+    names = st.one_of(st.sampled_from(["digits", "digits-int8", "tinygpt", "nope", ""]),
+                      st.text(st.characters(codec="utf-8", exclude_characters="/?#"), max_size=8))
+    paths = st.one_of(
+        st.sampled_from(["/health", "/healthz", "/metrics", "/metrics?format=json",
+                         "/metrics?format=x", "/v1/models", "/v2", "/v2/health/live",
+                         "/v2/health/ready", "/", "/v1", "/v2/models"]),
+        names.map(lambda n: f"/v2/models/{n}"), names.map(lambda n: f"/v2/models/{n}/ready"),
+        names.map(lambda n: f"/v1/models/{n}"),
+        st.text(st.characters(codec="utf-8", exclude_characters="?#"), max_size=30).map(
+            lambda p: "/" + p.lstrip("/")))
+    accept = st.one_of(st.just("*/*"), st.sampled_from(
+        ["application/openmetrics-text; version=abc", "application/openmetrics-text",
+         "text/plain; version=0.0.4", "application/json"]),
+        st.text(HEADER_TEXT, min_size=1, max_size=40))
+    batch("metadata, /health, /metrics, listings and unknown paths (any method)",
+          lambda c: send(c[0], c[1], None, accept=c[2]),
+          st.tuples(st.sampled_from(["GET", "GET", "POST", "PUT", "DELETE", "PATCH", "HEAD",
+                                     "OPTIONS"]), paths, accept), 90,
+          [("GET", "/metrics", "application/openmetrics-text; version=abc")])
+
+    # malformed HTTP itself (HAProxy answers these, with its own short HTML page)
+    raw_http = [b"GET /\x01 HTTP/1.1\r\nHost: x\r\n\r\n", b"BREW /health HTTP/1.1\r\n\r\n",
+                b"POST /v1/predict HTTP/1.1\r\nHost: x\r\nContent-Length: \xb2\r\n\r\n",
+                b"POST /v1/predict HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n",
+                b"POST /v1/predict HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
+                b"Transfer-Encoding: chunked\r\n\r\nzz\r\n",
+                b"GET /health HTTP/1.1\r\nHost: x\r\nX: " + b"a" * 20000 + b"\r\n\r\n",
+                b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + bytes(32) + b"\r\n\r\n"]
+    for data in raw_http:
+        with socket.create_connection(("127.0.0.1", _port(served)), timeout=FUZZ_TIMEOUT_S) as s:
+            s.sendall(data)
+            reply = s.recv(4096)
+        status = int(reply.split(b" ", 2)[1]) if reply.startswith(b"HTTP/1.") else None
+        assert status is None or 400 <= status < 500, (data[:80], reply[:200])
+    _good_requests_answered(served)
+    lines.append(f"fuzz: {len(raw_http)} malformed HTTP requests (request line, Content-Length, "
+                 "chunking, 20 KB header, TLS bytes): 4xx or closed, a good request answered after")
+
+    values, _ = scrape(served)
+    assert not [k for k in values if dict(k[1]).get("code", "").startswith("5")]
+    for line in lines:
+        report(capsys, line)
+
+
 # --- placement ------------------------------------------------------------------------------
 
 

@@ -18,6 +18,7 @@ Every error names the file, the line and what was expected.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from pathlib import Path
 from typing import Any, Sequence
@@ -134,6 +135,9 @@ def _cluster_from_yaml(text: str, source: Path) -> ClusterSnapshot:
         line = mark.line + 1 if mark is not None else None
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise ParseError(str(source), f"not valid YAML ({problem})", line=line) from None
+    except RecursionError:  # PyYAML composes nested collections recursively
+        raise ParseError(str(source), "nested too deeply to read; a cluster file is 'nodes:' "
+                                      "with a list of {count, node} or {from: [files]}") from None
     if root is None:
         raise ParseError(str(source), "empty file; expected 'nodes:' with a list of nodes")
     top = _mapping(source, root, "top level")
@@ -146,7 +150,12 @@ def _cluster_from_yaml(text: str, source: Path) -> ClusterSnapshot:
     if "inter_node_gbps" in top:
         vnode = top["inter_node_gbps"][1]
         inter = _scalar(source, vnode, "inter_node_gbps")
-        if isinstance(inter, bool) or not isinstance(inter, (int, float)) or inter <= 0:
+        number = isinstance(inter, (int, float)) and not isinstance(inter, bool)
+        try:
+            inter = float(inter) if number else math.nan
+        except OverflowError:  # a whole number past float's range
+            inter = math.inf
+        if not 0 < inter < math.inf:  # (NaN fails too)
             raise _fail(source, vnode, "inter_node_gbps: expected a positive number (GB/s)")
     seq = top["nodes"][1]
     if not isinstance(seq, yaml.SequenceNode) or not seq.value:

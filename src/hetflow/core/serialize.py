@@ -67,13 +67,13 @@ def _decode(tp: Any, value: Any, path: str) -> Any:
             raise InputError(f"{path}: expected a list, got {type(value).__name__}")
         return tuple(_decode(item_tp, v, f"{path}[{i}]") for i, v in enumerate(value))
     if tp is PcieLevel:
-        if value not in PcieLevel.__members__:
+        if not isinstance(value, str) or value not in PcieLevel.__members__:
             raise InputError(f"{path}: expected one of {list(PcieLevel.__members__)}, got {value!r}")
         return PcieLevel[value]
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         try:
             return tp(value)
-        except ValueError:
+        except (ValueError, TypeError):  # (TypeError: an unhashable value, a list)
             raise InputError(
                 f"{path}: expected one of {[m.value for m in tp]}, got {value!r}"
             ) from None
@@ -82,7 +82,10 @@ def _decode(tp: Any, value: Any, path: str) -> Any:
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise InputError(f"{path}: expected a number, got {value!r}")
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:  # a whole number past float's range
+            raise InputError(f"{path}: a {len(str(abs(value)))}-digit number is too large") from None
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise InputError(f"{path}: expected an integer, got {value!r}")
@@ -155,11 +158,17 @@ def dumps(obj: ClusterSnapshot | NodeTopology) -> str:
     return json.dumps(d, indent=2, sort_keys=False)
 
 
+def _not_a_number(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
 def loads_snapshot(text: str, source: str = "<json>") -> ClusterSnapshot:
     try:
-        data = json.loads(text)
+        data = json.loads(text, parse_constant=_not_a_number)
     except json.JSONDecodeError as e:
         raise InputError(f"{source}:{e.lineno}: not valid JSON ({e.msg})") from None
+    except (ValueError, RecursionError) as e:  # NaN, over 4300 digits, nested too deeply
+        raise InputError(f"{source}: not valid JSON ({e})") from None
     if isinstance(data, dict) and data.get("schema") == NODE_SCHEMA:
         return ClusterSnapshot(nodes=(node_from_dict(data),))
     try:

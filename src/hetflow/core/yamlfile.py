@@ -32,4 +32,8 @@ def read_yaml(path: str | Path, what: str) -> Any:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
-        raise InputError(f"{where}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
+        problem = " ".join(str(getattr(exc, "problem", None) or exc).split())  # one line
+        raise InputError(f"{where}: not valid YAML ({problem})") from None
+    except RecursionError:  # PyYAML composes nested collections recursively
+        raise InputError(f"{path}: nested too deeply to read; a {what} is a few levels of "
+                         "mappings and lists") from None

@@ -99,7 +99,7 @@ async def read_body(request: Request, limit: int, json_only: bool = True) -> byt
     """The body, refused with 413 over ``limit`` (declared or streamed) and 415 when it is
     not JSON (``json_only``)."""
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+    if declared is not None and declared.isascii() and declared.isdigit() and int(declared) > limit:
         raise RequestError(413, f"the body is {declared} bytes, more than the limit of "
                                 f"{limit}; send fewer rows per request")
     media = request.headers.get("content-type", JSON).split(";")[0].strip().lower()
@@ -240,7 +240,10 @@ class ModelServer:
             if temperature == 0:
                 token = int(logits.argmax())
             else:
-                probs = torch.softmax(logits / temperature, -1)
+                # float64, the largest logit at 0: any temperature above 0 (down to 5e-324)
+                # gives finite weights (in float32, 1e-300 is 0: logits / 0 are infinities,
+                # and their softmax NaN, which torch.multinomial refuses)
+                probs = torch.softmax((logits.double() - logits.max()) / temperature, -1)
                 if top_p < 1:
                     ordered, index = probs.sort(descending=True)
                     keep = ordered.cumsum(-1) - ordered < top_p

@@ -29,6 +29,7 @@ from hetflow.workloads.serve.protocol import (
     InputSpec,
     PredictRequest,
     RequestError,
+    as_array,
     check_array,
     parse_json,
 )
@@ -68,7 +69,8 @@ def parse_infer(body: bytes, header_length: str | None, spec: InputSpec, *, mode
     """A checked infer request, or RequestError (400 for what the client sent wrong, 413 for
     too many rows)."""
     if header_length is not None:
-        if not header_length.isdigit() or int(header_length) > len(body):
+        # (ASCII digits only: str.isdigit() also takes '²', which int() refuses)
+        if not (header_length.isascii() and header_length.isdigit()) or int(header_length) > len(body):
             raise RequestError(400, f"Inference-Header-Content-Length {header_length} does not "
                                     f"fit the {len(body)}-byte body")
         head, tail = body[:int(header_length)], body[int(header_length):]
@@ -150,8 +152,7 @@ def _tensor(tensor: dict[str, Any], tail: bytes, spec: InputSpec, model: str) ->
             raise RequestError(400, f"input data[{i}] is {type(value).__name__ if value is not None else 'null'}; "
                                     f"{datatype} takes {'numbers' if spec.kind == 'float' else 'whole numbers'}")
     with np.errstate(over="ignore", invalid="ignore"):
-        return np.asarray(flat, dtype=np.float64 if spec.kind == "float" else np.int64
-                          ).reshape(shape)
+        return as_array(flat, np.float64 if spec.kind == "float" else np.int64).reshape(shape)
 
 
 def _flatten(data: list[Any]) -> list[Any]:

@@ -150,8 +150,12 @@ class GatewayMetrics:
         by default, OpenMetrics when asked): (body, content type)."""
         registry = CollectorRegistry(auto_describe=False)
         registry.register(_Collector(self))
-        encoder, content_type = choose_encoder(accept or "")
-        return encoder(registry), content_type
+        try:
+            encoder, content_type = choose_encoder(accept or "")
+            return encoder(registry), content_type
+        except (TypeError, ValueError):  # prometheus_client on e.g. "...; version=abc"
+            encoder, content_type = choose_encoder("")  # the default: text 0.0.4
+            return encoder(registry), content_type
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -90,8 +90,8 @@ def parse_completion(body: bytes, generative: dict[str, int], all_models: list[s
         if not isinstance(value, bool) and value is not None:
             raise RequestError(400, f"'{key}' must be true or false")
     seed = doc.get("seed")
-    if seed is not None and type(seed) is not int:
-        raise RequestError(400, "'seed' must be a whole number")
+    if seed is not None and (type(seed) is not int or not -2**63 <= seed < 2**64):
+        raise RequestError(400, "'seed' must be a whole number from -2**63 to 2**64-1")
     stop = doc.get("stop")
     stops: tuple[str, ...] = ()
     if isinstance(stop, str):

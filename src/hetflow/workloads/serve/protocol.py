@@ -141,8 +141,18 @@ def parse_rows(inputs: Any, spec: InputSpec, *, max_rows: int, model: str) -> np
             raise RequestError(422, f"inputs[{i}] has {len(row)} values; model {model} takes "
                                     f"{spec.width} per row ({spec.description})")
         _check_values(row, i, spec)
-    return check_array(np.asarray(inputs, dtype=np.float64), spec, max_rows=max_rows,
-                       model=model)
+    return check_array(as_array(inputs, np.float64), spec, max_rows=max_rows, model=model)
+
+
+def as_array(values: list[Any], dtype: Any) -> np.ndarray:
+    """Checked JSON numbers -> a numpy array, or RequestError 422 for a whole number too large
+    for ``dtype`` (JSON has no size limit: ``1e999`` is refused by the parser, ``10**400``
+    written out in digits is not)."""
+    try:
+        return np.asarray(values, dtype=dtype)
+    except OverflowError:
+        raise RequestError(422, f"inputs hold a whole number too large for "
+                                f"{np.dtype(dtype).name}") from None
 
 
 def check_array(array: np.ndarray, spec: InputSpec, *, max_rows: int, model: str) -> np.ndarray:
@@ -196,6 +206,6 @@ def error_body(message: str) -> bytes:
     return json.dumps({"error": message}).encode()
 
 
-__all__ = ["InputSpec", "PredictRequest", "RequestError", "check_array", "error_body",
+__all__ = ["InputSpec", "PredictRequest", "RequestError", "as_array", "check_array", "error_body",
            "parse_json",
            "parse_predict", "parse_rows"]
