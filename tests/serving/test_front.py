@@ -24,6 +24,15 @@ SERVERS = {"svc.digits": [Server("r1", "127.0.0.1", 30001), Server("r2", "127.0.
            "svc": [Server("gw", "127.0.0.1", 30005)]}
 
 
+def assert_valid(tmp_path, text: str) -> None:
+    """The real HAProxy binary accepts the config (``haproxy -c``)."""
+    path = tmp_path / "haproxy.cfg"
+    path.write_text(text)
+    check = subprocess.run([haproxy_binary(), "-c", "-f", str(path)], capture_output=True,
+                           text=True, timeout=30)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
 def _backend(text: str, name: str) -> list[str]:
     lines = text.splitlines()
     start = lines.index(f"backend {name}")
@@ -64,11 +73,7 @@ def test_without_direct_ingress_each_proxy_is_one_server_per_backend(tmp_path) -
     names = [x.split()[1] for x in placed if x.startswith("server ")]
     assert len(names) == len(set(names)) == 2
     assert "server SERVE_PROXY_ACTOR-n1 127.0.0.1:8000" in placed
-    path = tmp_path / "haproxy.cfg"
-    path.write_text(text)
-    check = subprocess.run([haproxy_binary(), "-c", "-f", str(path)], capture_output=True,
-                           text=True, timeout=30)
-    assert check.returncode == 0, check.stdout + check.stderr
+    assert_valid(tmp_path, text)
 
 
 def test_rewritten_path_is_accepted_by_every_group_and_the_gateway() -> None:
@@ -89,8 +94,4 @@ def test_route_prefix_is_valid_and_stripped_for_the_handlers(tmp_path) -> None:
     text = render_config(plan, SERVERS, str(tmp_path / "admin.sock"))
     assert "path_beg /svc/api/v1/models/digits/ /svc/api/v2/models/digits/" in text
     assert "regsub(^/svc/api,)" in text
-    path = tmp_path / "haproxy.cfg"
-    path.write_text(text)
-    check = subprocess.run([haproxy_binary(), "-c", "-f", str(path)], capture_output=True,
-                           text=True, timeout=30)
-    assert check.returncode == 0, check.stdout + check.stderr
+    assert_valid(tmp_path, text)
