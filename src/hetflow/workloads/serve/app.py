@@ -1,4 +1,4 @@
-"""The Ray Serve applications of one hetflow serving config, behind one front door.
+r"""The Ray Serve applications of one hetflow serving config, behind one front door.
 
     from hetflow.workloads.serve.app import deploy
     from hetflow.workloads.serve.config import load_serve_config
