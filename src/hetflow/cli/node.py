@@ -107,7 +107,10 @@ def _ray_args(rest: list[str] | None) -> list[str]:
 
 
 def _head_address(args: argparse.Namespace) -> str:
-    """The head just started here (its port from the flags after --, else Ray's 6379)."""
+    """The head just started here: with --node-ip-address, that address and the port (from
+    the flags after --, else Ray's 6379); without it, the address `ray start` recorded."""
+    if not args.node_ip_address:
+        return "auto"
     port = "6379"
     rest = _ray_args(args.ray_args)
     for i, flag in enumerate(rest):
@@ -115,7 +118,7 @@ def _head_address(args: argparse.Namespace) -> str:
             port = flag.split("=", 1)[1]
         elif flag == "--port" and i + 1 < len(rest):
             port = rest[i + 1]
-    return f"{args.node_ip_address or '127.0.0.1'}:{port}"
+    return f"{args.node_ip_address}:{port}"
 
 
 def _gcs_storage(args: argparse.Namespace) -> tuple[dict[str, str], list[str]]:
