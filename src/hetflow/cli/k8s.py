@@ -4,6 +4,7 @@
     hetflow k8s render --cluster cluster.yaml --out deploy/k8s \\
         --image-cuda REGISTRY/hetflow:cuda --image-rocm REGISTRY/hetflow:rocm
     kubectl apply -f deploy/k8s/
+    hetflow k8s render --cluster cluster.yaml --serve examples/serve_digits.yaml --out deploy/k8s
 
 ``render`` writes two documents (to ``--out DIR`` as ``raycluster.yaml`` and
 ``hetflow-nodes.yaml``, else to stdout):
@@ -19,6 +20,13 @@
   where that value is unknown (label those Kubernetes nodes yourself).
 * a ``ConfigMap`` with each group's node description (hetflow.node/v1 JSON), mounted in the
   group's pods at ``/etc/hetflow/nodes``.
+
+With ``--serve CONFIG.yaml`` the cluster goes inside a ``RayService`` (``rayservice.yaml``
+instead of ``raycluster.yaml``) whose ``serveConfigV2`` deploys the serving config through
+hetflow's Serve application builder (``hetflow.serve:app``, the config inline, HTTP on
+``0.0.0.0`` in the pods; the head container gets the ``serve`` port KubeRay's serve Service
+targets). The models' checkpoint directories must exist at the same paths in the pods (a
+shared volume): render prints them.
 
 By default the Ray resources and labels go in the group's ``resources`` and ``labels`` fields
 (KubeRay >= 1.5, which refuses ``rayStartParams['labels']``); ``--legacy-params`` puts them in
@@ -76,6 +84,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--head-memory", default="16Gi", help="head pod memory request and limit")
     r.add_argument("--workload", choices=["data", "train", "tune", "serve"],
                    help="size each group's object store for this workload (needs the node's host memory)")
+    r.add_argument("--serve", metavar="CONFIG.yaml",
+                   help="a serving config: write a RayService deploying it (rayservice.yaml) "
+                        "instead of a bare RayCluster")
     r.add_argument("--legacy-params", action="store_true",
                    help="put Ray resources and labels in rayStartParams (KubeRay < 1.5)")
     r.set_defaults(func=run_render)
@@ -309,6 +320,34 @@ def render_raycluster(snapshot: ClusterSnapshot, options: RenderOptions) -> tupl
     return cluster, notes
 
 
+def render_rayservice(cluster: dict[str, Any], serving: Any,
+                      options: RenderOptions) -> tuple[dict[str, Any], list[str]]:
+    """A RayService (ray.io/v1) running ``cluster``'s RayCluster spec and deploying the serving
+    config ``serving`` (a ServeConfig) with hetflow's application builder; notes for the
+    user (the paths the pods must have)."""
+    import copy
+
+    import yaml
+
+    from hetflow.workloads.serve.builder import serve_config_document
+
+    document = serve_config_document(serving, host="0.0.0.0")
+    spec = copy.deepcopy(cluster["spec"])
+    head = spec["headGroupSpec"]["template"]["spec"]["containers"][0]
+    head["ports"].append({"containerPort": document["http_options"]["port"], "name": "serve"})
+    notes = []
+    for model in document["applications"][0]["args"]["serving"]["models"]:
+        for key in ("checkpoint_dir", "torchscript", "exported", "safetensors"):
+            if model.get(key):
+                notes.append(f"model {model['name']}: {key} {model[key]} must exist in the pods "
+                             "(a shared volume at that path)")
+    service = {"apiVersion": "ray.io/v1", "kind": "RayService",
+               "metadata": _metadata(options.name, options),
+               "spec": {"serveConfigV2": yaml.safe_dump(document, sort_keys=False),
+                        "rayClusterConfig": spec}}
+    return service, notes
+
+
 def render_configmap(snapshot: ClusterSnapshot, options: RenderOptions) -> dict[str, Any]:
     """The ConfigMap holding each worker group's node description (hetflow.node/v1 JSON)."""
     from hetflow.core.serialize import node_to_dict
@@ -344,16 +383,26 @@ def run_render(args: argparse.Namespace) -> int:
         image_rocm=args.image_rocm, image_cpu=args.image_cpu, head_cpu=args.head_cpu,
         head_memory=args.head_memory, workload=args.workload, legacy_params=args.legacy_params,
     )
+    serving = None
+    if args.serve:
+        from hetflow.workloads.serve.config import load_serve_config
+
+        serving = load_serve_config(args.serve)
     cluster, notes = render_raycluster(snapshot, options)
     configmap = render_configmap(snapshot, options)
+    main_doc, main_file = cluster, "raycluster.yaml"
+    if serving is not None:
+        main_doc, serve_notes = render_rayservice(cluster, serving, options)
+        main_file = "rayservice.yaml"
+        notes += serve_notes
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "raycluster.yaml").write_text(to_yaml(cluster))
+        (out / main_file).write_text(to_yaml(main_doc))
         (out / "hetflow-nodes.yaml").write_text(to_yaml(configmap))
-        print(f"wrote {out / 'raycluster.yaml'} and {out / 'hetflow-nodes.yaml'}", file=sys.stderr)
+        print(f"wrote {out / main_file} and {out / 'hetflow-nodes.yaml'}", file=sys.stderr)
     else:
-        sys.stdout.write(to_yaml(configmap) + "---\n" + to_yaml(cluster))
+        sys.stdout.write(to_yaml(configmap) + "---\n" + to_yaml(main_doc))
     for group in cluster["spec"]["workerGroupSpecs"]:
         limits = group["template"]["spec"]["containers"][0].get("resources", {}).get("limits", {})
         print(f"# group {group['groupName']}: {group['replicas']} pods, "

@@ -5,6 +5,7 @@ Ray Serve, and load-test them.
     hetflow serve examples/serve_digits.yaml --port 8100 --address auto
     hetflow serve examples/serve_digits.yaml --dry-run  # what would be placed and started
     hetflow serve examples/serve_digits.yaml --address auto --detach   # then --stop
+    hetflow serve examples/serve_digits.yaml --serve-config > serve.yaml  # for serve deploy
     hetflow bench serve --url http://127.0.0.1:8000/v1/models/digits/predict --rate 50
     hetflow bench serve --url http://127.0.0.1:8000/v1/models/digits/predict --sweep
 
@@ -52,6 +53,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "--address or ray_address); stop it with --stop")
     p.add_argument("--stop", action="store_true",
                    help="stop a detached deployment of CONFIG on the cluster (--address)")
+    p.add_argument("--serve-config", action="store_true",
+                   help="print a Ray Serve config file for CONFIG (serve deploy / serve run / "
+                        "a RayService's serveConfigV2, built by hetflow.serve:app) and exit")
     p.set_defaults(func=run_serve)
 
     bench = sub.add_parser("bench", help="benchmarks of running services",
@@ -98,6 +102,8 @@ def run_serve(args: argparse.Namespace) -> int:
     from hetflow.runtime.session import check_reachable
 
     require("torch")
+    if args.serve_config:
+        return _serve_config(args)
     # Before the config, whose reading imports the serving code (seconds): a cluster nobody
     # answers on is one line at once. The config's ray_address is read raw here for that only.
     check_reachable(args.address or _raw_address(args.config))
@@ -136,6 +142,24 @@ def run_serve(args: argparse.Namespace) -> int:
             import ray
 
             ray.shutdown()
+    return 0
+
+
+def _serve_config(args: argparse.Namespace) -> int:
+    """``--serve-config``: the Serve config file, on stdout; nothing connects or deploys."""
+    from hetflow.workloads.serve.builder import serve_config_document
+    from hetflow.workloads.serve.config import load_serve_config
+
+    clashes = [flag for flag, on in (("--dry-run", args.dry_run), ("--detach", args.detach),
+                                     ("--stop", args.stop), ("--json", args.json),
+                                     ("--address", args.address),
+                                     ("--duration", args.duration is not None)) if on]
+    if clashes:
+        raise InputError(f"--serve-config only prints a Serve config file; drop {', '.join(clashes)}")
+    import yaml
+
+    document = serve_config_document(load_serve_config(args.config), args.host, args.port)
+    sys.stdout.write(yaml.safe_dump(document, sort_keys=False))
     return 0
 
 

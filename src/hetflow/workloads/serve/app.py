@@ -93,6 +93,7 @@ class ServerSettings:
     batching: dict[str, Any]  # BatchingConfig, as a dict
     max_body_bytes: int
     max_rows: int
+    front_door: bool = True  # False under Serve's own tooling (``builder``): nothing to report to
 
 
 async def read_body(request: Request, limit: int, json_only: bool = True) -> bytes:
@@ -117,22 +118,33 @@ async def read_body(request: Request, limit: int, json_only: bool = True) -> byt
 
 def client_path(request: Request) -> str:
     """The path the client asked for (the front door rewrites the path to Serve's internal
-    route prefix and keeps the client's in a header)."""
-    return (request.headers.get(PATH_HEADER) or request.url.path).rstrip("/") or "/"
+    route prefix and keeps the client's in a header). Without the front door (Serve's own
+    proxy, ``builder``), the path under the application's route prefix (Serve's root_path)."""
+    path = request.headers.get(PATH_HEADER)
+    if path is None:
+        path = request.url.path
+        root = (request.scope.get("root_path") or "").rstrip("/")
+        if root and (path == root or path.startswith(root + "/")):
+            path = path[len(root):]
+    return path.rstrip("/") or "/"
 
 
 class _MetricsReporter:
     """Sends a replica's cumulative metrics to the front door every half second, when they
     changed (one small actor call, off the request path)."""
 
-    def __init__(self, app: str, source: str, metrics: GatewayMetrics) -> None:
+    def __init__(self, app: str, source: str, metrics: GatewayMetrics,
+                 enabled: bool = True) -> None:
         self.app, self.source, self.metrics = app, source, metrics
+        self.enabled = enabled
         self._sent = -1
         self._task: asyncio.Task | None = None
         self._front: Any = None
 
     def changed(self) -> None:
         """Make sure the latest counts reach the front door (call after counting)."""
+        if not self.enabled:
+            return
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._loop())
 
@@ -163,7 +175,8 @@ class ModelServer:
         self.replica = context.replica_id.unique_id
         self.deployment = context.deployment
         self.metrics = GatewayMetrics()
-        self.reporter = _MetricsReporter(settings.app, self.replica, self.metrics)
+        self.reporter = _MetricsReporter(settings.app, self.replica, self.metrics,
+                                         settings.front_door)
         self.specs = {settings.model: settings.input}
         b = settings.batching
         self.batching = bool(b["enabled"])
@@ -294,7 +307,7 @@ class RouteTable:
     app: str
     specs: dict[str, InputSpec]
     chains: dict[str, list[str]]  # model -> [model, fallback, fallback's fallback, ...]
-    groups: dict[str, list[str]]  # model -> its deployments' names (= their applications')
+    groups: dict[str, list[str]]  # model -> its deployments' names
     default_model: str
     max_body_bytes: int
     max_rows: int
@@ -306,6 +319,12 @@ class RouteTable:
     via_gateway: frozenset[str] = frozenset()  # models routed here, not to their replicas
     generative: dict[str, int] = field(default_factory=dict)  # causal LMs -> context tokens
     max_new_tokens: int = 256
+    # deployment -> its Serve application (absent: the application of the deployment's name)
+    apps: dict[str, str] = field(default_factory=dict)
+    front_door: bool = True  # False under Serve's own tooling: every request comes here
+
+    def app_of(self, deployment: str) -> str:
+        return self.apps.get(deployment, deployment)
 
 
 class _ReplicaLost(Exception):
@@ -321,15 +340,19 @@ class Gateway:
     fallback (the front door's backup server for every model: it gets a model's requests
     while none of the model's replicas is up), ``/health``, ``/metrics``, ``/v1/models``."""
 
-    def __init__(self, table: RouteTable) -> None:
+    def __init__(self, table: RouteTable, replicas: dict[str, Any] | None = None) -> None:
+        # ``replicas``: handles of the model deployments, when they are bound into this
+        # application (Serve's own tooling, ``builder``); else looked up in their own apps.
         self.table = table
-        self.handles = {m: [serve.get_deployment_handle(d, d) for d in ds]
+        bound = replicas or {}
+        self.handles = {m: [bound[d] if d in bound else
+                            serve.get_deployment_handle(d, table.app_of(d)) for d in ds]
                         for m, ds in table.groups.items()}
         self.metrics = GatewayMetrics()
         # Every gateway replica's counts go to the front door too, so /metrics is the sum over
         # all replicas whichever gateway replica a scrape reaches.
         self.replica = serve.get_replica_context().replica_id.unique_id
-        self.reporter = _MetricsReporter(table.app, self.replica, self.metrics)
+        self.reporter = _MetricsReporter(table.app, self.replica, self.metrics, table.front_door)
         self.running: dict[str, int] = {}  # deployment -> RUNNING replicas (last poll)
         self.front: dict[str, Any] = {}  # the front door's state (last poll)
         self.inflight: dict[str, int] = {d: 0 for ds in table.groups.values() for d in ds}
@@ -484,8 +507,11 @@ class Gateway:
         return _json(200, openai_api.completion(cid, req.model, "".join(out), finish,
                                                 len(req.prompt), generated[0]))
 
+    def _front_ready(self) -> bool:
+        return bool(self.front.get("ready")) or not self.table.front_door
+
     def _ready(self) -> bool:
-        return bool(self.front.get("ready")) and all(
+        return self._front_ready() and all(
             self.model_state(m)["served_by"] is not None for m in self.table.groups)
 
     async def _merged_metrics(self) -> GatewayMetrics:
@@ -494,6 +520,8 @@ class Gateway:
         whichever gateway replica, reads the same reports, so no counter goes down between
         scrapes; the other replicas' counts are up to half a second old."""
         try:
+            if not self.table.front_door:
+                raise LookupError("no front door")
             merged = await self._front_door().metrics.remote(self.replica, self.metrics)
         except Exception:  # noqa: BLE001 - without the front door: this replica's own
             self._front_actor = None
@@ -628,7 +656,8 @@ class Gateway:
             except Exception:  # noqa: BLE001 - the controller may be restarting; try again
                 pass
             try:
-                self.front = await self._front_door().state.remote()
+                self.front = (await self._front_door().state.remote()
+                              if self.table.front_door else {})
             except Exception:  # noqa: BLE001 - the front door starts after the gateway
                 self._front_actor = None
                 self.front = {}
@@ -639,7 +668,7 @@ class Gateway:
         running = {}
         for model, deployments in self.table.groups.items():
             for name in deployments:
-                app = status.applications.get(name)
+                app = status.applications.get(self.table.app_of(name))
                 dep = app.deployments.get(name) if app is not None else None
                 states = dep.replica_states if dep is not None else {}
                 running[name] = int(sum(n for s, n in states.items() if str(s).endswith("RUNNING")))
@@ -665,7 +694,7 @@ class Gateway:
             status = "degraded"
         else:
             status = "down"
-        ready = status != "down" and bool(self.front.get("ready"))
+        ready = status != "down" and self._front_ready()
         return _json(200 if ready else 503, {"status": status if ready or status == "down"
                                              else "starting", "ready": ready, "models": models})
 
@@ -769,9 +798,13 @@ class Served:
             self.front = None
 
 
-def route_table(config: ServeConfig, plans: dict[str, ModelPlan]) -> RouteTable:
+def route_table(config: ServeConfig, plans: dict[str, ModelPlan],
+                front_door: bool = True) -> RouteTable:
+    """The gateway's table. ``front_door=False`` (Serve's own tooling): every deployment is in
+    the one application ``config.name`` and every request reaches the gateway."""
     batching = {n: {**mp.entry.batching.model_dump(), "in_flight": mp.entry.batches_in_flight}
                 for n, mp in plans.items()}
+    gateway_models = via_gateway(plans) if front_door else set(plans)
     return RouteTable(
         app=config.name,
         specs={n: mp.input for n, mp in plans.items()},
@@ -786,18 +819,21 @@ def route_table(config: ServeConfig, plans: dict[str, ModelPlan]) -> RouteTable:
         batching=batching,
         describe={n: {"precision": mp.entry.precision, "batching": batching[n],
                       "placement": [g.describe() for g in mp.groups],
-                      "path": "gateway" if n in via_gateway(plans) else "direct"}
+                      "path": "gateway" if n in gateway_models else "direct"}
                   for n, mp in plans.items()},
-        via_gateway=frozenset(via_gateway(plans)),
+        via_gateway=frozenset(gateway_models),
         generative={n: mp.input.width for n, mp in plans.items() if mp.generative},
         max_new_tokens=config.limits.max_new_tokens,
+        apps={} if front_door else {g.deployment: config.name for mp in plans.values()
+                                    for g in mp.groups},
+        front_door=front_door,
     )
 
 
-def build_applications(config: ServeConfig, plans: dict[str, ModelPlan]) -> list[Any]:
-    """The Serve applications (``serve.RunTarget``): one per replica group, whose ingress is
-    the model replica itself, and the gateway's."""
-    targets = []
+def _model_servers(config: ServeConfig, plans: dict[str, ModelPlan], front_door: bool = True
+                   ) -> list[tuple[str, int, Any]]:
+    """(model, group index, bound ModelServer deployment) for every replica group."""
+    out = []
     for name, mp in plans.items():
         entry = mp.entry
         server = serve.deployment(ModelServer).options(
@@ -807,22 +843,43 @@ def build_applications(config: ServeConfig, plans: dict[str, ModelPlan]) -> list
             logging_config=QUIET,
         )
         settings = ServerSettings(config.name, name, mp.input, entry.batching.model_dump(),
-                                  config.limits.body_bytes, config.limits.max_rows)
+                                  config.limits.body_bytes, config.limits.max_rows, front_door)
         for index, group in enumerate(mp.groups):
-            app = server.options(**group.serve_options()).bind(mp.spec, settings)
-            targets.append(serve.RunTarget(app, name=group.deployment,
-                                           route_prefix=group_prefix(config.name, name, index),
-                                           logging_config=QUIET))
-    gateway = serve.deployment(Gateway).options(
+            out.append((name, index, server.options(**group.serve_options()).bind(mp.spec, settings)))
+    return out
+
+
+def _gateway_deployment(config: ServeConfig) -> Any:
+    return serve.deployment(Gateway).options(
         name=f"{config.name}.gateway", num_replicas=config.gateway.replicas,
         ray_actor_options={"num_cpus": config.gateway.cpus},
         max_ongoing_requests=10_000,  # the gateway only waits; the replicas' limits bound work
         graceful_shutdown_timeout_s=5.0,
         logging_config=QUIET,
     )
-    targets.append(serve.RunTarget(gateway.bind(route_table(config, plans)), name=config.name,
-                                   route_prefix=app_prefix(config.name), logging_config=QUIET))
+
+
+def build_applications(config: ServeConfig, plans: dict[str, ModelPlan]) -> list[Any]:
+    """The Serve applications (``serve.RunTarget``): one per replica group, whose ingress is
+    the model replica itself, and the gateway's."""
+    targets = [serve.RunTarget(app, name=plans[name].groups[index].deployment,
+                               route_prefix=group_prefix(config.name, name, index),
+                               logging_config=QUIET)
+               for name, index, app in _model_servers(config, plans)]
+    targets.append(serve.RunTarget(_gateway_deployment(config).bind(route_table(config, plans)),
+                                   name=config.name, route_prefix=app_prefix(config.name),
+                                   logging_config=QUIET))
     return targets
+
+
+def build_single_application(config: ServeConfig, plans: dict[str, ModelPlan]) -> Any:
+    """One Serve application for Serve's own tooling (``serve run``/``serve deploy``, KubeRay's
+    RayService; see :mod:`.builder`): the gateway is its ingress and holds the model
+    deployments' handles; requests go Serve's proxy -> gateway -> model replica (no HAProxy
+    front door: the fast path is ``hetflow serve``'s)."""
+    replicas = {plans[name].groups[index].deployment: app
+                for name, index, app in _model_servers(config, plans, front_door=False)}
+    return _gateway_deployment(config).bind(route_table(config, plans, front_door=False), replicas)
 
 
 def front_plan(config: ServeConfig, plans: dict[str, ModelPlan]) -> FrontPlan:
@@ -843,9 +900,11 @@ def via_gateway(plans: dict[str, ModelPlan]) -> set[str]:
     return {n for n, mp in plans.items() if mp.entry.autoscaling is not None}
 
 
-def plan_models(config: ServeConfig, dry_run: bool = False) -> dict[str, ModelPlan]:
-    """Checkpoints found (or trained, unless ``dry_run``), input specs and replica groups for
-    every model. Needs a connected Ray (it reads the live hetflow snapshot)."""
+def plan_models(config: ServeConfig, dry_run: bool = False,
+                may_train: bool = True) -> dict[str, ModelPlan]:
+    """Checkpoints found (or trained, unless ``dry_run`` or not ``may_train``), input specs
+    and replica groups for every model. Needs a connected Ray (it reads the live hetflow
+    snapshot)."""
     from hetflow.runtime.binding import live_snapshot
     from hetflow.workloads.serve.inference import (
         entry_input_spec,
@@ -861,8 +920,8 @@ def plan_models(config: ServeConfig, dry_run: bool = False) -> dict[str, ModelPl
     plans: dict[str, ModelPlan] = {}
     for entry in config.models:
         train = train_config_of(entry)
-        checkpoint = ensure_checkpoint(entry, train, dry_run) if train is not None and \
-            not entry.safetensors else None
+        checkpoint = ensure_checkpoint(entry, train, dry_run, may_train) \
+            if train is not None and not entry.safetensors else None
         memory = check_memory(entry, estimate_memory_bytes(
             train, entry.precision, entry.torchscript or entry.exported))
         groups = plan_replica_groups(config.name, entry, snapshot, ray_gpus, memory)
@@ -907,9 +966,11 @@ def _check_fallback_inputs(config: ServeConfig, plans: dict[str, ModelPlan]) -> 
                              f"{entry.name} ({plans[entry.name].input.description})")
 
 
-def ensure_checkpoint(entry: Any, train: Any, dry_run: bool = False) -> str | None:
+def ensure_checkpoint(entry: Any, train: Any, dry_run: bool = False,
+                      may_train: bool = True) -> str | None:
     """The checkpoint directory to load (None for random weights); trains first when
-    ``train_if_missing`` and no complete checkpoint exists (not with ``dry_run``)."""
+    ``train_if_missing`` and no complete checkpoint exists (not with ``dry_run``; refused
+    when not ``may_train``: Serve's application builder does not train)."""
     from pathlib import Path
 
     from hetflow.core.errors import InputError
@@ -919,6 +980,10 @@ def ensure_checkpoint(entry: Any, train: Any, dry_run: bool = False) -> str | No
         return None
     directory = Path(entry.checkpoint_dir).absolute() if entry.checkpoint_dir else train.checkpoint_dir
     if latest_checkpoint(directory) is None:
+        if not may_train and not dry_run:
+            raise InputError(f"model {entry.name}: no complete checkpoint in {directory}; "
+                             "train it first (hetflow train, or hetflow serve once with "
+                             "train_if_missing) - Serve's application builder does not train")
         if not entry.train_if_missing:
             raise InputError(f"model {entry.name}: no complete checkpoint in {directory}; train "
                              "it first (hetflow train) or set train_if_missing: true")

@@ -1,0 +1,172 @@
+"""Ray Serve's own tooling deploys a hetflow serving config: ``serve deploy`` of the file
+``hetflow serve --serve-config`` writes, ``serve status``, ``serve run hetflow.serve:app
+config=...`` (the application builder), ``serve shutdown``.
+
+One local Ray for the module, with its dashboard (``serve deploy`` and ``serve status`` talk to
+its REST API). The Serve CLI runs as a subprocess, as a user runs it.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
+import pytest
+import ray
+import requests
+import yaml
+
+from hetflow.workloads.train.data import load_dataset
+
+pytestmark = pytest.mark.ray
+
+SERVE = str(Path(sys.executable).with_name("serve"))
+HETFLOW = str(Path(sys.executable).with_name("hetflow"))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    dashboard = _free_port()
+    info = ray.init(address="local", num_cpus=4, include_dashboard=True,
+                    dashboard_host="127.0.0.1", dashboard_port=dashboard,
+                    _node_ip_address="127.0.0.1", log_to_driver=False)
+    yield {"dashboard": f"http://{info.dashboard_url}", "gcs": info.address_info["gcs_address"]}
+    subprocess.run([SERVE, "shutdown", "-a", f"http://{info.dashboard_url}", "-y"],
+                   capture_output=True, timeout=60)
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def serving_file(digits_model, tmp_path_factory) -> tuple[Path, int]:
+    port = _free_port()
+    path = tmp_path_factory.mktemp("tooling") / "serving.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "tooled",
+        "http": {"host": "127.0.0.1", "port": port},
+        "limits": {"max_rows": 8},
+        "gateway": {"status_poll_s": 0.5},
+        "models": [
+            {"name": "digits", "train": digits_model.train_dict,
+             "checkpoint_dir": str(digits_model.checkpoint_dir), "device": "cpu",
+             "replicas": 1, "cpus_per_replica": 0.5, "fallback": "small"},
+            {"name": "small", "weights": "random", "device": "cpu", "cpus_per_replica": 0.25,
+             "train": {"model": {"kind": "mlp", "hidden": [16]}}},
+        ],
+    }))
+    return path, port
+
+
+def _rows(n: int = 2) -> list[list[float]]:
+    data = load_dataset("digits", val_fraction=0.2, seed=0)
+    return data.val.inputs[:n].tolist()
+
+
+def _status(dashboard: str) -> dict:
+    out = subprocess.run([SERVE, "status", "-a", dashboard], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    return yaml.safe_load(out.stdout) or {}
+
+
+def _wait_running(dashboard: str, app: str, timeout_s: float = 180) -> dict:
+    deadline = time.monotonic() + timeout_s
+    status: dict = {}
+    while time.monotonic() < deadline:
+        status = _status(dashboard)
+        apps = {a["name"]: a for a in status.get("applications", [])} \
+            if isinstance(status.get("applications"), list) else status.get("applications", {})
+        state = (apps.get(app) or {}).get("status")
+        if state == "RUNNING":
+            return apps[app]
+        assert state not in ("DEPLOY_FAILED", "UNHEALTHY"), status
+        time.sleep(1.0)
+    raise AssertionError(f"{app} not RUNNING after {timeout_s}s: {status}")
+
+
+def test_serve_deploy_of_the_written_config_serves_every_endpoint(cluster, serving_file,
+                                                                 tmp_path) -> None:
+    path, port = serving_file
+    written = subprocess.run([HETFLOW, "serve", str(path), "--serve-config"],
+                             capture_output=True, text=True, timeout=120)
+    assert written.returncode == 0, written.stderr
+    serve_file = tmp_path / "serve.yaml"
+    serve_file.write_text(written.stdout)
+    document = yaml.safe_load(written.stdout)
+    assert document["applications"][0]["import_path"] == "hetflow.serve:app"
+
+    deployed = subprocess.run([SERVE, "deploy", str(serve_file), "-a", cluster["dashboard"]],
+                              capture_output=True, text=True, timeout=120)
+    assert deployed.returncode == 0, deployed.stderr
+    app = _wait_running(cluster["dashboard"], "tooled")
+    # serve status shows the application with hetflow's deployments
+    assert set(app["deployments"]) == {"tooled.gateway", "tooled.digits", "tooled.small"}, app
+    assert all(d["status"] == "HEALTHY" for d in app["deployments"].values()), app
+
+    base = f"http://127.0.0.1:{port}"
+    rows = _rows()
+    answer = requests.post(f"{base}/v1/models/digits/predict", json={"inputs": rows}, timeout=30)
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert body["served_by"] == "digits" and len(body["predictions"]) == len(rows)
+    # the model as loaded in-process gives the same classes
+    from hetflow.workloads.serve.inference import ReplicaSpec, build_runner
+
+    config = yaml.safe_load(path.read_text())["models"][0]
+    runner = build_runner(ReplicaSpec("digits", config["train"], config["checkpoint_dir"],
+                                      "fp32", "cpu", 1, None))
+    import numpy as np
+
+    expected = runner.split_predict([np.asarray(rows, dtype=np.float32)], [False])[0]
+    assert body["predictions"] == expected["predictions"]
+
+    assert requests.get(f"{base}/health", timeout=30).json()["ready"] is True
+    assert requests.get(f"{base}/v2/health/ready", timeout=30).status_code == 200
+    assert requests.get(f"{base}/v2/models/small/ready", timeout=30).status_code == 200
+    v2 = requests.post(f"{base}/v2/models/small/infer", timeout=30, json={"inputs": [
+        {"name": "input", "shape": [1, 64], "datatype": "FP32", "data": rows[0]}]})
+    assert v2.status_code == 200, v2.text
+    # bad input is a 4xx with a message, and the next good request is answered
+    bad = requests.post(f"{base}/v1/models/digits/predict", json={"inputs": [[1.0, 2.0]]},
+                        timeout=30)
+    assert 400 <= bad.status_code < 500 and "error" in bad.json()
+    assert requests.post(f"{base}/v1/models/digits/predict", json={"inputs": rows},
+                         timeout=30).status_code == 200
+    listing = requests.get(f"{base}/v1/models", timeout=30).json()["models"]
+    assert set(listing) == {"digits", "small"} and listing["digits"]["fallback"] == ["small"]
+
+
+def test_serve_run_builds_from_the_import_path(cluster, serving_file) -> None:
+    path, port = serving_file
+    run = subprocess.run([SERVE, "run", "--non-blocking", "-a", cluster["gcs"], "--name", "built",
+                          "--route-prefix", "/built", "hetflow.serve:app", f"config={path}"],
+                         capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0, run.stderr[-3000:]
+    _wait_running(cluster["dashboard"], "built")
+    # the same Serve instance (the HTTP options of the first deploy), under its route prefix
+    base = f"http://127.0.0.1:{port}/built"
+    answer = requests.post(f"{base}/v1/models/digits/predict", json={"inputs": _rows(1)},
+                           timeout=30)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["served_by"] == "digits"
+    assert requests.get(f"{base}/health", timeout=30).json()["ready"] is True
+    assert requests.get(f"{base}/nope", timeout=30).status_code == 404
+
+
+def test_the_builder_refuses_bad_args_in_one_line(cluster, tmp_path) -> None:
+    run = subprocess.run([SERVE, "run", "--non-blocking", "-a", cluster["gcs"], "--name", "bad",
+                          "--route-prefix", "/bad", "hetflow.serve:app", "cfg=x.yaml"],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0
+    assert "unknown argument(s) cfg" in run.stderr
