@@ -95,7 +95,7 @@ def test_unchanged_scripts_end_as_under_torchrun(address, ddp_reference, script,
     assert reference.returncode == 0, reference.stderr
     run = hetflow_launch("--address", address, "--device", "cpu", "--nproc", "2", *launch_flags,
                          str(EXAMPLES / script), *extra)
-    assert run.returncode == 0, run.stderr
+    assert run.returncode == 0, run.stderr + "\nlast output:\n" + run.stdout[-3000:]
     assert final_loss(run.stdout) == pytest.approx(final_loss(reference.stdout), rel=1e-5, abs=1e-6)
     ours, theirs = step_losses(run.stdout), step_losses(reference.stdout)
     assert ours and [s for s, _ in ours] == [s for s, _ in theirs]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -145,7 +146,8 @@ class InterruptOnce(Callback):
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict,
                         **info: Any) -> None:
         if len(self.completed) >= 2 and result["epoch"] == 2 and not self.marker.exists():
-            self.marker.write_text(f"{trial.trial_id} {result['epoch']}")
+            self.marker.write_text(f"{trial.trial_id} {result['epoch']} "
+                                   f"{','.join(sorted(self.completed))} {time.time()}")
             os.kill(os.getpid(), signal.SIGINT)
 
 
@@ -154,10 +156,13 @@ def test_an_interrupted_run_resumes_without_losing_finished_trials(tmp_path: Pat
     marker = tmp_path / "interrupted"
     first = run_tuning(config, callbacks=[InterruptOnce(marker)], quiet=True)
     assert marker.exists() and first.interrupted
-    interrupted_id, interrupted_epoch = marker.read_text().split()
+    interrupted_id, interrupted_epoch, completed, interrupted_at = marker.read_text().split()
     before = {t.trial_id: t for t in first.trials}
+    # Tune's own results at the interruption (a trial that finished an instant before may not
+    # be in them yet: the callback's view, `completed`, is checked after the resume below)
     finished = {i: t for i, t in before.items() if t.status == "done"}
-    assert len(finished) >= 2, [(i, t.status, t.epochs) for i, t in before.items()]
+    assert finished, [(i, t.status, t.epochs) for i, t in before.items()]
+    assert set(finished) <= set(completed.split(","))
     assert before[interrupted_id].epochs >= int(interrupted_epoch) >= 1
 
     with pytest.raises(InputError, match="--resume"):
@@ -170,6 +175,11 @@ def test_an_interrupted_run_resumes_without_losing_finished_trials(tmp_path: Pat
     assert all(t.status == "done" and t.epochs == 3 for t in after.values())
     for trial_id, trial in finished.items():
         assert after[trial_id].curve == trial.curve  # kept, not trained again
+    for trial_id in completed.split(","):  # every trial done before the interruption: kept
+        curve = after[trial_id].curve
+        assert [p["epoch"] for p in curve] == [1, 2, 3]
+        assert all(p["resumed_from"] == 0 and p["reported_at"] < float(interrupted_at)
+                   for p in curve), curve
     resumed = after[interrupted_id]
     assert [p["epoch"] for p in resumed.curve] == [1, 2, 3]
     # it went on from a checkpoint (not from scratch) in a new process after the interruption

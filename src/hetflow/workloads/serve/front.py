@@ -140,8 +140,7 @@ def render_config(plan: FrontPlan, servers: dict[str, list[Server]], admin_socke
         "    option redispatch 1",
         # a replica killed mid-request: its connection closes with no (or a cut) answer
         "    retry-on conn-failure empty-response junk-response",
-        # every replica of a model may die at once: enough tries to reach the backup (the
-        # gateway) after the dead ones were marked down
+        # the gateway's backend; each model's sets its own (below)
         f"    retries {plan.retries + 2}",
         "    balance leastconn",
         "frontend hetflow",
@@ -178,6 +177,11 @@ def render_config(plan: FrontPlan, servers: dict[str, list[Server]], admin_socke
         # Without direct ingress every application lists the same Serve proxies: a server
         # name appears once per backend (HAProxy keeps only the last of equal names).
         primary = {s.name: s for app in apps for s in servers.get(app, [])}
+        # Every replica of a model may die at once: a request in flight on one comes back
+        # empty (that server is not marked down by it), then each dead server refuses once
+        # (and is marked down), then the backup (the gateway) answers - enough tries for all
+        # of that, plus the configured retries.
+        lines.append(f"    retries {plan.retries + len(primary) + 1}")
         for s in primary.values():
             lines.append(f"    server {s.name} {s.host}:{s.port}")
         for s in gateway:
