@@ -12,6 +12,7 @@ from hetflow.workloads.serve.front import (
     group_prefix,
     haproxy_binary,
     render_config,
+    write_error_files,
 )
 
 PLAN = FrontPlan(app="svc", host="127.0.0.1", port=18080,
@@ -42,9 +43,10 @@ def _backend(text: str, name: str) -> list[str]:
 
 
 def test_config_is_valid_haproxy(tmp_path) -> None:
+    errors = write_error_files(PLAN, str(tmp_path))  # hetflow's JSON errors as HAProxy's own
     for servers in (SERVERS, {}):  # also before any replica is up
         path = tmp_path / "haproxy.cfg"
-        path.write_text(render_config(PLAN, servers, str(tmp_path / "admin.sock")))
+        path.write_text(render_config(PLAN, servers, str(tmp_path / "admin.sock"), errors))
         check = subprocess.run([haproxy_binary(), "-c", "-f", str(path)],
                                capture_output=True, text=True, timeout=30)
         assert check.returncode == 0, check.stdout + check.stderr
@@ -95,3 +97,22 @@ def test_route_prefix_is_valid_and_stripped_for_the_handlers(tmp_path) -> None:
     assert "path_beg /svc/api/v1/models/digits/ /svc/api/v2/models/digits/" in text
     assert "regsub(^/svc/api,)" in text
     assert_valid(tmp_path, text)
+
+
+def test_haproxys_own_errors_are_json_of_one_line(tmp_path) -> None:
+    import json
+
+    from hetflow.workloads.serve.front import error_files
+
+    files = error_files(PLAN)
+    assert {502, 503, 504} <= set(files)
+    for code, content in files.items():
+        head, _, body = content.partition(b"\r\n\r\n")
+        status, *headers = head.decode().split("\r\n")
+        assert status.startswith(f"HTTP/1.1 {code} ")
+        fields = dict(h.split(": ", 1) for h in headers)
+        assert fields["Content-Type"] == "application/json"
+        assert int(fields["Content-Length"]) == len(body)
+        message = json.loads(body)["error"]
+        assert message and "\n" not in message
+    assert "30s" in json.loads(files[504].partition(b"\r\n\r\n")[2])["error"]

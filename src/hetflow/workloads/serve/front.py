@@ -109,9 +109,49 @@ def backend_name(model: str) -> str:
     return "m_" + "".join(c if c.isalnum() or c in "_-." else "_" for c in model)
 
 
-def render_config(plan: FrontPlan, servers: dict[str, list[Server]], admin_socket: str) -> str:
+REASONS = {400: "Bad Request", 408: "Request Time-out", 502: "Bad Gateway",
+           503: "Service Unavailable", 504: "Gateway Time-out"}
+
+
+def error_files(plan: FrontPlan) -> dict[int, bytes]:
+    """HAProxy ``errorfile`` contents (whole HTTP responses): what HAProxy answers itself (a
+    malformed request, a slow client, no server left, a timeout) is hetflow's JSON error of
+    one line, not HAProxy's HTML page. (``http-error ... string`` does not reach the errors
+    HAProxy's HTTP/1 layer sends before a request exists, such as 408; errorfiles do.)"""
+    import json
+
+    messages = {
+        400: "malformed HTTP request (request line, a header or the framing); send a valid "
+             "HTTP/1.1 request",
+        408: f"the request did not arrive within limits.client_timeout_s "
+             f"({plan.client_timeout_s:g}s); send the whole request at once",
+        502: "a model server closed the connection without a valid answer; retry",
+        503: "no server can take this request now; retry later",
+        504: f"no answer within limits.request_timeout_s ({plan.request_timeout_s:g}s); the "
+             "service is overloaded",
+    }
+    out = {}
+    for code, message in messages.items():
+        body = json.dumps({"error": message}).encode()
+        out[code] = (f"HTTP/1.1 {code} {REASONS[code]}\r\nContent-Type: application/json\r\n"
+                     f"Cache-Control: no-cache\r\nConnection: close\r\n"
+                     f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+    return out
+
+
+def write_error_files(plan: FrontPlan, directory: str) -> str:
+    """Write :func:`error_files` into ``directory``; returns it (for :func:`render_config`)."""
+    for code, content in error_files(plan).items():
+        with open(os.path.join(directory, f"{code}.http"), "wb") as f:
+            f.write(content)
+    return directory
+
+
+def render_config(plan: FrontPlan, servers: dict[str, list[Server]], admin_socket: str,
+                  errors_dir: str | None = None) -> str:
     """The HAProxy config for ``plan`` with ``servers`` (Serve application -> its replicas'
-    direct-ingress addresses; the gateway's under ``plan.gateway_app``)."""
+    direct-ingress addresses; the gateway's under ``plan.gateway_app``); ``errors_dir``: where
+    :func:`write_error_files` wrote hetflow's error answers (else HAProxy's own pages)."""
     timeout_s = max(1, int(plan.request_timeout_s + 0.999))
     bind = f"[{plan.host}]:{plan.port}" if ":" in plan.host else f"{plan.host}:{plan.port}"
     lines = [
@@ -138,11 +178,19 @@ def render_config(plan: FrontPlan, servers: dict[str, list[Server]], admin_socke
         "    timeout queue 10s",
         "    timeout check 3s",
         "    option redispatch 1",
+        # the whole request (its body too) in HAProxy's buffer before a server is picked:
+        # HAProxy repeats only a request it received whole before sending it (haproxy
+        # stconn.c: no L7 retry unless the message is DONE), and a client that writes headers
+        # and body apart (aiohttp) would otherwise lose that - its request, on a reused
+        # connection to a replica that died, ended in a closed client connection
+        "    option http-buffer-request",
         # a replica killed mid-request: its connection closes with no (or a cut) answer
         "    retry-on conn-failure empty-response junk-response",
         # the gateway's backend; each model's sets its own (below)
         f"    retries {plan.retries + 2}",
         "    balance leastconn",
+        *([f"    errorfile {code} {os.path.join(errors_dir, f'{code}.http')}"
+           for code in sorted(error_files(plan))] if errors_dir else []),
         "frontend hetflow",
         f"    bind {bind}",
     ]
@@ -299,7 +347,8 @@ class FrontDoor:
         self.proc: subprocess.Popen | None = None
         self.error: str | None = None
         self.reports = ReplicaReports()  # replica -> its latest metrics (GatewayMetrics)
-        self._write(render_config(plan, {}, self.admin))
+        self.errors = write_error_files(plan, self.dir)
+        self._write(render_config(plan, {}, self.admin, self.errors))
         self._start()
         self._task: asyncio.Task | None = None
 
@@ -375,7 +424,7 @@ class FrontDoor:
                                                 self.direct)
                 if servers != self.servers:
                     self.servers = servers
-                    self._write(render_config(self.plan, servers, self.admin))
+                    self._write(render_config(self.plan, servers, self.admin, self.errors))
                     assert self.proc is not None
                     self.proc.send_signal(signal.SIGUSR2)  # master re-reads the config
                 self.error = None
@@ -447,4 +496,5 @@ class FrontDoor:
 
 
 __all__ = ["FAST_ENV", "FrontDoor", "FrontPlan", "INTERNAL_PREFIX", "Server", "app_prefix",
-           "backend_name", "direct_ingress_enabled", "group_prefix", "haproxy_binary", "read_servers", "render_config"]
+           "backend_name", "direct_ingress_enabled", "group_prefix", "error_files", "haproxy_binary", "read_servers", "render_config",
+           "write_error_files"]
