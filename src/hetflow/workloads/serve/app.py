@@ -784,11 +784,22 @@ class Served:
         return ray.get(self.front.state.remote(), timeout=30)
 
     def shutdown(self) -> None:
+        # Every application's deletion at once (each drains its replicas for up to
+        # graceful_shutdown_timeout_s), then wait until Serve lists none of them.
         for app in reversed(self.applications):
             try:
-                serve.delete(app)
+                serve.delete(app, _blocking=False)
             except Exception:  # noqa: BLE001 - already gone
                 pass
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                left = set(serve.status().applications) & set(self.applications)
+            except Exception:  # noqa: BLE001 - Serve itself is gone: nothing is left
+                break
+            if not left:
+                break
+            time.sleep(0.2)
         if self.front is not None:
             try:
                 ray.get(self.front.stop.remote(), timeout=30)
