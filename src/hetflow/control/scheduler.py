@@ -51,6 +51,7 @@ from hetflow.scheduling.policies.capacity import (
     Request,
 )
 from hetflow.scheduling.policies.registry import make_policy
+from hetflow.scheduling.rank_planner import RankPlanner
 from hetflow.scheduling.policies.rounds import (
     DemandMix,
     assignment_rate,
@@ -178,76 +179,20 @@ class LiveCluster:
 
     def plan_ranks(self, job_id: str, a: Assignment, spec: JobSpec, after: FreeCapacity,
                    blocked: set[tuple[int, int]]) -> tuple[Assignment, Placement]:
-        """The planner's ranks inside the policy's choice: the policy chose the device type, the
-        share and how many devices (and on which nodes); the planner picks the devices - on the
-        policy's nodes, or on any node of that type when that gives its tensor-parallel groups
-        faster links - among the ones free once the decision is applied (``a``'s own included)
-        and maps the job's layout onto them: TP groups on the fastest links, pipeline neighbours
-        next. ``after`` is updated when the devices change. A shared device, or a host-bound
-        job, keeps the policy's devices (their ranks still ordered by the planner)."""
-        layout = spec.layout
-        if layout.world_size != len(a.slots):
-            layout = ParallelLayout(tp=len(a.slots))
-        counts: dict[int, int] = {}
-        for n, _ in a.slots:
-            counts[n] = counts.get(n, 0) + 1
-        own = set(a.slots)
-
-        def free_on(pools: Sequence[int]) -> set[tuple[int, int]]:
-            return own | {(n, pos) for n in pools for pos in range(len(self.model.nodes[n].devices))
-                          if after.milli[n, pos] == WHOLE and (n, pos) not in blocked}
-
-        tries: list[tuple[set[tuple[int, int]], bool]] = []  # (devices allowed, same counts per node)
-        if a.milli == WHOLE:
-            tries.append((free_on(list(counts)), True))
-            if a.host is None:
-                tries.append((free_on(self.model.nodes_of_type[a.device_type]), False))
-        tries.append((own, True))
-        best: tuple[float, Assignment, Placement] | None = None
-        for allowed, same_nodes in tries:
-            placed = self._plan_on(job_id, layout, allowed)
-            if placed is None:
-                continue
-            slots = tuple(self.slot_of[(r.node, r.device)] for r in placed.devices)
-            got: dict[int, int] = {}
-            for n, _ in slots:
-                got[n] = got.get(n, 0) + 1
-            if same_nodes and got != counts:
-                continue
-            score = placed.tp_bottleneck_gbps if placed.tp_bottleneck_gbps is not None else math.inf
-            if best is None or score > best[0]:  # another node only when its links are faster
-                new = Assignment(a.device_type, slots, a.milli, a.host, a.cpu_milli, a.memory_mib,
-                                 group_gbps=self.model.group_gbps(tuple(sorted(slots))))
-                best = (score, new, placed)
-        if best is None:
+        """The planner's ranks inside the policy's choice (:class:`RankPlanner`, the simulator's
+        interface too): the planner picks the devices - on the policy's nodes, or on any node of
+        that type when that gives its tensor-parallel groups faster links - among the ones free
+        once the decision is applied (``a``'s own included) and maps the job's layout onto them:
+        TP groups on the fastest links, pipeline neighbours next. ``after`` is updated when the
+        devices change. A shared device, or a host-bound job, keeps the policy's devices (their
+        ranks still ordered by the planner)."""
+        choice = RankPlanner(self.snapshot, self.model, self.slot_of).plan(job_id, a, spec.layout, after, blocked)
+        if choice is None:
             return a, self.placement(job_id, self.held(a), spec.devices.memory_bytes)
-        _, new, placed = best
-        if set(new.slots) != own:
-            after.release(a)
-            after.take(new)
-        moved = "" if {n for n, _ in new.slots} == set(counts) else (
-            "; the planner moved it to nodes of the same type with faster links")
-        return new, dataclasses.replace(
-            placed, memory_bytes=spec.devices.memory_bytes, exclusive=a.milli == WHOLE,
-            notes=placed.notes + (f"devices chosen by the cluster policy: {self.held(a).text()}{moved}",))
-
-    def _plan_on(self, job_id: str, layout: ParallelLayout, allowed: set[tuple[int, int]]) -> Placement | None:
-        """The planner on exactly the devices ``allowed`` (pool, position); None if it refuses."""
-        from hetflow.core.request import PlacementRequest
-        from hetflow.core.topology import Allocation
-        from hetflow.scheduling.planner import plan
-
-        usable = {(self.model.nodes[n].machine, self.model.nodes[n].devices[pos]) for n, pos in allowed}
-        machines = {m for m, _ in usable}
-        nodes = tuple(node for node in self.snapshot.nodes if node.name in machines)
-        sub = ClusterSnapshot(
-            nodes=nodes, inter_node_gbps=self.snapshot.inter_node_gbps,
-            allocations=tuple(Allocation("other", node.name, d.index) for node in nodes
-                              for d in node.devices if (node.name, d.index) not in usable))
-        try:
-            return plan(sub, PlacementRequest(job_id, layout=layout, mixed_models=True))
-        except Unschedulable:
-            return None
+        moved = "; the planner moved it to nodes of the same type with faster links" if choice.moved else ""
+        return choice.assignment, dataclasses.replace(
+            choice.placement, memory_bytes=spec.devices.memory_bytes, exclusive=a.milli == WHOLE,
+            notes=choice.placement.notes + (f"devices chosen by the cluster policy: {self.held(a).text()}{moved}",))
 
     def placement(self, job_id: str, held: HeldDevices, memory_bytes: int | None) -> Placement:
         """A core Placement of one rank per device, in slot order (what ``reserve`` binds)."""

@@ -79,7 +79,7 @@ class ParallelLayout:
 
     @property
     def is_resolved(self) -> bool:
-        return not self.unresolved_axes
+        return WHATEVER_FITS not in (self.dp, self.pp, self.tp)  # cheap: asked on every plan
 
     @property
     def shape(self) -> tuple[int, int, int]:

@@ -14,7 +14,10 @@ each event that can change something the engine shows the policy a
   (same cost); a job's speed is the throughput model's rate for its device type and the
   collective bandwidth of its devices;
 - every assignment is checked (device type, gang size, share, host resources, capacity): a
-  policy that breaks the rules fails an assert, it is never silently fixed.
+  policy that breaks the rules fails an assert, it is never silently fixed;
+- given a :class:`~hetflow.scheduling.rank_planner.RankPlanner` (``ranks=``), the placement
+  planner then picks each started job's devices inside the policy's choice, as the live
+  controller does (same nodes and counts, or other nodes of the type with faster links).
 
 The same mechanism serves every policy; nothing here depends on a policy's name. Time comes only
 from the injected :class:`Clock` (``SimClock`` here; the live runtime's clock is wall time).
@@ -28,6 +31,7 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, Protocol, Sequence
 
 from hetflow.core.errors import InputError
+from hetflow.core.request import ParallelLayout
 from hetflow.scheduling.policies.base import Policy
 from hetflow.scheduling.policies.capacity import WHOLE, Assignment, ClusterModel, FreeCapacity, Request
 from hetflow.scheduling.policies.rounds import (
@@ -41,6 +45,7 @@ from hetflow.scheduling.policies.rounds import (
     progress_at,
     service_at,
 )
+from hetflow.scheduling.rank_planner import RankPlanner
 from hetflow.scheduling.throughput import ThroughputModel
 from hetflow.sim.traces import Job
 
@@ -194,8 +199,9 @@ class Simulator:
 
     def __init__(self, model: ClusterModel, jobs: Sequence[Job], policy: Policy, throughputs: ThroughputModel,
                  config: SimConfig = SimConfig(), clock: SimClock | None = None,
-                 progress: ProgressFn | None = None) -> None:
+                 progress: ProgressFn | None = None, ranks: RankPlanner | None = None) -> None:
         self.model = model
+        self.ranks = ranks  # the planner's devices inside the policy's choice (None: the policy's)
         self.jobs = sorted(jobs, key=lambda j: j.arrival_s)
         ids = [j.job_id for j in self.jobs]
         if len(set(ids)) != len(ids):
@@ -358,11 +364,24 @@ class Simulator:
                 self.records[j.idx].preemptions += 1
             else:
                 moved.add(j.idx)
+        after = self._after(changes.starts)
         for jid, a in changes.starts:
             j = self.by_id[jid]
+            if after is not None and a.slots:
+                choice = self.ranks.plan(jid, a, ParallelLayout(tp=len(a.slots)), after)  # type: ignore[union-attr]
+                a = a if choice is None else choice.assignment
             self._start(j, a)
             if j.idx in moved:
                 self.records[j.idx].migrations += 1
+
+    def _after(self, starts: Sequence[tuple[str, Assignment]]) -> FreeCapacity | None:
+        """What is free once every start is applied (the rank planner chooses within it)."""
+        if self.ranks is None or not starts:
+            return None
+        after = self.free.fork()
+        for _, a in starts:
+            after.take(a)
+        return after
 
     def _start(self, j: SimJob, a: Assignment) -> None:
         now = self.clock.now
