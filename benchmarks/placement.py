@@ -43,13 +43,14 @@ from collections import deque
 from dataclasses import replace
 from typing import Callable
 
+from hetflow.accelerators.catalog import default_catalog
 from hetflow.accelerators.synthetic import DGX1_CUBE_MESH
 from hetflow.core.errors import Unschedulable
 from hetflow.core.request import ParallelLayout, PlacementRequest, Strategy
 from hetflow.core.topology import (
     Allocation, ClusterSnapshot, Device, Link, LinkKind, NodeTopology, PcieLevel, Vendor,
 )
-from hetflow.scheduling.planner import plan
+from hetflow.scheduling.planner import Planner, plan
 
 GIB = 1024**3
 INTER_NODE_GBPS = 25.0
@@ -321,6 +322,7 @@ def speed(seed: int, jobs: int) -> dict[str, float]:
         allocations=random_occupancy(rng, nodes, 0.5),
     )
     total = snapshot.num_accelerators
+    planner = Planner(default_catalog())  # one for the stream, as a controller keeps one
     times: list[float] = []
     cpu_times: list[float] = []  # CPU time of this thread: wall time minus waiting for the CPU
     refused = 0
@@ -332,7 +334,7 @@ def speed(seed: int, jobs: int) -> dict[str, float]:
                                    vendor=vendor, strategy=strategy)
         start, cpu_start = time.perf_counter(), time.thread_time()
         try:
-            placement = plan(snapshot, request)
+            placement = planner.plan(snapshot, request)
         except Unschedulable:
             placement = None
             refused += 1

@@ -31,6 +31,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
+from hetflow.accelerators.catalog import default_catalog
 from hetflow.control.jobspec import JobSpec
 from hetflow.control.state import HeldDevices, JobRecord, Slot, Status
 from hetflow.core.errors import Unschedulable
@@ -51,6 +52,7 @@ from hetflow.scheduling.policies.capacity import (
     Request,
 )
 from hetflow.scheduling.policies.registry import make_policy
+from hetflow.scheduling.planner import Planner
 from hetflow.scheduling.rank_planner import RankPlanner
 from hetflow.scheduling.policies.rounds import (
     DemandMix,
@@ -178,7 +180,7 @@ class LiveCluster:
                                            for n, p in a.slots], a.milli)
 
     def plan_ranks(self, job_id: str, a: Assignment, spec: JobSpec, after: FreeCapacity,
-                   blocked: set[tuple[int, int]]) -> tuple[Assignment, Placement]:
+                   blocked: set[tuple[int, int]], planner: Planner | None = None) -> tuple[Assignment, Placement]:
         """The planner's ranks inside the policy's choice (:class:`RankPlanner`, the simulator's
         interface too): the planner picks the devices - on the policy's nodes, or on any node of
         that type when that gives its tensor-parallel groups faster links - among the ones free
@@ -186,7 +188,7 @@ class LiveCluster:
         TP groups on the fastest links, pipeline neighbours next. ``after`` is updated when the
         devices change. A shared device, or a host-bound job, keeps the policy's devices (their
         ranks still ordered by the planner)."""
-        choice = RankPlanner(self.snapshot, self.model, self.slot_of).plan(job_id, a, spec.layout, after, blocked)
+        choice = RankPlanner(self.snapshot, self.model, self.slot_of, planner).plan(job_id, a, spec.layout, after, blocked)
         if choice is None:
             return a, self.placement(job_id, self.held(a), spec.devices.memory_bytes)
         moved = "; the planner moved it to nodes of the same type with faster links" if choice.moved else ""
@@ -334,6 +336,7 @@ class LiveScheduler:
         # A job's spec never changes after submit; validating every record's spec at every
         # decision was an eighth of a decision's time at 1,024 GPUs (benchmarks/controller.py).
         self._specs: dict[str, JobSpec] = {}
+        self.planner = Planner(default_catalog())  # picks the devices inside the policy's choice
 
     def spec_of(self, record: JobRecord) -> JobSpec:
         """The record's validated spec (parsed once per job id)."""
@@ -534,7 +537,7 @@ class LiveScheduler:
             spec = job.spec  # type: ignore[attr-defined]
             placement = None
             if a.slots:  # the planner decides which devices inside the policy's choice get which rank
-                a, placement = cluster.plan_ranks(jid, a, spec, after, blocked)
+                a, placement = cluster.plan_ranks(jid, a, spec, after, blocked, self.planner)
             held = cluster.held(a)
             if a.slots:  # its devices are free (``blocked`` above); its ranks' CPUs are taken now
                 self._charge_cpus(physical, cluster, self._device_cpus(spec, a, cluster))

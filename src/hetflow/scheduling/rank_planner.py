@@ -28,10 +28,12 @@ import math
 from dataclasses import dataclass
 from typing import AbstractSet, Mapping
 
+from hetflow.accelerators.catalog import default_catalog
 from hetflow.core.errors import Unschedulable
 from hetflow.core.placement import Placement
 from hetflow.core.request import ParallelLayout, PlacementRequest
 from hetflow.core.topology import Allocation, ClusterSnapshot
+from hetflow.scheduling.planner import Planner
 from hetflow.scheduling.policies.capacity import WHOLE, Assignment, ClusterModel, FreeCapacity
 
 Slot = tuple[int, int]  # (pool, position) in the ClusterModel
@@ -48,9 +50,10 @@ class RankPlanner:
     """The planner on a cluster model's devices (see the module docstring)."""
 
     def __init__(self, snapshot: ClusterSnapshot, model: ClusterModel,
-                 slot_of: Mapping[tuple[str, int], Slot] | None = None) -> None:
+                 slot_of: Mapping[tuple[str, int], Slot] | None = None, planner: Planner | None = None) -> None:
         self.snapshot = snapshot
         self.model = model
+        self.planner = planner if planner is not None else Planner(default_catalog())  # kept: memo shared by calls
         self.slot_of = slot_of if slot_of is not None else {
             (pool.machine, dev): (i, pos)
             for i, pool in enumerate(model.nodes) for pos, dev in enumerate(pool.devices)}
@@ -142,8 +145,6 @@ class RankPlanner:
 
     def _plan_on(self, job_id: str, layout: ParallelLayout, allowed: AbstractSet[Slot]) -> Placement | None:
         """The planner on exactly the devices ``allowed``; None if it refuses."""
-        from hetflow.scheduling.planner import plan
-
         usable = {(self.model.nodes[n].machine, self.model.nodes[n].devices[pos]) for n, pos in allowed}
         machines = {m for m, _ in usable}
         nodes = tuple(node for node in self.snapshot.nodes if node.name in machines)
@@ -152,6 +153,6 @@ class RankPlanner:
             allocations=tuple(Allocation("other", node.name, d.index) for node in nodes
                               for d in node.devices if (node.name, d.index) not in usable))
         try:
-            return plan(sub, PlacementRequest(job_id, layout=layout, mixed_models=True))
+            return self.planner.plan(sub, PlacementRequest(job_id, layout=layout, mixed_models=True))
         except Unschedulable:
             return None
