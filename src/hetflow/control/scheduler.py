@@ -350,17 +350,17 @@ class LiveScheduler:
     def allowed_types(self, spec: JobSpec, cluster: LiveCluster) -> frozenset[str] | None:
         if spec.cpu_only:
             return frozenset({CPU_POOL_TYPE})
-        d = spec.devices
-        if d.type is None and d.vendor is None:
+        asked = spec.devices.placement_request(spec.name)  # the planner's request and its rules
+        if asked.model is None and asked.vendor is None:
             return None  # any accelerator (CPU pools hold no devices, so a gang never fits there)
         types = set(cluster.accelerator_types)
-        if d.type is not None:  # the planner's rule: "H100" is H100-SXM and H100-PCIe
+        if asked.model is not None:  # the planner's rule: "H100" is H100-SXM and H100-PCIe
             from hetflow.accelerators.catalog import model_matcher
 
-            matches = model_matcher(d.type)
-            types = {t for t in types if t == canonical_device_type(d.type) or (matches and matches(t))}
-        if d.vendor is not None:
-            types = {t for t in types if d.vendor in cluster.vendors.get(t, ())}
+            matches = model_matcher(asked.model)
+            types = {t for t in types if t == canonical_device_type(asked.model) or (matches and matches(t))}
+        if asked.vendor is not None:
+            types = {t for t in types if asked.vendor.value in cluster.vendors.get(t, ())}
         return frozenset(types)
 
     def rates(self, spec: JobSpec, cluster: LiveCluster) -> dict[str, float]:
