@@ -180,15 +180,17 @@ class LiveCluster:
                                            for n, p in a.slots], a.milli)
 
     def plan_ranks(self, job_id: str, a: Assignment, spec: JobSpec, after: FreeCapacity,
-                   blocked: set[tuple[int, int]], planner: Planner | None = None) -> tuple[Assignment, Placement]:
+                   blocked: set[tuple[int, int]], ranks: RankPlanner | None = None) -> tuple[Assignment, Placement]:
         """The planner's ranks inside the policy's choice (:class:`RankPlanner`, the simulator's
         interface too): the planner picks the devices - on the policy's nodes, or on any node of
         that type when that gives its tensor-parallel groups faster links - among the ones free
         once the decision is applied (``a``'s own included) and maps the job's layout onto them:
         TP groups on the fastest links, pipeline neighbours next. ``after`` is updated when the
         devices change. A shared device, or a host-bound job, keeps the policy's devices (their
-        ranks still ordered by the planner)."""
-        choice = RankPlanner(self.snapshot, self.model, self.slot_of, planner).plan(job_id, a, spec.layout, after, blocked)
+        ranks still ordered by the planner). ``ranks``: one :class:`RankPlanner` for every job
+        of a decision (default: a new one on this cluster)."""
+        ranks = ranks or RankPlanner(self.snapshot, self.model, self.slot_of)
+        choice = ranks.plan(job_id, a, spec.layout, after, blocked)
         if choice is None:
             return a, self.placement(job_id, self.held(a), spec.devices.memory_bytes)
         moved = "; the planner moved it to nodes of the same type with faster links" if choice.moved else ""
@@ -515,6 +517,7 @@ class LiveScheduler:
                 why = f"moved by policy {self.policy.name} to {cluster.held(new).text()}{for_whom}"
             plan.stops.append(Stop(job.job_id, None if new is None else cluster.held(new), why))
         launched = set()
+        ranks: RankPlanner | None = None  # made at the first device job that starts
         physical = free.fork()  # free now: stopping jobs still hold theirs until they have stopped
         for jid, a in changes.starts:
             job = inputs.view.jobs[[j.job_id for j in inputs.view.jobs].index(jid)]
@@ -537,7 +540,8 @@ class LiveScheduler:
             spec = job.spec  # type: ignore[attr-defined]
             placement = None
             if a.slots:  # the planner decides which devices inside the policy's choice get which rank
-                a, placement = cluster.plan_ranks(jid, a, spec, after, blocked, self.planner)
+                ranks = ranks or RankPlanner(cluster.snapshot, cluster.model, cluster.slot_of, self.planner)
+                a, placement = cluster.plan_ranks(jid, a, spec, after, blocked, ranks)
             held = cluster.held(a)
             if a.slots:  # its devices are free (``blocked`` above); its ranks' CPUs are taken now
                 self._charge_cpus(physical, cluster, self._device_cpus(spec, a, cluster))
