@@ -23,7 +23,8 @@ MI300X, 8x A100-80GB, 8x L40S, catalog topologies, 25 GB/s between nodes; 10,000
 seed 0), simulated under the hetflow policy twice in one run: with the policy's own device pick
 and with the planner deciding every started job's devices inside the policy's choice
 (``Simulator(..., ranks=RankPlanner(snapshot, model))``, the live controller's interface).
-Reported: both wall times, how many starts the planner changed, and the average JCT of each.
+Reported: both wall times (and CPU times), how many starts the planner changed, and the average
+JCT of each.
 
 The node topologies are built here with bandwidths set on every link (GB/s per direction, from
 the shared fixtures' BANDWIDTH.md figures); the inter-node network is 25 GB/s. Seeded: the same
@@ -296,10 +297,11 @@ def simulator_path(seed: int, jobs: int, rate: float) -> dict[str, float]:
     trace = synthetic_trace(speeds, jobs, rate, seed=seed, reference_types=("A100-80GB",))
     out: dict[str, float] = {}
     for name, ranks in (("policy", None), ("planner", RankPlanner(snapshot, model))):
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         result = Simulator(model, trace.jobs, make_policy("hetflow"), speeds, SimConfig(), ranks=ranks).run()
         wall = time.perf_counter() - start
         out[f"{name}_wall_s"] = wall
+        out[f"{name}_cpu_s"] = time.process_time() - cpu_start  # what a busy machine does not inflate
         out[f"{name}_avg_jct_s"] = summarise(result, wall)["avg_jct_s"]
         if ranks is not None:
             out.update(starts=ranks.calls, changed=ranks.changed, moved=ranks.moved, refused=ranks.refused)
@@ -396,7 +398,8 @@ def main() -> None:
     m = simulator_path(args.seed, args.sim_jobs, args.sim_rate)
     print(f"simulator: {args.sim_jobs} jobs on {SIM_CLUSTER.split(' @')[0]} (hetflow policy): wall "
           f"{m['policy_wall_s']:.1f} s with the policy's devices, {m['planner_wall_s']:.1f} s with the "
-          f"planner deciding ranks ({m['starts']} starts planned, {m['changed']} got other devices, "
+          f"planner deciding ranks (CPU time {m['policy_cpu_s']:.1f} s and {m['planner_cpu_s']:.1f} s; "
+          f"{m['starts']} starts planned, {m['changed']} got other devices, "
           f"{m['moved']} other nodes, {m['refused']} refused); average JCT {m['policy_avg_jct_s']:.0f} s "
           f"vs {m['planner_avg_jct_s']:.0f} s")
     print(f"RESULT mean_bw_vs_ray={q['mean_ratio']:.3f} worst_bw_vs_ray={q['worst_ratio']:.3f} "
