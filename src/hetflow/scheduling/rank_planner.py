@@ -64,14 +64,15 @@ class RankPlanner:
         self.changed = 0  # ... whose devices it changed (moved included)
         self.refused = 0  # ... where it refused every try (the policy's devices kept, unranked)
 
-    def plan(self, job_id: str, a: Assignment, layout: ParallelLayout, after: FreeCapacity,
+    def plan(self, job_id: str, a: Assignment, layout: ParallelLayout | None, after: FreeCapacity,
              blocked: AbstractSet[Slot] = frozenset()) -> RankChoice | None:
         """The planner's devices and ranks for ``a`` (the policy's assignment, already taken in
         ``after``); ``after`` is updated when the devices change. ``blocked``: devices that are
         free in ``after`` but may not be used yet (a stopping job still holds them). ``layout``
-        is used when its world size is the assignment's device count, else one gang (tp = n)."""
+        is used when its world size is the assignment's device count, else (or when None) one
+        gang (tp = n)."""
         assert a.slots, "rank planning is for device jobs"
-        if layout.world_size != len(a.slots):
+        if layout is None or not layout.is_resolved or layout.world_size != len(a.slots):
             layout = ParallelLayout(tp=len(a.slots))
         model = self.model
         counts: dict[int, int] = {}

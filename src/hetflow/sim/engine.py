@@ -14,13 +14,14 @@ each event that can change something the engine shows the policy a
   (same cost); a job's speed is the throughput model's rate for its device type and the
   collective bandwidth of its devices;
 - every assignment is checked (device type, gang size, share, host resources, capacity): a
-  policy that breaks the rules fails an assert, it is never silently fixed;
-- given a :class:`~hetflow.scheduling.rank_planner.RankPlanner` (``ranks=``), the placement
-  planner then picks each started job's devices inside the policy's choice, as the live
-  controller does (same nodes and counts, or other nodes of the type with faster links).
+  policy that breaks the rules fails an assert, it is never silently fixed.
 
 The same mechanism serves every policy; nothing here depends on a policy's name. Time comes only
 from the injected :class:`Clock` (``SimClock`` here; the live runtime's clock is wall time).
+
+Given a :class:`~hetflow.scheduling.rank_planner.RankPlanner` (``ranks=``), the placement planner
+then picks each started gang's devices inside the policy's choice, as the live controller does
+(same nodes and counts, or other nodes of the type with faster links).
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, Protocol, Sequence
 
 from hetflow.core.errors import InputError
-from hetflow.core.request import ParallelLayout
 from hetflow.scheduling.policies.base import Policy
 from hetflow.scheduling.policies.capacity import WHOLE, Assignment, ClusterModel, FreeCapacity, Request
 from hetflow.scheduling.policies.rounds import (
@@ -202,6 +202,7 @@ class Simulator:
                  progress: ProgressFn | None = None, ranks: RankPlanner | None = None) -> None:
         self.model = model
         self.ranks = ranks  # the planner's devices inside the policy's choice (None: the policy's)
+        self._free_after: tuple[Sequence, FreeCapacity] | None = None  # (a decision's starts, free after them)
         self.jobs = sorted(jobs, key=lambda j: j.arrival_s)
         ids = [j.job_id for j in self.jobs]
         if len(set(ids)) != len(ids):
@@ -364,24 +365,26 @@ class Simulator:
                 self.records[j.idx].preemptions += 1
             else:
                 moved.add(j.idx)
-        after = self._after(changes.starts)
         for jid, a in changes.starts:
             j = self.by_id[jid]
-            if after is not None and a.slots:
-                choice = self.ranks.plan(jid, a, ParallelLayout(tp=len(a.slots)), after)  # type: ignore[union-attr]
-                a = a if choice is None else choice.assignment
+            if self.ranks is not None and a.slots:
+                a = self._planned(jid, a, changes.starts)
             self._start(j, a)
             if j.idx in moved:
                 self.records[j.idx].migrations += 1
 
-    def _after(self, starts: Sequence[tuple[str, Assignment]]) -> FreeCapacity | None:
-        """What is free once every start is applied (the rank planner chooses within it)."""
-        if self.ranks is None or not starts:
-            return None
-        after = self.free.fork()
-        for _, a in starts:
-            after.take(a)
-        return after
+    def _planned(self, jid: str, a: Assignment, starts: Sequence[tuple[str, Assignment]]) -> Assignment:
+        """The rank planner's devices for one start of a decision, inside the policy's choice
+        ``a``, among the devices free once all the decision's ``starts`` are applied (taken at its
+        first start, then updated by the planner as it moves jobs)."""
+        assert self.ranks is not None
+        if self._free_after is None or self._free_after[0] is not starts:
+            after = self.free.fork()
+            for _, other in starts:
+                after.take(other)
+            self._free_after = (starts, after)
+        choice = self.ranks.plan(jid, a, None, self._free_after[1])
+        return a if choice is None else choice.assignment
 
     def _start(self, j: SimJob, a: Assignment) -> None:
         now = self.clock.now
