@@ -18,10 +18,19 @@ one by one, each placement applied, and old jobs released to keep the cluster ab
 Reported: median and p99 wall-clock milliseconds per ``plan()`` call, the first (cold-cache)
 call included; the CPU-time p99 beside it shows how much of the tail is a busy machine.
 
+Simulator: the 1,024-GPU mix of ``benchmarks/scheduling.py`` (32 nodes each of 8x H100, 8x
+MI300X, 8x A100-80GB, 8x L40S, catalog topologies, 25 GB/s between nodes; 10,000 jobs at 150/h,
+seed 0), simulated under the hetflow policy twice in one run: with the policy's own device pick
+and with the planner deciding every started job's devices inside the policy's choice
+(``Simulator(..., ranks=RankPlanner(snapshot, model))``, the live controller's interface).
+Reported: both wall times (and CPU times), how many starts the planner changed, and the average
+JCT of each.
+
 The node topologies are built here with bandwidths set on every link (GB/s per direction, from
 the shared fixtures' BANDWIDTH.md figures); the inter-node network is 25 GB/s. Seeded: the same
 seed prints the same quality figures. The last line is machine-readable:
-``RESULT mean_bw_vs_ray=<x> worst_bw_vs_ray=<x> p50_ms=<x> p99_ms=<x>``.
+``RESULT mean_bw_vs_ray=<x> worst_bw_vs_ray=<x> p50_ms=<x> p99_ms=<x>
+controller_over_planner_bw=<x> sim_1024_planner_wall_s=<x>``.
 """
 
 from __future__ import annotations
@@ -35,13 +44,14 @@ from collections import deque
 from dataclasses import replace
 from typing import Callable
 
+from hetflow.accelerators.catalog import default_catalog
 from hetflow.accelerators.synthetic import DGX1_CUBE_MESH
 from hetflow.core.errors import Unschedulable
 from hetflow.core.request import ParallelLayout, PlacementRequest, Strategy
 from hetflow.core.topology import (
     Allocation, ClusterSnapshot, Device, Link, LinkKind, NodeTopology, PcieLevel, Vendor,
 )
-from hetflow.scheduling.planner import plan
+from hetflow.scheduling.planner import Planner, plan
 
 GIB = 1024**3
 INTER_NODE_GBPS = 25.0
@@ -264,6 +274,40 @@ def controller_path(seed: int, trials: int) -> dict[str, float]:
             "equal": sum(a == b for a, b in zip(ours, planner_bw)) / len(ours)}
 
 
+# --- the simulator with the planner deciding ranks ---------------------------------------
+
+SIM_CLUSTER = "32 * 8x H100 + 32 * 8x MI300X + 32 * 8x A100-80GB + 32 * 8x L40S @ 25"  # scheduling.py's mixed-1024
+
+
+def simulator_path(seed: int, jobs: int, rate: float) -> dict[str, float]:
+    """The hetflow policy on the 1,024-GPU mix, without and with the rank planner."""
+    from hetflow.scheduling.policies.capacity import ClusterModel
+    from hetflow.scheduling.policies.registry import make_policy
+    from hetflow.scheduling.rank_planner import RankPlanner
+    from hetflow.scheduling.throughput import default_model
+    from hetflow.sim.cluster import parse_shorthand
+    from hetflow.sim.engine import SimConfig, Simulator
+    from hetflow.sim.metrics import summarise
+    from hetflow.sim.traces import synthetic_trace
+
+    speeds = default_model()
+    snapshot = parse_shorthand(SIM_CLUSTER)
+    model = ClusterModel.from_snapshot(snapshot)
+    assert model.total_devices == 1024
+    trace = synthetic_trace(speeds, jobs, rate, seed=seed, reference_types=("A100-80GB",))
+    out: dict[str, float] = {}
+    for name, ranks in (("policy", None), ("planner", RankPlanner(snapshot, model))):
+        start, cpu_start = time.perf_counter(), time.process_time()
+        result = Simulator(model, trace.jobs, make_policy("hetflow"), speeds, SimConfig(), ranks=ranks).run()
+        wall = time.perf_counter() - start
+        out[f"{name}_wall_s"] = wall
+        out[f"{name}_cpu_s"] = time.process_time() - cpu_start  # what a busy machine does not inflate
+        out[f"{name}_avg_jct_s"] = summarise(result, wall)["avg_jct_s"]
+        if ranks is not None:
+            out.update(starts=ranks.calls, changed=ranks.changed, moved=ranks.moved, refused=ranks.refused)
+    return out
+
+
 # --- speed ---------------------------------------------------------------------------------
 
 SPEED_LAYOUTS = [  # (dp, pp, tp), one gang when dp = pp = 1
@@ -280,6 +324,7 @@ def speed(seed: int, jobs: int) -> dict[str, float]:
         allocations=random_occupancy(rng, nodes, 0.5),
     )
     total = snapshot.num_accelerators
+    planner = Planner(default_catalog())  # one for the stream, as a controller keeps one
     times: list[float] = []
     cpu_times: list[float] = []  # CPU time of this thread: wall time minus waiting for the CPU
     refused = 0
@@ -291,7 +336,7 @@ def speed(seed: int, jobs: int) -> dict[str, float]:
                                    vendor=vendor, strategy=strategy)
         start, cpu_start = time.perf_counter(), time.thread_time()
         try:
-            placement = plan(snapshot, request)
+            placement = planner.plan(snapshot, request)
         except Unschedulable:
             placement = None
             refused += 1
@@ -326,6 +371,8 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=500, help="planning decisions timed")
     parser.add_argument("--controller-trials", type=int, default=500,
                         help="trials through the live controller's decision")
+    parser.add_argument("--sim-jobs", type=int, default=10_000, help="jobs of the simulated trace")
+    parser.add_argument("--sim-rate", type=float, default=150.0, help="their arrivals per hour")
     args = parser.parse_args()
 
     q = quality(args.seed, args.trials)
@@ -348,9 +395,17 @@ def main() -> None:
           f"{c['mean_controller']:.1f} GB/s, planner alone on the device type the policy chose "
           f"{c['mean_planner']:.1f} GB/s (equal in {c['equal']:.0%} of trials); planner free to "
           f"choose the type too {c['mean_any_type']:.1f} GB/s")
+    m = simulator_path(args.seed, args.sim_jobs, args.sim_rate)
+    print(f"simulator: {args.sim_jobs} jobs on {SIM_CLUSTER.split(' @')[0]} (hetflow policy): wall "
+          f"{m['policy_wall_s']:.1f} s with the policy's devices, {m['planner_wall_s']:.1f} s with the "
+          f"planner deciding ranks (CPU time {m['policy_cpu_s']:.1f} s and {m['planner_cpu_s']:.1f} s; "
+          f"{m['starts']} starts planned, {m['changed']} got other devices, "
+          f"{m['moved']} other nodes, {m['refused']} refused); average JCT {m['policy_avg_jct_s']:.0f} s "
+          f"vs {m['planner_avg_jct_s']:.0f} s")
     print(f"RESULT mean_bw_vs_ray={q['mean_ratio']:.3f} worst_bw_vs_ray={q['worst_ratio']:.3f} "
           f"p50_ms={s['p50_ms']:.2f} p99_ms={s['p99_ms']:.2f} "
-          f"controller_over_planner_bw={c['ratio']:.3f}")
+          f"controller_over_planner_bw={c['ratio']:.3f} "
+          f"sim_1024_planner_wall_s={m['planner_wall_s']:.1f}")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from hetflow.accelerators.recorded import amd_smi
-from hetflow.accelerators.recorded.amd_smi import FORMATS, normalise_bus_id
+from hetflow.accelerators.recorded.amd_smi import FORMATS
+from hetflow.core.pci import normalize_pci_bus_id
 from hetflow.core.errors import ParseError
 from hetflow.core.topology import LinkKind, NodeTopology, Vendor
 
@@ -336,7 +337,7 @@ def test_bandwidth_test_ragged_row_raises_with_line() -> None:
     ],
 )
 def test_normalise_bus_id(text: str, expected: str | None) -> None:
-    assert normalise_bus_id(text) == expected
+    assert normalize_pci_bus_id(text) == expected
 
 
 # ------------------------------------------------------------------------- robustness (fuzz)

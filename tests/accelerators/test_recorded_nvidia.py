@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from hetflow.accelerators.recorded import nvidia as nv
 from hetflow.core.errors import ParseError
+from hetflow.core.pci import normalize_pci_bus_id
 from hetflow.core.topology import LinkKind, NodeTopology, PcieLevel, Vendor
 from tests.conftest import FIXTURES, fixture_path
 
@@ -471,7 +472,7 @@ def test_topo_p2p_errors(text: str, line: int) -> None:
     ],
 )
 def test_normalise_pci_bus_id(raw: str, normal: str | None) -> None:
-    assert nv.normalise_pci_bus_id(raw) == normal
+    assert normalize_pci_bus_id(raw) == normal
 
 
 # --- robustness: ParseError or a node, never another exception --------------------------

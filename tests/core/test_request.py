@@ -162,3 +162,42 @@ def test_parameter_counts_as_people_write_them() -> None:
     with pytest.raises(InputError, match="cannot read parameter count"):
         parse_param_count("seven")
     assert describe_estimate(7e9, tp=2).startswith("estimated: 7e+09 params x 16 B/param (train adam, bf16)")
+
+
+# --- one request type: every other shape parses into PlacementRequest -------------------------
+
+
+def _shapes() -> dict[str, PlacementRequest]:
+    """The same ask written in each request shape hetflow reads."""
+    from hetflow.control.jobspec import job_from_dict
+    from hetflow.workloads.train.config import config_from_dict
+
+    job = job_from_dict({"name": "j", "kind": "python", "python": {"script": "/x.py"},
+                         "devices": {"count": 4, "type": "H100", "vendor": "nvidia", "memory": "40GiB"}})
+    train = config_from_dict({"name": "j", "layout": {"tp": 4},
+                              "resources": {"vendor": "nvidia", "accelerator": "H100", "memory": "40GiB"}},
+                             source="test")
+    return {
+        "job file": job.placement_request,
+        "train config": train.resources.placement_request("j", train.layout.parallel),
+        "keywords": PlacementRequest.parse("j", layout=ParallelLayout(tp=4), memory="40 GiB",
+                                           vendor="NVIDIA", model="H100"),
+    }
+
+
+def test_every_request_shape_parses_into_the_one_core_request() -> None:
+    expected = PlacementRequest("j", layout=ParallelLayout(tp=4), memory_bytes=40 * 1024**3,
+                                vendor=Vendor.NVIDIA, model="H100")
+    for shape, request in _shapes().items():
+        assert request == expected, shape
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"memory": "40 gigs"}, "40 gigs"),
+    ({"vendor": "intel"}, "unknown vendor 'intel'"),
+    ({"strategy": "scatter"}, "strategy must be one of"),
+    ({"share": True}, "sharing devices needs the memory per device"),
+])
+def test_parsed_requests_say_what_was_wrong(kwargs, message) -> None:
+    with pytest.raises(InputError, match=message):
+        PlacementRequest.parse("j", count=1, **kwargs)

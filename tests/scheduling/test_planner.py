@@ -365,3 +365,27 @@ def test_model_constraint_accepts_catalog_spellings() -> None:
         assert p.nodes == ("ws",), spelling
     with pytest.raises(Unschedulable, match="model"):
         plan(snap, PlacementRequest("j", count=2, model="A10"))  # A10 is not A100
+
+
+# --- the planner's catalog and reasons ------------------------------------------------------
+
+
+def test_model_names_follow_the_catalog_the_planner_is_given(tmp_path) -> None:
+    from importlib import resources
+
+    import yaml
+
+    from hetflow.accelerators.catalog import load_catalog
+    from hetflow.scheduling.planner import Planner, Reason
+
+    data = yaml.safe_load(resources.files("hetflow.accelerators").joinpath("data/catalog.yaml").read_text())
+    data["accelerators"] = [row for row in data["accelerators"] if row["name"] != "RTX-4090"]
+    path = tmp_path / "catalog.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    s = snap(sized("box", 2, 24 * GIB, model="RTX-4090", arch="sm_89"))
+    # the shipped catalog knows "RTX4090" is RTX-4090; one without that row only has the words
+    assert len(plan(s, gang(2, model="RTX4090")).devices) == 2
+    with pytest.raises(Unschedulable) as refused:
+        Planner(load_catalog(path)).plan(s, gang(2, model="RTX4090"))
+    assert f"2 RTX-4090 devices ({Reason.MODEL.value})" in str(refused.value)
+    assert Reason.MODEL.hint in str(refused.value)

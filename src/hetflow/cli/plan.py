@@ -18,7 +18,7 @@ import json
 import sys
 
 from hetflow.core.errors import InputError
-from hetflow.core.request import ParallelLayout, PlacementRequest, Strategy, parse_vendor
+from hetflow.core.request import ParallelLayout, PlacementRequest, Strategy
 from hetflow.core.units import parse_bytes
 
 
@@ -71,18 +71,10 @@ def build_request(args: argparse.Namespace) -> PlacementRequest:
     if args.count is None:
         layout = ParallelLayout(**{k: (1 if v is None else v) for k, v in degrees.items()})
     memory, note = _memory(args, layout)
-    return PlacementRequest(
-        job_id=args.job,
-        count=args.count,
-        layout=layout,
-        memory_bytes=memory,
-        memory_note=note,
-        vendor=parse_vendor(args.vendor),
-        model=args.model,
-        arch=args.arch,
-        min_memory_bytes=parse_bytes(args.min_memory) if args.min_memory else None,
-        exclusive=not args.share,
-        strategy=Strategy.SPREAD if args.spread else Strategy.PACK,
+    return PlacementRequest.parse(
+        args.job, count=args.count, layout=layout, memory=memory, memory_note=note,
+        vendor=args.vendor, model=args.model, arch=args.arch, min_memory=args.min_memory,
+        share=args.share, strategy=Strategy.SPREAD if args.spread else Strategy.PACK,
         mixed_models=args.mixed_models,
     )
 

@@ -42,6 +42,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from hetflow.core.errors import InputError
+from hetflow.core.request import ParallelLayout, PlacementRequest
 from hetflow.core.units import parse_bytes
 from hetflow.core.validation import describe
 from hetflow.core.yamlfile import read_yaml
@@ -87,6 +88,12 @@ class DeviceRequest(_Section):
     @property
     def memory_bytes(self) -> int | None:
         return parse_bytes(self.memory) if self.memory else None
+
+    def placement_request(self, job_id: str, layout: ParallelLayout | None = None) -> PlacementRequest:
+        """This section as the planner's request (the one core type) for the job's ranks
+        ``layout`` (:attr:`JobSpec.layout`), or for ``count`` devices (at least one) in one gang."""
+        return PlacementRequest.parse(job_id, count=None if layout is not None else max(1, self.count or 1),
+                                      layout=layout, memory=self.memory, vendor=self.vendor, model=self.type)
 
     @property
     def is_default(self) -> bool:
@@ -261,6 +268,11 @@ class JobSpec(_Section):
             job = self.launch
             return ParallelLayout(dp=job.nproc // (job.tp * job.pp), pp=job.pp, tp=job.tp)
         return ParallelLayout(tp=max(1, self.num_devices))
+
+    @property
+    def placement_request(self) -> PlacementRequest:
+        """The job's devices as the planner's request: ``devices`` for the ranks of ``layout``."""
+        return self.devices.placement_request(self.name, self.layout)
 
     @property
     def cpu_only(self) -> bool:

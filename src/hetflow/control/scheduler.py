@@ -31,6 +31,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
+from hetflow.accelerators.catalog import default_catalog
 from hetflow.control.jobspec import JobSpec
 from hetflow.control.state import HeldDevices, JobRecord, Slot, Status
 from hetflow.core.errors import Unschedulable
@@ -51,6 +52,8 @@ from hetflow.scheduling.policies.capacity import (
     Request,
 )
 from hetflow.scheduling.policies.registry import make_policy
+from hetflow.scheduling.planner import Planner
+from hetflow.scheduling.rank_planner import RankPlanner
 from hetflow.scheduling.policies.rounds import (
     DemandMix,
     assignment_rate,
@@ -177,77 +180,23 @@ class LiveCluster:
                                            for n, p in a.slots], a.milli)
 
     def plan_ranks(self, job_id: str, a: Assignment, spec: JobSpec, after: FreeCapacity,
-                   blocked: set[tuple[int, int]]) -> tuple[Assignment, Placement]:
-        """The planner's ranks inside the policy's choice: the policy chose the device type, the
-        share and how many devices (and on which nodes); the planner picks the devices - on the
-        policy's nodes, or on any node of that type when that gives its tensor-parallel groups
-        faster links - among the ones free once the decision is applied (``a``'s own included)
-        and maps the job's layout onto them: TP groups on the fastest links, pipeline neighbours
-        next. ``after`` is updated when the devices change. A shared device, or a host-bound
-        job, keeps the policy's devices (their ranks still ordered by the planner)."""
-        layout = spec.layout
-        if layout.world_size != len(a.slots):
-            layout = ParallelLayout(tp=len(a.slots))
-        counts: dict[int, int] = {}
-        for n, _ in a.slots:
-            counts[n] = counts.get(n, 0) + 1
-        own = set(a.slots)
-
-        def free_on(pools: Sequence[int]) -> set[tuple[int, int]]:
-            return own | {(n, pos) for n in pools for pos in range(len(self.model.nodes[n].devices))
-                          if after.milli[n, pos] == WHOLE and (n, pos) not in blocked}
-
-        tries: list[tuple[set[tuple[int, int]], bool]] = []  # (devices allowed, same counts per node)
-        if a.milli == WHOLE:
-            tries.append((free_on(list(counts)), True))
-            if a.host is None:
-                tries.append((free_on(self.model.nodes_of_type[a.device_type]), False))
-        tries.append((own, True))
-        best: tuple[float, Assignment, Placement] | None = None
-        for allowed, same_nodes in tries:
-            placed = self._plan_on(job_id, layout, allowed)
-            if placed is None:
-                continue
-            slots = tuple(self.slot_of[(r.node, r.device)] for r in placed.devices)
-            got: dict[int, int] = {}
-            for n, _ in slots:
-                got[n] = got.get(n, 0) + 1
-            if same_nodes and got != counts:
-                continue
-            score = placed.tp_bottleneck_gbps if placed.tp_bottleneck_gbps is not None else math.inf
-            if best is None or score > best[0]:  # another node only when its links are faster
-                new = Assignment(a.device_type, slots, a.milli, a.host, a.cpu_milli, a.memory_mib,
-                                 group_gbps=self.model.group_gbps(tuple(sorted(slots))))
-                best = (score, new, placed)
-        if best is None:
+                   blocked: set[tuple[int, int]], ranks: RankPlanner | None = None) -> tuple[Assignment, Placement]:
+        """The planner's ranks inside the policy's choice (:class:`RankPlanner`, the simulator's
+        interface too): the planner picks the devices - on the policy's nodes, or on any node of
+        that type when that gives its tensor-parallel groups faster links - among the ones free
+        once the decision is applied (``a``'s own included) and maps the job's layout onto them:
+        TP groups on the fastest links, pipeline neighbours next. ``after`` is updated when the
+        devices change. A shared device, or a host-bound job, keeps the policy's devices (their
+        ranks still ordered by the planner). ``ranks``: one :class:`RankPlanner` for every job
+        of a decision (default: a new one on this cluster)."""
+        ranks = ranks or RankPlanner(self.snapshot, self.model, self.slot_of)
+        choice = ranks.plan(job_id, a, spec.layout, after, blocked)
+        if choice is None:
             return a, self.placement(job_id, self.held(a), spec.devices.memory_bytes)
-        _, new, placed = best
-        if set(new.slots) != own:
-            after.release(a)
-            after.take(new)
-        moved = "" if {n for n, _ in new.slots} == set(counts) else (
-            "; the planner moved it to nodes of the same type with faster links")
-        return new, dataclasses.replace(
-            placed, memory_bytes=spec.devices.memory_bytes, exclusive=a.milli == WHOLE,
-            notes=placed.notes + (f"devices chosen by the cluster policy: {self.held(a).text()}{moved}",))
-
-    def _plan_on(self, job_id: str, layout: ParallelLayout, allowed: set[tuple[int, int]]) -> Placement | None:
-        """The planner on exactly the devices ``allowed`` (pool, position); None if it refuses."""
-        from hetflow.core.request import PlacementRequest
-        from hetflow.core.topology import Allocation
-        from hetflow.scheduling.planner import plan
-
-        usable = {(self.model.nodes[n].machine, self.model.nodes[n].devices[pos]) for n, pos in allowed}
-        machines = {m for m, _ in usable}
-        nodes = tuple(node for node in self.snapshot.nodes if node.name in machines)
-        sub = ClusterSnapshot(
-            nodes=nodes, inter_node_gbps=self.snapshot.inter_node_gbps,
-            allocations=tuple(Allocation("other", node.name, d.index) for node in nodes
-                              for d in node.devices if (node.name, d.index) not in usable))
-        try:
-            return plan(sub, PlacementRequest(job_id, layout=layout, mixed_models=True))
-        except Unschedulable:
-            return None
+        moved = "; the planner moved it to nodes of the same type with faster links" if choice.moved else ""
+        return choice.assignment, dataclasses.replace(
+            choice.placement, memory_bytes=spec.devices.memory_bytes, exclusive=a.milli == WHOLE,
+            notes=choice.placement.notes + (f"devices chosen by the cluster policy: {self.held(a).text()}{moved}",))
 
     def placement(self, job_id: str, held: HeldDevices, memory_bytes: int | None) -> Placement:
         """A core Placement of one rank per device, in slot order (what ``reserve`` binds)."""
@@ -389,6 +338,7 @@ class LiveScheduler:
         # A job's spec never changes after submit; validating every record's spec at every
         # decision was an eighth of a decision's time at 1,024 GPUs (benchmarks/controller.py).
         self._specs: dict[str, JobSpec] = {}
+        self.planner = Planner(default_catalog())  # picks the devices inside the policy's choice
 
     def spec_of(self, record: JobRecord) -> JobSpec:
         """The record's validated spec (parsed once per job id)."""
@@ -402,17 +352,17 @@ class LiveScheduler:
     def allowed_types(self, spec: JobSpec, cluster: LiveCluster) -> frozenset[str] | None:
         if spec.cpu_only:
             return frozenset({CPU_POOL_TYPE})
-        d = spec.devices
-        if d.type is None and d.vendor is None:
+        asked = spec.devices.placement_request(spec.name)  # the planner's request and its rules
+        if asked.model is None and asked.vendor is None:
             return None  # any accelerator (CPU pools hold no devices, so a gang never fits there)
         types = set(cluster.accelerator_types)
-        if d.type is not None:  # the planner's rule: "H100" is H100-SXM and H100-PCIe
+        if asked.model is not None:  # the planner's rule: "H100" is H100-SXM and H100-PCIe
             from hetflow.accelerators.catalog import model_matcher
 
-            matches = model_matcher(d.type)
-            types = {t for t in types if t == canonical_device_type(d.type) or (matches and matches(t))}
-        if d.vendor is not None:
-            types = {t for t in types if d.vendor in cluster.vendors.get(t, ())}
+            matches = model_matcher(asked.model)
+            types = {t for t in types if t == canonical_device_type(asked.model) or (matches and matches(t))}
+        if asked.vendor is not None:
+            types = {t for t in types if asked.vendor.value in cluster.vendors.get(t, ())}
         return frozenset(types)
 
     def rates(self, spec: JobSpec, cluster: LiveCluster) -> dict[str, float]:
@@ -567,6 +517,7 @@ class LiveScheduler:
                 why = f"moved by policy {self.policy.name} to {cluster.held(new).text()}{for_whom}"
             plan.stops.append(Stop(job.job_id, None if new is None else cluster.held(new), why))
         launched = set()
+        ranks: RankPlanner | None = None  # made at the first device job that starts
         physical = free.fork()  # free now: stopping jobs still hold theirs until they have stopped
         for jid, a in changes.starts:
             job = inputs.view.jobs[[j.job_id for j in inputs.view.jobs].index(jid)]
@@ -589,7 +540,8 @@ class LiveScheduler:
             spec = job.spec  # type: ignore[attr-defined]
             placement = None
             if a.slots:  # the planner decides which devices inside the policy's choice get which rank
-                a, placement = cluster.plan_ranks(jid, a, spec, after, blocked)
+                ranks = ranks or RankPlanner(cluster.snapshot, cluster.model, cluster.slot_of, self.planner)
+                a, placement = cluster.plan_ranks(jid, a, spec, after, blocked, ranks)
             held = cluster.held(a)
             if a.slots:  # its devices are free (``blocked`` above); its ranks' CPUs are taken now
                 self._charge_cpus(physical, cluster, self._device_cpus(spec, a, cluster))

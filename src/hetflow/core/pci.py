@@ -23,5 +23,9 @@ def normalize_pci_bus_id(raw: str | bytes | None) -> str | None:
     m = _BUS_ID.match(text.strip())
     if m is None or int(m["dev"], 16) > 0x1F:
         return None
-    domain = int(m["domain"] or "0", 16)
-    return f"{domain:04x}:{int(m['bus'], 16):02x}:{int(m['dev'], 16):02x}.{m['fn']}"
+    return format_pci_bus_id(int(m["domain"] or "0", 16), int(m["bus"], 16), int(m["dev"], 16), int(m["fn"]))
+
+
+def format_pci_bus_id(domain: int, bus: int, device: int, function: int) -> str:
+    """The one spelling from the address's numbers (KFD sysfs gives them as integers)."""
+    return f"{domain:04x}:{bus:02x}:{device:02x}.{function}"

@@ -79,7 +79,7 @@ class ParallelLayout:
 
     @property
     def is_resolved(self) -> bool:
-        return not self.unresolved_axes
+        return WHATEVER_FITS not in (self.dp, self.pp, self.tp)  # cheap: asked on every plan
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -195,6 +195,34 @@ class PlacementRequest:
             raise InputError(f"job {self.job_id!r}: vendor must be one of {[v.value for v in Vendor]}")
         if not isinstance(self.strategy, Strategy):
             raise InputError(f"job {self.job_id!r}: strategy must be one of {[s.value for s in Strategy]}")
+
+    @classmethod
+    def parse(cls, job_id: str, *, count: int | None = None, layout: ParallelLayout | None = None,
+              memory: str | int | None = None, memory_note: str | None = None,
+              vendor: str | Vendor | None = None, model: str | None = None, arch: str | None = None,
+              min_memory: str | int | None = None, share: bool = False,
+              strategy: str | Strategy = Strategy.PACK, mixed_models: bool = False) -> "PlacementRequest":
+        """The request from values as users write them - the one path every other request shape
+        (a job file's ``devices``, a training config's ``resources`` + ``layout``, a serving or
+        tuning entry, ``hetflow plan``'s flags, ``hetflow.placement``'s keywords) goes through:
+        sizes by :func:`~hetflow.core.units.parse_bytes` (``"40GiB"``), vendors by
+        :func:`parse_vendor`, strategies by name; InputError saying what was wrong otherwise.
+        Model names are matched when planning, by the catalog's one rule
+        (:func:`hetflow.accelerators.catalog.model_matcher`)."""
+        from hetflow.core.units import parse_bytes
+
+        def size(value: str | int | None) -> int | None:
+            return parse_bytes(value) if isinstance(value, str) else value
+
+        if not isinstance(strategy, Strategy):
+            try:
+                strategy = Strategy(strategy)
+            except ValueError:
+                raise InputError(f"strategy must be one of {[s.value for s in Strategy]}, got {strategy!r}") from None
+        return cls(job_id, count=count, layout=layout, memory_bytes=size(memory), memory_note=memory_note,
+                   vendor=vendor if isinstance(vendor, Vendor) else parse_vendor(vendor), model=model or None,
+                   arch=arch or None, min_memory_bytes=size(min_memory), exclusive=not share,
+                   strategy=strategy, mixed_models=mixed_models)
 
     @property
     def parallel_layout(self) -> ParallelLayout:

@@ -51,8 +51,7 @@ from typing import Any, Iterator, Mapping
 
 from hetflow.core.errors import InputError, Unschedulable
 from hetflow.core.placement import Placement
-from hetflow.core.request import ParallelLayout, PlacementRequest, Strategy, parse_vendor
-from hetflow.core.units import parse_bytes
+from hetflow.core.request import ParallelLayout, PlacementRequest
 
 _COUNTER = itertools.count()
 
@@ -72,17 +71,11 @@ def request(request: PlacementRequest | None = None, *, devices: int | None = No
         if unknown:
             raise InputError(f"layout: unknown key {sorted(unknown)[0]!r}; give dp, pp and tp")
         layout = ParallelLayout(**{k: int(v) for k, v in layout.items()})
-    try:
-        strat = Strategy(strategy)
-    except ValueError:
-        raise InputError(f"strategy must be one of {[s.value for s in Strategy]}, got {strategy!r}") from None
-    return PlacementRequest(
-        job_id=name or f"placement-{os.getpid()}-{next(_COUNTER)}",
-        count=None if layout is not None else (1 if devices is None else devices),
-        layout=layout,
-        memory_bytes=parse_bytes(memory) if isinstance(memory, str) else memory,
-        vendor=parse_vendor(vendor), model=model, arch=arch, exclusive=not share,
-        strategy=strat, mixed_models=mixed_models,
+    return PlacementRequest.parse(
+        name or f"placement-{os.getpid()}-{next(_COUNTER)}",
+        count=None if layout is not None else (1 if devices is None else devices), layout=layout,
+        memory=memory, vendor=vendor, model=model, arch=arch, share=share, strategy=strategy,
+        mixed_models=mixed_models,
     )
 
 

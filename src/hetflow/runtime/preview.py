@@ -98,14 +98,9 @@ def preview_ranks(layout: Any, res: Any, cluster: ClusterPreview, job_id: str) -
     ``cluster``; Unschedulable with the run's own reasons when they could not."""
     world = layout.world_size
     if res.device != "cpu" and cluster.snapshot is not None:
-        from hetflow.core.request import PlacementRequest, parse_vendor
-        from hetflow.core.units import parse_bytes
         from hetflow.scheduling.planner import plan
 
-        request = PlacementRequest(job_id, layout=layout,
-                                   memory_bytes=parse_bytes(res.memory) if res.memory else None,
-                                   vendor=parse_vendor(res.vendor), model=res.accelerator)
-        placement = plan(cluster.snapshot, request)
+        placement = plan(cluster.snapshot, res.placement_request(job_id, layout))
         return RanksPreview(world, placement.explain().splitlines()[0], "hetflow", res.cpus_per_rank,
                             [str(d) for d in placement.devices])
     gpus = cluster.gpus if res.device != "cpu" else 0

@@ -22,6 +22,7 @@ from types import ModuleType
 from typing import Any, Callable, Mapping, Protocol
 
 from hetflow.core.topology import Vendor
+from hetflow.core.units import parse_bytes
 
 log = logging.getLogger(__name__)
 
@@ -396,7 +397,7 @@ class CpuSampler:
                 key, _, rest = line.partition(":")
                 parts = rest.split()
                 if parts and parts[0].isdigit():
-                    fields[key.strip()] = int(parts[0]) * 1024  # the file says kB, meaning KiB
+                    fields[key.strip()] = parse_bytes(f"{parts[0]} KiB")  # the file says kB, meaning KiB
         except OSError as err:
             log.debug("cannot read %s: %s", self._meminfo, err)
         total = fields.get("MemTotal")

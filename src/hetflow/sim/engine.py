@@ -18,6 +18,10 @@ each event that can change something the engine shows the policy a
 
 The same mechanism serves every policy; nothing here depends on a policy's name. Time comes only
 from the injected :class:`Clock` (``SimClock`` here; the live runtime's clock is wall time).
+
+Given a :class:`~hetflow.scheduling.rank_planner.RankPlanner` (``ranks=``), the placement planner
+then picks each started gang's devices inside the policy's choice, as the live controller does
+(same nodes and counts, or other nodes of the type with faster links).
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from hetflow.scheduling.policies.rounds import (
     progress_at,
     service_at,
 )
+from hetflow.scheduling.rank_planner import RankPlanner
 from hetflow.scheduling.throughput import ThroughputModel
 from hetflow.sim.traces import Job
 
@@ -194,8 +199,10 @@ class Simulator:
 
     def __init__(self, model: ClusterModel, jobs: Sequence[Job], policy: Policy, throughputs: ThroughputModel,
                  config: SimConfig = SimConfig(), clock: SimClock | None = None,
-                 progress: ProgressFn | None = None) -> None:
+                 progress: ProgressFn | None = None, ranks: RankPlanner | None = None) -> None:
         self.model = model
+        self.ranks = ranks  # the planner's devices inside the policy's choice (None: the policy's)
+        self._free_after: tuple[Sequence, FreeCapacity] | None = None  # (a decision's starts, free after them)
         self.jobs = sorted(jobs, key=lambda j: j.arrival_s)
         ids = [j.job_id for j in self.jobs]
         if len(set(ids)) != len(ids):
@@ -360,9 +367,24 @@ class Simulator:
                 moved.add(j.idx)
         for jid, a in changes.starts:
             j = self.by_id[jid]
+            if self.ranks is not None and a.slots:
+                a = self._planned(jid, a, changes.starts)
             self._start(j, a)
             if j.idx in moved:
                 self.records[j.idx].migrations += 1
+
+    def _planned(self, jid: str, a: Assignment, starts: Sequence[tuple[str, Assignment]]) -> Assignment:
+        """The rank planner's devices for one start of a decision, inside the policy's choice
+        ``a``, among the devices free once all the decision's ``starts`` are applied (taken at its
+        first start, then updated by the planner as it moves jobs)."""
+        assert self.ranks is not None
+        if self._free_after is None or self._free_after[0] is not starts:
+            after = self.free.fork()
+            for _, other in starts:
+                after.take(other)
+            self._free_after = (starts, after)
+        choice = self.ranks.plan(jid, a, None, self._free_after[1])
+        return a if choice is None else choice.assignment
 
     def _start(self, j: SimJob, a: Assignment) -> None:
         now = self.clock.now

@@ -32,14 +32,12 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
-from hetflow.core.pci import normalize_pci_bus_id
-from hetflow.accelerators.recorded.base import RecordedFormat
+from hetflow.accelerators.recorded.base import RecordedFormat, partial_node
 from hetflow.core.errors import ParseError
+from hetflow.core.pci import normalize_pci_bus_id
 from hetflow.core.topology import Device, Link, LinkKind, NodeTopology, Vendor
-
-NODE_NAME = "node0"
 
 NOTE_AMD_SMI = "reported by amd-smi (max)"
 NOTE_AMD_SMI_XGMI = "reported by amd-smi xgmi"
@@ -57,44 +55,8 @@ _LINK_KINDS = {"XGMI": LinkKind.XGMI, "PCIE": LinkKind.PCIE}
 # --------------------------------------------------------------------------- shared helpers
 
 
-normalise_bus_id = normalize_pci_bus_id  # one spelling for every parser (core/pci.py)
-
-
-def _safe_sniff(check: Callable[[str], bool]) -> Callable[[str], bool]:
-    """Sniffers must never raise: any surprise means "not my format"."""
-
-    def sniff(text: str) -> bool:
-        try:
-            return bool(check(text))
-        except Exception:  # noqa: BLE001 - a sniffer answers yes or no, nothing else
-            return False
-
-    sniff.__doc__ = check.__doc__
-    sniff.__name__ = check.__name__
-    return sniff
-
-
 def _amd_device(index: int, **facts: Any) -> Device:
     return Device(index=index, vendor=Vendor.AMD, **facts)
-
-
-def _node(
-    source: str,
-    devices: Iterable[Device],
-    links: Iterable[Link],
-    *,
-    cpu_cores: int | None = None,
-    numa_nodes: int | None = None,
-) -> NodeTopology:
-    ordered = tuple(sorted(devices, key=lambda d: d.index))
-    node = NodeTopology(
-        name=NODE_NAME,
-        devices=ordered,
-        cpu_cores=cpu_cores,
-        numa_nodes=numa_nodes,
-        sources=(source,),
-    )
-    return node.with_links(links)
 
 
 def _link_kind(link_type: str | None) -> LinkKind:
@@ -235,7 +197,7 @@ def _read_text_tables(text: str, source: str) -> list[_TextTable]:
             continue  # text between tables (warnings, banners) carries no topology
         tokens = line.split()
         if current.header is None:
-            bus_ids = [normalise_bus_id(t) for t in tokens]
+            bus_ids = [normalize_pci_bus_id(t) for t in tokens]
             if any(b is None for b in bus_ids):
                 raise ParseError(
                     source,
@@ -247,7 +209,7 @@ def _read_text_tables(text: str, source: str) -> list[_TextTable]:
             if len(set(current.header)) != len(current.header):
                 raise ParseError(source, "a PCI bus id appears twice in the table header", lineno)
             continue
-        row_bdf = normalise_bus_id(tokens[0])
+        row_bdf = normalize_pci_bus_id(tokens[0])
         if row_bdf is None or row_bdf not in current.header:
             raise ParseError(
                 source,
@@ -323,7 +285,7 @@ def parse_amd_smi_topology(text: str, source: str) -> NodeTopology:
                 if a != b and any(v is not None for v in facts.values()):
                     pairs.add(a, b, **facts)
     devices = [_amd_device(i, pci_bus_id=bdf) for i, bdf in enumerate(header)]
-    return _node(source, devices, pairs.links())
+    return partial_node(source, devices, pairs.links())
 
 
 # --------------------------------------------------------------- amd-smi topology --json
@@ -370,7 +332,7 @@ def _gpu_key_index(key: str, source: str, where: str) -> int:
 def _bus_id_field(value: object, source: str, where: str) -> str | None:
     if value is None:
         return None
-    bdf = normalise_bus_id(value) if isinstance(value, str) else None
+    bdf = normalize_pci_bus_id(value) if isinstance(value, str) else None
     if bdf is None:
         raise ParseError(source, f"{where}: 'bdf' {value!r} is not a PCI bus id")
     return bdf
@@ -430,7 +392,7 @@ def parse_amd_smi_topology_json_v1(text: str, source: str) -> NodeTopology:
                 devices.add(b, None, where)
                 if a != b:
                     pairs.add(a, b, **read(value, f"{where} {key}"))
-    return _node(source, devices.devices(), pairs.links())
+    return partial_node(source, devices.devices(), pairs.links())
 
 
 def _json_link_type(value: object, source: str, where: str) -> str | None:
@@ -482,7 +444,7 @@ def parse_amd_smi_topology_json_v2(text: str, source: str) -> NodeTopology:
                 hops=_int_or_na(hops, f"{link_where} hops", source),
                 max_bandwidth_mbps=_numa_bandwidth_max(bandwidth, source),
             )
-    return _node(source, devices.devices(), pairs.links())
+    return partial_node(source, devices.devices(), pairs.links())
 
 
 # --------------------------------------------------------------------------- amd-smi xgmi
@@ -541,12 +503,12 @@ def parse_amd_smi_xgmi(text: str, source: str) -> NodeTopology:
         if not tokens:
             continue
         if header is None and tokens[0] == "bdf":
-            header = [b for b in (normalise_bus_id(t) for t in tokens) if b is not None]
+            header = [b for b in (normalize_pci_bus_id(t) for t in tokens) if b is not None]
             continue
         row = _XGMI_GPU_ROW.match(line)
         if row is None:
             continue  # Read/Write counter rows and anything amd-smi adds later
-        index, bdf = int(row[1]), normalise_bus_id(row[2])
+        index, bdf = int(row[1]), normalize_pci_bus_id(row[2])
         if bdf is None:
             raise ParseError(source, f"GPU{index} row: {row[2]!r} is not a PCI bus id", lineno)
         values = _split_rates(row[3])
@@ -564,7 +526,7 @@ def parse_amd_smi_xgmi(text: str, source: str) -> NodeTopology:
         raise ParseError(source, "LINK METRIC TABLE lists no GPU")
     if not rows:
         assert header is not None
-        return _node(source, [_amd_device(i, pci_bus_id=b) for i, b in enumerate(header)], [])
+        return partial_node(source, [_amd_device(i, pci_bus_id=b) for i, b in enumerate(header)], [])
     devices = [_amd_device(i, pci_bus_id=bdf) for i, (bdf, _, _) in rows.items()]
     xgmi = sorted(i for i, (_, _, kind) in rows.items() if kind == "XGMI")
     links = []
@@ -581,7 +543,7 @@ def parse_amd_smi_xgmi(text: str, source: str) -> NodeTopology:
                     bandwidth_note=NOTE_AMD_SMI_XGMI if bandwidth is not None else None,
                 )
             )
-    return _node(source, devices, links)
+    return partial_node(source, devices, links)
 
 
 # ------------------------------------------------------------------------------- rocminfo
@@ -667,7 +629,7 @@ def parse_rocminfo(text: str, source: str) -> NodeTopology:
         elif kind == "CPU":
             cpu_cores.append(_agent_int(fields, "Compute Unit", source))
     known_cores = [c for c in cpu_cores if c is not None]
-    return _node(
+    return partial_node(
         source,
         gpus,
         [],
@@ -708,7 +670,7 @@ class _RbtDevice:
 def _rbt_device(match: re.Match[str]) -> _RbtDevice:
     fields = [f.strip() for f in match[2].split(",")]
     uuid = next((f for f in fields[1:] if _RBT_UUID.match(f)), None)
-    bus_id = next((b for b in (normalise_bus_id(f) for f in fields[1:]) if b), None)
+    bus_id = next((b for b in (normalize_pci_bus_id(f) for f in fields[1:]) if b), None)
     return _RbtDevice(int(match[1]), fields[0] or None, uuid, bus_id)
 
 
@@ -829,7 +791,7 @@ def parse_rocm_bandwidth_test(text: str, source: str) -> NodeTopology:
                     bandwidth_note=NOTE_RBT if bandwidth is not None else None,
                 )
             )
-    return _node(source, result, links, numa_nodes=len(cpus) or None)
+    return partial_node(source, result, links, numa_nodes=len(cpus) or None)
 
 
 def _rbt_numa_node(gpu: int, cpus: list[int], distance: _Matrix) -> int | None:
@@ -847,37 +809,37 @@ def _rbt_numa_node(gpu: int, cpus: list[int], distance: _Matrix) -> int | None:
 AMD_SMI_TOPOLOGY = RecordedFormat(
     name="amd-smi-topology",
     command="amd-smi topology",
-    sniff=_safe_sniff(_sniff_amd_smi_topology),
+    sniff=_sniff_amd_smi_topology,
     parse=parse_amd_smi_topology,
 )
 AMD_SMI_TOPOLOGY_JSON_V1 = RecordedFormat(
     name="amd-smi-topology-json-v1",
     command="amd-smi topology --json  (ROCm 6.1)",
-    sniff=_safe_sniff(_sniff_json_v1),
+    sniff=_sniff_json_v1,
     parse=parse_amd_smi_topology_json_v1,
 )
 AMD_SMI_TOPOLOGY_JSON_V2 = RecordedFormat(
     name="amd-smi-topology-json-v2",
     command="amd-smi topology -a -t --json  (ROCm 6.2+)",
-    sniff=_safe_sniff(_sniff_json_v2),
+    sniff=_sniff_json_v2,
     parse=parse_amd_smi_topology_json_v2,
 )
 AMD_SMI_XGMI = RecordedFormat(
     name="amd-smi-xgmi",
     command="amd-smi xgmi",
-    sniff=_safe_sniff(_sniff_amd_smi_xgmi),
+    sniff=_sniff_amd_smi_xgmi,
     parse=parse_amd_smi_xgmi,
 )
 ROCMINFO = RecordedFormat(
     name="rocminfo",
     command="rocminfo",
-    sniff=_safe_sniff(_sniff_rocminfo),
+    sniff=_sniff_rocminfo,
     parse=parse_rocminfo,
 )
 ROCM_BANDWIDTH_TEST = RecordedFormat(
     name="rocm-bandwidth-test",
     command="rocm-bandwidth-test",
-    sniff=_safe_sniff(_sniff_rocm_bandwidth_test),
+    sniff=_sniff_rocm_bandwidth_test,
     parse=parse_rocm_bandwidth_test,
 )
 

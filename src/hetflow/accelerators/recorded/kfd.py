@@ -39,10 +39,11 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Mapping
 
+from hetflow.accelerators.recorded.base import partial_node
 from hetflow.core.errors import ParseError
+from hetflow.core.pci import format_pci_bus_id
 from hetflow.core.topology import Device, Link, LinkKind, NodeTopology, Vendor
 
-NODE_NAME = "node0"
 NOTE_KFD = "reported by KFD io_link max_bandwidth"
 
 # KFD io_link types (kfd_crat.h CRAT_IOLINK_TYPE_*): the two that connect GPUs.
@@ -122,14 +123,12 @@ def parse_kfd_files(files: Mapping[str, str], source: str) -> NodeTopology:
     cores = sum(n.props.get("cpu_cores_count", 0) for n in nodes)
     host_memory = [_bank_bytes(n, tree, (HEAP_SYSTEM,)) for n in cpus]
     known_memory = [m for m in host_memory if m is not None]
-    return NodeTopology(
-        name=NODE_NAME,
-        devices=tuple(devices),
+    return partial_node(
+        source, devices, links,
         cpu_cores=cores or None,
         host_memory_bytes=sum(known_memory) if cpus and len(known_memory) == len(cpus) else None,
         numa_nodes=len(cpus) or None,
-        sources=(source,),
-    ).with_links(links)
+    )
 
 
 # -------------------------------------------------------------------------------- reading
@@ -407,7 +406,7 @@ def _bus_id(node: _KfdNode) -> str | None:
         return None
     domain = node.props.get("domain", 0)
     bus, device, function = (location >> 8) & 0xFF, (location >> 3) & 0x1F, location & 0x7
-    return f"{domain & 0xFFFF:04x}:{bus:02x}:{device:02x}.{function}"
+    return format_pci_bus_id(domain & 0xFFFF, bus, device, function)
 
 
 def _numa_node(node: _KfdNode, numa: dict[int, int], tree: _Tree) -> int | None:

@@ -26,19 +26,16 @@ Tests, against the real outputs in ../shared/fixtures/topology (from the reposit
 
 from __future__ import annotations
 
-import functools
 import re
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
-from typing import Callable, Collection, Iterable, Iterator, Mapping
+from typing import Collection, Iterable, Iterator, Mapping
 
-from hetflow.core.pci import normalize_pci_bus_id
-from hetflow.accelerators.recorded.base import RecordedFormat
+from hetflow.accelerators.recorded.base import RecordedFormat, bus_id, partial_node, safe_sniff
 from hetflow.core.errors import InputError, ParseError
 from hetflow.core.topology import Device, Link, LinkKind, NodeTopology, PcieLevel, Vendor, pair
 from hetflow.core.units import parse_bytes
 
-NODE_NAME = "node0"
 
 # The most NVLinks one GPU has (H100/B200: 18; A100: 12; V100: 6). Used twice below: to tell
 # NVSwitch systems from direct NVLink in `topo -m`, and to recognise switch ports in `nvlink -R`.
@@ -72,16 +69,8 @@ def _is_elision(line: str) -> bool:
 
 
 
-normalise_pci_bus_id = normalize_pci_bus_id  # one spelling for every parser (core/pci.py)
-
-
 def _bus_id(raw: str, source: str, line: int | None, what: str) -> str:
-    bus_id = normalise_pci_bus_id(raw)
-    if bus_id is None:
-        raise ParseError(
-            source, f"{what}: expected a PCI bus id like 00000000:18:00.0, found {raw!r}", line
-        )
-    return bus_id
+    return bus_id(raw, source, what, line, example="00000000:18:00.0")  # nvidia-smi's spelling
 
 
 def _memory(raw: str, source: str, line: int | None, what: str) -> int | None:
@@ -119,25 +108,7 @@ def _pci_device_id(raw: str | None) -> str | None:
 
 
 def _node(devices: Iterable[Device], links: Iterable[Link], source: str) -> NodeTopology:
-    return NodeTopology(
-        name=NODE_NAME,
-        devices=tuple(sorted(devices, key=lambda d: d.index)),
-        links=tuple(sorted(links, key=lambda l: (l.a, l.b))),
-        sources=(source,),
-    )
-
-
-def _never_raises(sniff: Callable[[str], bool]) -> Callable[[str], bool]:
-    """Sniffers answer a question; a crash on odd input must read as 'not mine'."""
-
-    @functools.wraps(sniff)
-    def guarded(text: str) -> bool:
-        try:
-            return bool(sniff(text))
-        except Exception:  # noqa: BLE001 - see docstring
-            return False
-
-    return guarded
+    return partial_node(source, devices, links)
 
 
 def _head(text: str) -> list[str]:
@@ -401,7 +372,7 @@ def _matrix_start(text: str) -> tuple[list[str], list[str]] | None:
     return header, row
 
 
-@_never_raises
+@safe_sniff
 def sniff_topo_matrix(text: str) -> bool:
     """A GPU header line, then a GPU row of X/NV#/PCIe-level cells or an Affinity column."""
     start = _matrix_start(text)
@@ -461,7 +432,7 @@ def parse_topo_p2p(text: str, source: str) -> NodeTopology:
     return _node((Device(index=i, vendor=Vendor.NVIDIA) for i in indices), (), source)
 
 
-@_never_raises
+@safe_sniff
 def sniff_topo_p2p(text: str) -> bool:
     """A GPU-only header, then a GPU row of X and P2P status codes (OK, GNS, ...)."""
     start = _matrix_start(text)
@@ -587,7 +558,7 @@ def parse_query_xml(text: str, source: str) -> NodeTopology:
     return _node((g.device() for g in query_gpus_xml(text, source)), (), source)
 
 
-@_never_raises
+@safe_sniff
 def sniff_query_xml(text: str) -> bool:
     head = text[:4096]
     return head.lstrip().startswith("<") and "<nvidia_smi_log" in head
@@ -686,7 +657,7 @@ def parse_query_text(text: str, source: str) -> NodeTopology:
     return _node((g.device() for g in query_gpus_text(text, source)), (), source)
 
 
-@_never_raises
+@safe_sniff
 def sniff_query_text(text: str) -> bool:
     """The "NVSMI LOG" banner, or output that starts at a 'GPU <bus id>' heading."""
     content = list(_content_lines(_head(text)))
@@ -887,13 +858,13 @@ def _first_nvlink_status(text: str) -> str | None:
     return None
 
 
-@_never_raises
+@safe_sniff
 def sniff_nvlink_status(text: str) -> bool:
     status = _first_nvlink_status(text)
     return status is not None and (status == _INACTIVE or bool(_NVLINK_SPEED.match(status)))
 
 
-@_never_raises
+@safe_sniff
 def sniff_nvlink_remote(text: str) -> bool:
     status = _first_nvlink_status(text)
     return status is not None and status.startswith("Remote Device ")
@@ -917,7 +888,6 @@ __all__ = [
     "MAX_NVLINKS_PER_GPU",
     "NvlinkRemote",
     "QueriedGpu",
-    "normalise_pci_bus_id",
     "nvlink_pair_links",
     "nvlink_remotes",
     "nvlink_status",

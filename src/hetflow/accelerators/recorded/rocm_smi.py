@@ -26,11 +26,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable
 
-from hetflow.accelerators.recorded.base import RecordedFormat
+from hetflow.accelerators.recorded.base import RecordedFormat, partial_node
 from hetflow.core.errors import ParseError
+from hetflow.core.pci import normalize_pci_bus_id
 from hetflow.core.topology import Device, Link, LinkKind, NodeTopology, PcieLevel, Vendor
-
-NODE_NAME = "node0"
 
 # ---------------------------------------------------------------- value readers
 
@@ -39,7 +38,6 @@ _UNKNOWN_VALUES = frozenset({"", "n/a", "na", "none", "unknown", "unsupported", 
 _INT = re.compile(r"[0-9]+")  # ASCII only: int() would also take other scripts' digits
 _HEX_ID = re.compile(r"0x[0-9a-fA-F]+")
 _GFX = re.compile(r"gfx[0-9a-z]+")
-_BUS_ID = re.compile(r"(?:(?P<domain>[0-9a-f]{4,8}):)?(?P<bus>[0-9a-f]{2}):(?P<dev>[0-9a-f]{2})\.(?P<fn>[0-7])")
 _COMPUTE_PARTITION = re.compile(r"[A-Z]PX")  # SPX, DPX, TPX, QPX, CPX
 # KFD reports "no NUMA node" as -1; rocm-smi prints it through an unsigned 32-bit int.
 _NO_NUMA = frozenset({-1, 2**32 - 1})
@@ -80,14 +78,11 @@ def _read_device_id(value: str) -> str:
 
 
 def _read_bus_id(value: str) -> str:
-    """'0000:26:00.0' (any case, optional domain) -> lowercase 'dddd:bb:dd.f'."""
-    m = _BUS_ID.fullmatch(value.strip().lower())
-    if not m:
+    """'0000:26:00.0' (any case, optional domain) -> lowercase 'dddd:bb:dd.f' (core/pci.py)."""
+    normal = normalize_pci_bus_id(value)
+    if normal is None:
         raise _BadValue(f"expected a PCI bus id like 0000:26:00.0, got {value!r}")
-    domain = (m["domain"] or "0000").lstrip("0").rjust(4, "0")
-    if len(domain) > 4:
-        raise _BadValue(f"PCI domain of {value!r} does not fit 16 bits")
-    return f"{domain}:{m['bus']}:{m['dev']}.{m['fn']}"
+    return normal
 
 
 def canonical_gfx(value: str) -> str:
@@ -245,7 +240,7 @@ class _Facts:
             raise self.error(f"no GPU found; expected the output of {what}", None)
         devices = tuple(self._device(i) for i in sorted(self.devices))
         links = tuple(self._link(a, b) for a, b in sorted(self.links))
-        return NodeTopology(name=NODE_NAME, devices=devices, links=links, sources=(self.source,))
+        return partial_node(self.source, devices, links)
 
     def _device(self, index: int) -> Device:
         best = {name: ranks[min(ranks)][0] for name, ranks in self.devices[index].items() if ranks}

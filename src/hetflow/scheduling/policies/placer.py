@@ -254,13 +254,16 @@ class PlannerPlacer:
     """
 
     def __init__(self, snapshot: ClusterSnapshot, fallback: Placer | None = None) -> None:
+        from hetflow.accelerators.catalog import default_catalog
+        from hetflow.scheduling.planner import Planner
+
         self.snapshot = snapshot
         self.fallback = fallback or TopologyPlacer()
+        self.planner = Planner(default_catalog())  # one for every call: its memo is shared
 
     def place(self, free: FreeCapacity, request: Request, device_types: Sequence[str]) -> Assignment | None:
         from hetflow.core.errors import Unschedulable
         from hetflow.core.request import PlacementRequest
-        from hetflow.scheduling.planner import plan
 
         if request.fractional or request.uses_host:
             return self.fallback.place(free, request, device_types)
@@ -274,7 +277,7 @@ class PlannerPlacer:
             if not free.could_fit(request, t):
                 continue
             try:
-                placement = plan(snap, PlacementRequest(job_id="sim", count=request.num_gpus, model=t))
+                placement = self.planner.plan(snap, PlacementRequest(job_id="sim", count=request.num_gpus, model=t))
             except Unschedulable:
                 continue
             slots = [where[(d.node, d.device)] for d in placement.devices]

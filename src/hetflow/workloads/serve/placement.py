@@ -32,7 +32,7 @@ from typing import Any
 
 from hetflow.core.errors import InputError, Unschedulable
 from hetflow.core.placement import DeviceRef
-from hetflow.core.request import PlacementRequest, Strategy, parse_vendor
+from hetflow.core.request import PlacementRequest, parse_vendor
 from hetflow.core.topology import ClusterSnapshot, Vendor
 from hetflow.runtime.resources import (
     NODE_LABEL,
@@ -165,11 +165,10 @@ def plan_slots(base: str, entry: ModelServeConfig, snapshot: ClusterSnapshot,
     """One device per replica slot, planned one slot at a time on the updated snapshot."""
     slots = []
     for i in range(entry.planned_replicas):
-        request = PlacementRequest(
-            f"{base}-{i}", count=1, memory_bytes=memory_bytes,
-            memory_note="serving replica", vendor=parse_vendor(entry.vendor),
-            model=entry.accelerator, exclusive=not entry.share_devices,
-            strategy=Strategy(entry.strategy))
+        request = PlacementRequest.parse(
+            f"{base}-{i}", count=1, memory=memory_bytes, memory_note="serving replica",
+            vendor=entry.vendor, model=entry.accelerator, share=entry.share_devices,
+            strategy=entry.strategy)
         try:
             placement = plan(snapshot, request)
         except Unschedulable as exc:

@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_core import PydanticCustomError
 
 from hetflow.core.errors import InputError
-from hetflow.core.request import ParallelLayout
+from hetflow.core.request import ParallelLayout, PlacementRequest
 from hetflow.core.validation import describe
 from hetflow.core.yamlfile import read_yaml
 from hetflow.runtime.tracking import TrackingConfig
@@ -180,6 +180,12 @@ class ResourcesConfig(_Section):
     ray_address: str | None = None
     """Ray cluster to join (``auto``, ``ray://...`` or ``host:port``); default: start a local one
     when none is running."""
+
+    def placement_request(self, job_id: str, layout: ParallelLayout) -> PlacementRequest:
+        """These resources for ``layout``'s ranks as the planner's request (hetflow-managed
+        nodes): the one core request type, parsed the one way."""
+        return PlacementRequest.parse(job_id, layout=layout, memory=self.memory, vendor=self.vendor,
+                                      model=self.accelerator)
 
 
 class TrainConfig(_Section):

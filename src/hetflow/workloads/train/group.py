@@ -30,8 +30,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from hetflow.core.errors import HetflowError, Unschedulable
-from hetflow.core.request import ParallelLayout, PlacementRequest, parse_vendor
-from hetflow.core.units import parse_bytes
+from hetflow.core.request import ParallelLayout
 from hetflow.workloads.train.config import ResourcesConfig
 
 FAILURE_GRACE_S = 5.0  # after one rank fails, how long the others get to fail or finish too
@@ -117,14 +116,7 @@ def _place_on_hetflow_nodes(layout: ParallelLayout, res: ResourcesConfig, job_id
     from hetflow.scheduling.planner import plan
 
     snapshot = live_snapshot()
-    request = PlacementRequest(
-        job_id,
-        layout=layout,
-        memory_bytes=parse_bytes(res.memory) if res.memory else None,
-        vendor=parse_vendor(res.vendor),
-        model=res.accelerator,
-    )
-    placement = plan(snapshot, request)
+    placement = plan(snapshot, res.placement_request(job_id, layout))
     bound = reserve(placement, snapshot, cpus_per_rank=res.cpus_per_rank,
                     timeout_s=res.placement_timeout_s)
     options = [bound.actor_options(rank) for rank in range(placement.world_size)]

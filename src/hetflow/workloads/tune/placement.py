@@ -213,8 +213,8 @@ class TrialPlacement:
 def trial_request(job_id: str, memory_bytes: int | None, vendor: Any = None,
                   model: str | None = None) -> PlacementRequest:
     """One trial as a planner request: one device, shared by memory when a size is known."""
-    return PlacementRequest(job_id, count=1, memory_bytes=memory_bytes,
-                            exclusive=memory_bytes is None, vendor=vendor, model=model)
+    return PlacementRequest.parse(job_id, count=1, memory=memory_bytes, share=memory_bytes is not None,
+                                  vendor=vendor, model=model)
 
 
 def place_trials(config: Any, key: str) -> TrialPlacement:
