@@ -80,19 +80,28 @@ def _status(dashboard: str) -> dict:
     return yaml.safe_load(out.stdout) or {}
 
 
-def _wait_running(dashboard: str, app: str, timeout_s: float = 180) -> dict:
+def _wait_running(app: str, timeout_s: float = 180) -> None:
+    """Until Serve reports ``app`` RUNNING (read in-process; ``serve status`` is checked
+    once after)."""
+    from ray import serve
+
     deadline = time.monotonic() + timeout_s
-    status: dict = {}
+    state = None
     while time.monotonic() < deadline:
-        status = _status(dashboard)
-        apps = {a["name"]: a for a in status.get("applications", [])} \
-            if isinstance(status.get("applications"), list) else status.get("applications", {})
-        state = (apps.get(app) or {}).get("status")
+        status = serve.status().applications.get(app)
+        state = str(status.status).rsplit(".", 1)[-1] if status is not None else None
         if state == "RUNNING":
-            return apps[app]
+            return
         assert state not in ("DEPLOY_FAILED", "UNHEALTHY"), status
-        time.sleep(1.0)
-    raise AssertionError(f"{app} not RUNNING after {timeout_s}s: {status}")
+        time.sleep(0.5)
+    raise AssertionError(f"{app} not RUNNING after {timeout_s}s: {state}")
+
+
+def _cli_app(dashboard: str, app: str) -> dict:
+    status = _status(dashboard)
+    apps = status.get("applications") or {}
+    assert app in apps, status
+    return apps[app]
 
 
 def test_serve_deploy_of_the_written_config_serves_every_endpoint(cluster, serving_file,
@@ -109,8 +118,10 @@ def test_serve_deploy_of_the_written_config_serves_every_endpoint(cluster, servi
     deployed = subprocess.run([SERVE, "deploy", str(serve_file), "-a", cluster["dashboard"]],
                               capture_output=True, text=True, timeout=120)
     assert deployed.returncode == 0, deployed.stderr
-    app = _wait_running(cluster["dashboard"], "tooled")
+    _wait_running("tooled")
     # serve status shows the application with hetflow's deployments
+    app = _cli_app(cluster["dashboard"], "tooled")
+    assert app["status"] == "RUNNING", app
     assert set(app["deployments"]) == {"tooled.gateway", "tooled.digits", "tooled.small"}, app
     assert all(d["status"] == "HEALTHY" for d in app["deployments"].values()), app
 
@@ -153,7 +164,7 @@ def test_serve_run_builds_from_the_import_path(cluster, serving_file) -> None:
                           "--route-prefix", "/built", "hetflow.serve:app", f"config={path}"],
                          capture_output=True, text=True, timeout=240)
     assert run.returncode == 0, run.stderr[-3000:]
-    _wait_running(cluster["dashboard"], "built")
+    _wait_running("built")
     # the same Serve instance (the HTTP options of the first deploy), under its route prefix
     base = f"http://127.0.0.1:{port}/built"
     answer = requests.post(f"{base}/v1/models/digits/predict", json={"inputs": _rows(1)},
