@@ -154,3 +154,25 @@ def test_cli_bad_range_exits_2_with_one_line(tmp_path) -> None:
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "p.csv:2" in lines[0] and "min_gpus 3, num_gpus 2, max_gpus 1" in lines[0]
+
+
+def test_cli_elastic_fraction_marks_jobs_and_reports_resizes(tmp_path) -> None:
+    import argparse
+    import json
+
+    from hetflow.cli import simulate
+
+    parser = argparse.ArgumentParser(prog="hetflow")
+    simulate.register(parser.add_subparsers())
+    out = tmp_path / "o"
+    args = parser.parse_args(["simulate", "--cluster", "2 * 4x V100 @ 3.125", "--trace",
+                              "synthetic:jobs=40,rate=30,seed=1", "--elastic-fraction", "1", "--throughputs",
+                              str(TRACES / "gavel" / "simulation_throughputs.json"), "--policies", "hetflow",
+                              "--out", str(out)])
+    assert args.func(args) == 0
+    inputs = json.loads((out / "inputs.json").read_text())
+    summary = json.loads((out / "summary.json").read_text())["hetflow"]
+    assert inputs["elastic_jobs"] >= 20 and inputs["elastic_fraction"] == 1.0
+    assert summary["finished"] + summary["rejected"] == 40 and summary["finished"] >= 20 and summary["resizes"] > 0
+    rows = json.loads((out / "jobs-hetflow.json").read_text())
+    assert sum(r["resizes"] for r in rows) == summary["resizes"]

@@ -102,6 +102,9 @@ FGD_DEFAULT = "BestFit,DotProd,GpuPacking,FGD,hetflow"
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.protocol != "hetflow" and (args.elastic_fraction or args.elastic_scaling):
+        raise InputError(f"--elastic-fraction/--elastic-scaling apply to hetflow's own model; --protocol "
+                         f"{args.protocol} replays the reference simulator's rigid jobs (drop them, or the --protocol)")
     if args.protocol == "gavel":
         from hetflow.cli.simulate_protocols import run_gavel
 

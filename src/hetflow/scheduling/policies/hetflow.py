@@ -27,17 +27,18 @@ One decision (every round, and whenever devices free up or jobs arrive), in four
 With no knowledge of remaining work (open-ended jobs) every area is infinite and the order is
 arrival order, so on Alibaba-style requests the policy is a fragmentation-aware packer.
 
-**Elastic jobs** (a device range and a scaling curve, :mod:`hetflow.scheduling.elastic`): when
-the view holds one, steps 1-2 see every elastic job at its *smallest* size (its area is the
-least device-seconds it needs: remaining work / rate at ``min_gpus`` x ``min_gpus``), so an
-arrival is admitted by shrinking elastic jobs rather than by waiting ("shrink to make room",
-never below ``min_gpus``). Then, per device type, the devices the admitted jobs leave idle go
-back, in priority order, first to running elastic jobs that already had them (no resize), then
-to growing elastic jobs, shortest area first, to the largest of their sizes that fits (never
-above ``max_gpus``) - but a running job grows only when the time it saves exceeds
-``1 + hysteresis`` restores, since a resize is a checkpoint-restart. A job whose grown gang
-finds no placement falls back to a smaller size. With ``elastic=False``, or with no elastic
-job in view, the decision is exactly the rigid one above.
+**Elastic jobs** (a device range and a scaling curve, :mod:`hetflow.scheduling.elastic`): the
+order stays step 1's (area at the declared size). In step 2 an elastic job asks for its
+*largest* size (a running one only if growing saves more than ``1 + hysteresis`` restores,
+else the size it has), so the shortest jobs get the most devices - shortest-remaining-first
+with the parallelism it implies. One that finds no type with room takes the largest smaller
+size that fits, down to ``min_gpus``: an arrival with a smaller area takes devices from elastic
+jobs behind it, which shrink ("shrink to make room", never below ``min_gpus``) instead of being
+preempted. Devices still idle go, shortest area first, to running elastic jobs that had more
+(no resize), then to growing elastic jobs where it pays ("grow into idle devices", never
+above ``max_gpus``). A gang that finds no placement falls back to smaller sizes. Every resize
+is a checkpoint-restart the engine charges (``restore_s``). With ``elastic=False``, or no
+elastic job in view, the decision is exactly the rigid one above.
 """
 
 from __future__ import annotations
@@ -156,19 +157,14 @@ class HetflowPolicy:
 
     # -- the decision -------------------------------------------------------------------------
 
-    def schedule(self, view: ClusterView) -> dict[str, Assignment]:
-        jobs = [j for j in view.unpinned() if j.best_rate > 0]
-        if not jobs:
-            return {}
-        if self.elastic and any(len(sizes_of(j)) > 1 for j in jobs):
-            return self._elastic(view, jobs)
+    def _head(self, jobs: list[JobInfo], free: FreeCapacity) -> tuple[dict[str, float], list[JobInfo]]:
+        """Priorities, ``jobs`` sorted by them (in place), and the head of the queue.
+
+        Only the head can win devices; looking at CANDIDATE_FACTOR x the free capacity of it
+        keeps a decision cheap when thousands wait. Open-ended jobs (infinite area) are worth
+        nothing per unit of progress here: they are left to the backfill, in arrival order."""
         keys = {j.job_id: self.priority(j) for j in jobs}
         jobs.sort(key=lambda j: (keys[j.job_id], j.arrival_s))
-        free = view.free
-        # Only the head of the queue can win devices; looking at CANDIDATE_FACTOR x the free
-        # capacity of it keeps a decision cheap when thousands wait.
-        # Open-ended jobs (infinite area) are worth nothing per unit of progress here: they are
-        # left to the backfill, in arrival order.
         limit = CANDIDATE_FACTOR * free.total_free_milli()
         head, asked = [], 0
         for j in jobs:
@@ -176,6 +172,16 @@ class HetflowPolicy:
                 break
             head.append(j)
             asked += j.request.gpu_milli
+        return keys, head
+
+    def schedule(self, view: ClusterView) -> dict[str, Assignment]:
+        jobs = [j for j in view.unpinned() if j.best_rate > 0]
+        if not jobs:
+            return {}
+        if self.elastic and any(len(sizes_of(j)) > 1 for j in jobs):
+            return self._elastic(view, jobs)
+        keys, head = self._head(jobs, view.free)
+        free = view.free
         matched = self.match_types(head, keys, free, view.lease_s)
         taken = {j.job_id for j, _ in matched}
         rest = [(j, prefer_current(j, _by_speed(j))) for j in jobs if j.job_id not in taken]
@@ -188,16 +194,8 @@ class HetflowPolicy:
 
     def _elastic(self, view: ClusterView, jobs: list[JobInfo]) -> dict[str, Assignment]:
         """The decision with elastic jobs in view (see the module docstring)."""
-        keys = {j.job_id: self.priority(j) for j in jobs}
-        jobs.sort(key=lambda j: (keys[j.job_id], j.arrival_s))
+        keys, head = self._head(jobs, view.free)
         free = view.free
-        limit = CANDIDATE_FACTOR * free.total_free_milli()
-        head, asked = [], 0
-        for j in jobs:
-            if (asked > limit and head) or math.isinf(keys[j.job_id]):
-                break
-            head.append(j)
-            asked += j.request.gpu_milli
         # Elastic jobs ask for their largest size first (shortest area first: the short jobs get
         # the most devices); one that does not fit then takes a smaller size below.
         head = [self._ask(j) if len(sizes_of(j)) > 1 else j for j in head]
@@ -207,7 +205,7 @@ class HetflowPolicy:
             budget[types[0]] -= j.request.gpu_milli
         target = {j.job_id: j.request.num_gpus for j, _ in chosen}
         taken = set(target)
-        # 1. Elastic jobs that do not fit at their declared size start smaller, in priority order.
+        # 1. Elastic jobs that did not fit at the size they asked for start smaller, in priority order.
         for j in head:
             if j.job_id in taken or len(sizes_of(j)) == 1:
                 continue
