@@ -58,6 +58,7 @@ import numpy as np
 
 from hetflow.scheduling.elastic import DEFAULT_SCALING, mark_elastic, rigid
 from hetflow.scheduling.policies.capacity import ClusterModel
+from hetflow.scheduling.policies.hetflow import HetflowPolicy
 from hetflow.scheduling.policies.registry import make_policy
 from hetflow.scheduling.throughput import default_model, load_gavel_throughputs
 from hetflow.sim.cluster import parse_shorthand
@@ -127,7 +128,7 @@ ELASTIC_FRACTION = 0.5
 
 
 def elastic_pair(workload: str, jobs: int, window: tuple[int, int] | None, rate: float, seed: int,
-                 fraction: float, scaling: str) -> dict[str, dict[str, Any]]:
+                 fraction: float, scaling: str, eager: bool = False) -> dict[str, dict[str, Any]]:
     """hetflow on one workload twice, on the same trace: with a seeded ``fraction`` of the jobs
     elastic (``mark_elastic``: min = ceil(n/2), max = min(2n, one node), ``scaling``), and
     rigid (the same jobs at their declared sizes: the same policy without resizing)."""
@@ -144,7 +145,8 @@ def elastic_pair(workload: str, jobs: int, window: tuple[int, int] | None, rate:
     jcts = {}
     for name, js in (("rigid", rigid(marked)), ("elastic", marked)):
         start = time.perf_counter()
-        result = Simulator(model, js, make_policy("hetflow"), speeds, SimConfig(window=window)).run()
+        policy = HetflowPolicy(eager_growth=eager)  # = make_policy("hetflow") unless --eager-growth
+        result = Simulator(model, js, policy, speeds, SimConfig(window=window)).run()
         out[name] = summarise(result, time.perf_counter() - start)
         jcts[name] = {r.job.job_id: r.jct_s for i, r in enumerate(result.jobs) if i in result.measured}
         if name == "elastic":
@@ -165,10 +167,12 @@ def elastic_pair(workload: str, jobs: int, window: tuple[int, int] | None, rate:
     return out
 
 
-def print_elastic(pairs: dict[str, dict[str, dict[str, Any]]], fraction: float, scaling: str) -> float:
+def print_elastic(pairs: dict[str, dict[str, dict[str, Any]]], fraction: float, scaling: str,
+                  eager: bool = False) -> float:
     """The elastic table; returns the worse avg JCT ratio (elastic / rigid) of the workloads."""
     print(f"\nElastic jobs: hetflow with {fraction:.0%} of the jobs elastic (min ceil(n/2), max min(2n, one node), "
-          f"scaling {scaling}, a resize = checkpoint-restart of 30 s) against the same jobs rigid; hours.")
+          f"scaling {scaling}, a resize = checkpoint-restart of 30 s{', eager growth' if eager else ''}) against the "
+          f"same jobs rigid; hours.")
     print("| workload | jobs | avg JCT | p95 JCT | makespan | util | resizes | preemptions | wall s |")
     print("|---|---|---|---|---|---|---|---|---|")
     ratios = []
@@ -360,6 +364,8 @@ def main() -> None:
     parser.add_argument("--elastic-fraction", type=float, default=ELASTIC_FRACTION,
                         help="share of jobs made elastic (seeded)")
     parser.add_argument("--elastic-scaling", default=DEFAULT_SCALING, help="their scaling curve")
+    parser.add_argument("--eager-growth", action="store_true",
+                        help="hetflow's eager_growth for the elastic runs (ask for more than the size under load)")
     args = parser.parse_args()
     from hetflow.cli.simulate_protocols import parse_seeds
 
@@ -380,9 +386,9 @@ def main() -> None:
     if args.elastic_only:
         with ProcessPoolExecutor(max_workers=min(args.workers, 2)) as pool:
             futs = {w: pool.submit(elastic_pair, w, n, win, rate, args.seed, args.elastic_fraction,
-                                   args.elastic_scaling) for w, n, win, rate in elastic_runs}
+                                   args.elastic_scaling, args.eager_growth) for w, n, win, rate in elastic_runs}
             pairs = {w: fut.result() for w, fut in futs.items()}
-        worst = print_elastic(pairs, args.elastic_fraction, args.elastic_scaling)
+        worst = print_elastic(pairs, args.elastic_fraction, args.elastic_scaling, args.eager_growth)
         ratios = {w: p["elastic"]["avg_jct_s"] / p["rigid"]["avg_jct_s"] for w, p in pairs.items()}
         print(f"RESULT elastic_over_rigid={worst:.3f} elastic_over_rigid_gavel_108={ratios['gavel-108']:.3f} "
               f"elastic_over_rigid_mixed_1024={ratios['mixed-1024']:.3f}")
@@ -393,7 +399,7 @@ def main() -> None:
         g_futs = [pool.submit(gavel_case, i, gavel_policies) for i in range(n_cases)]
         f_futs = {s: pool.submit(fgd_seed, s) for s in fgd_seeds}
         e_futs = {w: pool.submit(elastic_pair, w, n, win, rate, args.seed, args.elastic_fraction,
-                                 args.elastic_scaling) for w, n, win, rate in elastic_runs}
+                                 args.elastic_scaling, args.eager_growth) for w, n, win, rate in elastic_runs}
         if legacy:
             legacy_futs = (pool.submit(gavel, g_jobs, g_window, args.gavel_rate, args.seed),
                            pool.submit(mixed, m_jobs, args.mixed_rate, args.seed),
@@ -402,7 +408,7 @@ def main() -> None:
         f = fgd_summary({s: fut.result() for s, fut in f_futs.items()})
         cal = print_calibration(g_rows, f, fgd_seeds)
         elastic_worst = print_elastic({w: fut.result() for w, fut in e_futs.items()}, args.elastic_fraction,
-                                      args.elastic_scaling)
+                                      args.elastic_scaling, args.eager_growth)
         cal_line = (f"gavel_fidelity_worst={cal['gavel_fidelity_worst']:.4f} "
                     f"fgd_fidelity_worst_points={cal['fgd_fidelity_worst_points']:.2f} "
                     f"hetflow_over_gavel_best={cal['hetflow_over_gavel_best']:.3f} "

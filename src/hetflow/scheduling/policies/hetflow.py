@@ -28,17 +28,19 @@ With no knowledge of remaining work (open-ended jobs) every area is infinite and
 arrival order, so on Alibaba-style requests the policy is a fragmentation-aware packer.
 
 **Elastic jobs** (a device range and a scaling curve, :mod:`hetflow.scheduling.elastic`): the
-order stays step 1's (area at the declared size). In step 2 an elastic job asks for its
-*largest* size (a running one only if growing saves more than ``1 + hysteresis`` restores,
-else the size it has), so the shortest jobs get the most devices - shortest-remaining-first
-with the parallelism it implies. One that finds no type with room takes the largest smaller
-size that fits, down to ``min_gpus``: an arrival with a smaller area takes devices from elastic
-jobs behind it, which shrink ("shrink to make room", never below ``min_gpus``) instead of being
-preempted. Devices still idle go, shortest area first, to running elastic jobs that had more
-(no resize), then to growing elastic jobs where it pays ("grow into idle devices", never
-above ``max_gpus``). A gang that finds no placement falls back to smaller sizes. Every resize
-is a checkpoint-restart the engine charges (``restore_s``). With ``elastic=False``, or no
-elastic job in view, the decision is exactly the rigid one above.
+order stays step 1's (area at the declared size), and in step 2 an elastic job asks for its
+base size (the size it runs at, else its declared one). One that finds no type with room takes
+the largest smaller size that fits, down to ``min_gpus``: an arrival with a smaller area takes
+devices from elastic jobs behind it, which shrink ("shrink to make room", never below
+``min_gpus``) instead of being preempted, and a gang that would wait starts smaller. Devices
+still idle go, shortest area first, to running elastic jobs that had more (no resize), then to
+growing elastic jobs where the time saved pays for the restart ("grow into idle devices",
+never above ``max_gpus``). A gang that finds no placement falls back to smaller sizes. Every
+resize is a checkpoint-restart the engine charges (``restore_s``). ``eager_growth=True`` also
+lets a job ask for more than its base while others wait, when its time saved exceeds the delay
+its extra device-seconds (sub-linear scaling) impose on the jobs behind it: better with an
+efficient curve, worse with a poor one (docs/simulator.md), so it is off by default. With
+``elastic=False``, or no elastic job in view, the decision is exactly the rigid one above.
 """
 
 from __future__ import annotations
@@ -92,11 +94,12 @@ class HetflowPolicy:
     preemptive = True
 
     def __init__(self, placer: Placer | None = None, *, hysteresis: float = 2.0,
-                 min_efficiency: float = 0.6, elastic: bool = True) -> None:
+                 min_efficiency: float = 0.6, elastic: bool = True, eager_growth: bool = False) -> None:
         self.placer = placer or TopologyPlacer()
         self.hysteresis = hysteresis  # restores a running job's priority is credited with
         self.min_efficiency = min_efficiency  # least share of ideal speed a placement must keep
         self.elastic = elastic  # resize elastic jobs (False: every job at its declared size)
+        self.eager_growth = eager_growth  # elastic jobs ask for more than their size under load
 
     # -- 1. order ---------------------------------------------------------------------------
 
@@ -196,9 +199,10 @@ class HetflowPolicy:
         """The decision with elastic jobs in view (see the module docstring)."""
         keys, head = self._head(jobs, view.free)
         free = view.free
-        # Elastic jobs ask for their largest size first (shortest area first: the short jobs get
-        # the most devices); one that does not fit then takes a smaller size below.
-        head = [self._ask(j) if len(sizes_of(j)) > 1 else j for j in head]
+        # Elastic jobs ask for their base size (more only with eager_growth); one that does not
+        # fit then takes a smaller size below.
+        capacity = max(view.model.total_devices, 1)
+        head = [self._ask(j, len(jobs) - 1 - i, capacity) if len(sizes_of(j)) > 1 else j for i, j in enumerate(head)]
         chosen = self.match_types(head, keys, free, view.lease_s)
         budget = {t: free.free_milli(t) for t in free.model.device_types}
         for j, types in chosen:
@@ -268,15 +272,31 @@ class HetflowPolicy:
                         break
         return out
 
-    def _ask(self, job: JobInfo) -> "_AtSize":
-        """The size an elastic job asks for first: its largest, unless it runs smaller now and
-        growing would not pay for the restart (then the size it has)."""
-        top = max(sizes_of(job))
+    def _ask(self, job: JobInfo, behind: int, capacity: int) -> "_AtSize":
+        """The size an elastic job asks for first: its base (the size it runs at, else its
+        declared one). With ``eager_growth``: the largest of its sizes above the base whose time
+        saved for this job exceeds what it
+        costs the ``behind`` jobs after it in the order - each waits about (extra device-seconds
+        the larger gang spends) / ``capacity`` longer when the scaling is sub-linear - plus,
+        for a running job, ``1 + hysteresis`` restores. Else its base size."""
         cur = job.assignment
-        if cur is not None and len(cur.slots) < top and not self._worth_growing(job, len(cur.slots), top,
-                                                                                 cur.device_type):
-            top = len(cur.slots)
-        return _AtSize(job, top)
+        base = len(cur.slots) if cur is not None else job.request.num_gpus
+        if not self.eager_growth:
+            return _AtSize(job, base)
+        rates = job.rates_at  # type: ignore[attr-defined]
+        r0 = max(rates(base).values(), default=0.0)
+        remaining = job.remaining_work
+        restart = (1 + self.hysteresis) * job.restore_s if cur is not None else 0.0
+        if r0 > 0 and math.isfinite(remaining):
+            for n in sorted((n for n in sizes_of(job) if n > base), reverse=True):
+                r1 = max(rates(n).values(), default=0.0)
+                if r1 <= r0:
+                    continue
+                saved = remaining / r0 - remaining / r1
+                extra_area = n * remaining / r1 - base * remaining / r0
+                if saved > restart + behind * max(0.0, extra_area) / capacity:
+                    return _AtSize(job, n)
+        return _AtSize(job, base)
 
     def _worth_growing(self, job: JobInfo, n_from: int, n_to: int, t: str) -> bool:
         """Growing pays when it saves more time than it costs: a running job that would keep
