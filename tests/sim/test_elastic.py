@@ -176,3 +176,18 @@ def test_cli_elastic_fraction_marks_jobs_and_reports_resizes(tmp_path) -> None:
     assert summary["finished"] + summary["rejected"] == 40 and summary["finished"] >= 20 and summary["resizes"] > 0
     rows = json.loads((out / "jobs-hetflow.json").read_text())
     assert sum(r["resizes"] for r in rows) == summary["resizes"]
+
+
+def test_eager_growth_takes_devices_a_waiting_job_could_use_only_when_asked() -> None:
+    # 4 GPUs; the short elastic job 0 (1..4, linear) and the long rigid job 1 arrive together.
+    # Default: job 0 asks for 1, job 1 takes 1, and job 0 grows into what is idle (to 2; 4 would
+    # need 3). eager_growth: with linear scaling the extra devices cost the others nothing
+    # in device-seconds, so job 0 asks for 4 and job 1 waits for it.
+    model = cluster(node("n0", "fast", 4))
+    jobs = [job(0, "a", 0, 1, 400, min_gpus=1, max_gpus=4, scaling="eff:1"), job(1, "a", 0, 1, 5000)]
+    default = _run(model, jobs, LINEAR)
+    eager = _run(model, jobs, LINEAR, policy=HetflowPolicy(eager_growth=True))
+    assert [len(s.slots) for s in default.segments if s.job == 0] == [2]
+    assert [len(s.slots) for s in eager.segments if s.job == 0] == [4]
+    assert jct(default)["0"] == pytest.approx(200.0) and jct(eager)["0"] == pytest.approx(100.0)
+    assert jct(default)["1"] == pytest.approx(5000.0) and jct(eager)["1"] == pytest.approx(5100.0)
