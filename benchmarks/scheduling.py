@@ -29,7 +29,14 @@ Three experiments, one table:
    published seeds (worst gap to the published rows in points; hetflow's mean allocation over
    the 100-130 % points). Their figures join the RESULT line: ``gavel_fidelity_worst
    fgd_fidelity_worst_points hetflow_over_gavel_best fgd_alloc_hetflow elastic_over_rigid
-   fgd_run_wall_s`` (elastic jobs are not built: nan).
+   fgd_run_wall_s``.
+
+E. **Elastic jobs**: hetflow on the gavel-108 and mixed-1024 traces with ``--elastic-fraction``
+   (0.5) of the jobs elastic (``hetflow.scheduling.elastic.mark_elastic``, ``--elastic-scaling``
+   eff:0.85), against the same policy on the same jobs kept rigid; ``elastic_over_rigid`` is
+   the worse of the two average-JCT ratios. ``--elastic-only`` runs just these four simulations
+   (a few minutes) and prints ``RESULT elastic_over_rigid=<x> elastic_over_rigid_gavel_108=<x>
+   elastic_over_rigid_mixed_1024=<x>``.
 
 Independent runs go to worker processes (``--workers``). Wall times are of this machine. Seeded. The
 last line is machine-readable: ``RESULT hetflow_over_max_min=<x> hetflow_over_fifo=<x>
@@ -40,6 +47,7 @@ openb_unallocated_bestfit=<x>`` (wall and utilisation: the hetflow run).
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -48,7 +56,9 @@ from typing import Any
 
 import numpy as np
 
+from hetflow.scheduling.elastic import DEFAULT_SCALING, mark_elastic, rigid
 from hetflow.scheduling.policies.capacity import ClusterModel
+from hetflow.scheduling.policies.hetflow import HetflowPolicy
 from hetflow.scheduling.policies.registry import make_policy
 from hetflow.scheduling.throughput import default_model, load_gavel_throughputs
 from hetflow.sim.cluster import parse_shorthand
@@ -110,6 +120,82 @@ def openb(overload: float, seed: int, pods_limit: int | None) -> dict[str, dict[
         out[p] = _run(model, jobs, p, default_model(), SimConfig())
         _progress(f"  openb {p}: {out[p]['wall_s']:.0f} s")
     return out
+
+
+# --------------------------------------------------------------------- elastic jobs
+
+ELASTIC_FRACTION = 0.5
+
+
+def elastic_pair(workload: str, jobs: int, window: tuple[int, int] | None, rate: float, seed: int,
+                 fraction: float, scaling: str, eager: bool = False) -> dict[str, dict[str, Any]]:
+    """hetflow on one workload twice, on the same trace: with a seeded ``fraction`` of the jobs
+    elastic (``mark_elastic``: min = ceil(n/2), max = min(2n, one node), ``scaling``), and
+    rigid (the same jobs at their declared sizes: the same policy without resizing)."""
+    if workload == "gavel-108":
+        speeds = load_gavel_throughputs(TRACES / "gavel" / "simulation_throughputs.json")  # as gavel()
+        model = ClusterModel.from_snapshot(parse_shorthand(GAVEL_CLUSTER))
+        trace = synthetic_trace(speeds, jobs, rate, seed=seed, reference_types=("V100-16GB",))
+    else:
+        speeds = default_model()
+        model = ClusterModel.from_snapshot(parse_shorthand(MIXED_CLUSTER))
+        trace = synthetic_trace(speeds, jobs, rate, seed=seed, reference_types=("A100-80GB",))
+    marked = mark_elastic(trace.jobs, fraction, seed, model.max_devices, scaling)
+    out: dict[str, Any] = {}
+    jcts = {}
+    for name, js in (("rigid", rigid(marked)), ("elastic", marked)):
+        start = time.perf_counter()
+        policy = HetflowPolicy(eager_growth=eager)  # = make_policy("hetflow") unless --eager-growth
+        result = Simulator(model, js, policy, speeds, SimConfig(window=window)).run()
+        out[name] = summarise(result, time.perf_counter() - start)
+        jcts[name] = {r.job.job_id: r.jct_s for i, r in enumerate(result.jobs) if i in result.measured}
+        if name == "elastic":
+            groups = {}
+            for i in result.measured:
+                r = result.jobs[i]
+                alone_h = r.job.total_work / r.best_rate / 3600 if r.best_rate > 0 else math.inf
+                length = "<1 h" if alone_h < 1 else "1-10 h" if alone_h < 10 else ">=10 h"
+                kind = "elastic" if len(r.job.sizes) > 1 else "rigid"
+                groups.setdefault((kind, length), []).append(r.job.job_id)
+        _progress(f"  {workload} hetflow {name}: {out[name]['avg_jct_s'] / 3600:.2f} h, {out[name]['wall_s']:.0f} s")
+    out["elastic"]["elastic_jobs"] = sum(1 for j in marked if len(j.sizes) > 1)
+    out["groups"] = {}  # (kind, length alone on the best type) -> (jobs, avg JCT elastic / rigid)
+    for key, ids in sorted(groups.items()):
+        both = [i for i in ids if jcts["elastic"][i] is not None and jcts["rigid"][i] is not None]
+        if both:
+            out["groups"][key] = (len(both), sum(jcts["elastic"][i] for i in both) / sum(jcts["rigid"][i] for i in both))
+    return out
+
+
+def print_elastic(pairs: dict[str, dict[str, dict[str, Any]]], fraction: float, scaling: str,
+                  eager: bool = False) -> float:
+    """The elastic table; returns the worse avg JCT ratio (elastic / rigid) of the workloads."""
+    print(f"\nElastic jobs: hetflow with {fraction:.0%} of the jobs elastic (min ceil(n/2), max min(2n, one node), "
+          f"scaling {scaling}, a resize = checkpoint-restart of 30 s{', eager growth' if eager else ''}) against the "
+          f"same jobs rigid; hours.")
+    print("| workload | jobs | avg JCT | p95 JCT | makespan | util | resizes | preemptions | wall s |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    ratios = []
+    for workload, pair in pairs.items():
+        for name in ("rigid", "elastic"):
+            s = pair[name]
+            print(f"| {workload} | {name} | {s['avg_jct_s'] / 3600:.2f} | {s['p95_jct_s'] / 3600:.1f} | "
+                  f"{s['makespan_s'] / 3600:.1f} | {_f(s['utilisation'])} | {s['resizes']} | {s['preemptions']} | "
+                  f"{s['wall_s']:.1f} |")
+        r, e = pair["rigid"], pair["elastic"]
+        ratios.append(e["avg_jct_s"] / r["avg_jct_s"])
+        print(f"| {workload} | elastic / rigid | {ratios[-1]:.3f} | {e['p95_jct_s'] / r['p95_jct_s']:.3f} | "
+              f"{e['makespan_s'] / r['makespan_s']:.3f} | | | | |")
+    print("\nWhere it comes from: avg JCT elastic run / rigid run, same jobs, by kind and run time alone "
+          "on the best type (jobs in brackets).")
+    order = {"<1 h": 0, "1-10 h": 1, ">=10 h": 2}
+    keys = sorted({k for pair in pairs.values() for k in pair["groups"]}, key=lambda k: (k[0], order[k[1]]))
+    print("| workload | " + " | ".join(f"{kind} {length}" for kind, length in keys) + " |")
+    print("|---|" + "---|" * len(keys))
+    for workload, pair in pairs.items():
+        cells = [f"{pair['groups'][k][1]:.2f} ({pair['groups'][k][0]})" if k in pair["groups"] else "-" for k in keys]
+        print(f"| {workload} | " + " | ".join(cells) + " |")
+    return max(ratios)
 
 
 # --------------------------------------------------------------------- calibration runs
@@ -273,6 +359,13 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=3, help="worker processes for independent runs")
     parser.add_argument("--calibration-only", action="store_true",
                         help="only the runs against Gavel's and FGD's own results (no hetflow-protocol experiments)")
+    parser.add_argument("--elastic-only", action="store_true",
+                        help="only the elastic-against-rigid runs on gavel-108 and mixed-1024 (a few minutes)")
+    parser.add_argument("--elastic-fraction", type=float, default=ELASTIC_FRACTION,
+                        help="share of jobs made elastic (seeded)")
+    parser.add_argument("--elastic-scaling", default=DEFAULT_SCALING, help="their scaling curve")
+    parser.add_argument("--eager-growth", action="store_true",
+                        help="hetflow's eager_growth for the elastic runs (ask for more than the size under load)")
     args = parser.parse_args()
     from hetflow.cli.simulate_protocols import parse_seeds
 
@@ -289,11 +382,24 @@ def main() -> None:
         g_jobs, g_window, m_jobs, limit = 2000, (1000, 1500), 3000, 3000
     else:
         g_jobs, g_window, m_jobs, limit = 6000, (4000, 5000), 10000, None
+    elastic_runs = (("gavel-108", g_jobs, g_window, args.gavel_rate), ("mixed-1024", m_jobs, None, args.mixed_rate))
+    if args.elastic_only:
+        with ProcessPoolExecutor(max_workers=min(args.workers, 2)) as pool:
+            futs = {w: pool.submit(elastic_pair, w, n, win, rate, args.seed, args.elastic_fraction,
+                                   args.elastic_scaling, args.eager_growth) for w, n, win, rate in elastic_runs}
+            pairs = {w: fut.result() for w, fut in futs.items()}
+        worst = print_elastic(pairs, args.elastic_fraction, args.elastic_scaling, args.eager_growth)
+        ratios = {w: p["elastic"]["avg_jct_s"] / p["rigid"]["avg_jct_s"] for w, p in pairs.items()}
+        print(f"RESULT elastic_over_rigid={worst:.3f} elastic_over_rigid_gavel_108={ratios['gavel-108']:.3f} "
+              f"elastic_over_rigid_mixed_1024={ratios['mixed-1024']:.3f}")
+        return
     _progress(f"Calibration: Gavel's protocol on its {n_cases} traces, FGD's on seeds {fgd_seeds}"
               + ("; then hetflow's own experiments" if legacy else "") + f"; {args.workers} worker processes")
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
         g_futs = [pool.submit(gavel_case, i, gavel_policies) for i in range(n_cases)]
         f_futs = {s: pool.submit(fgd_seed, s) for s in fgd_seeds}
+        e_futs = {w: pool.submit(elastic_pair, w, n, win, rate, args.seed, args.elastic_fraction,
+                                 args.elastic_scaling, args.eager_growth) for w, n, win, rate in elastic_runs}
         if legacy:
             legacy_futs = (pool.submit(gavel, g_jobs, g_window, args.gavel_rate, args.seed),
                            pool.submit(mixed, m_jobs, args.mixed_rate, args.seed),
@@ -301,14 +407,15 @@ def main() -> None:
         g_rows = [r for fut in g_futs for r in fut.result()]
         f = fgd_summary({s: fut.result() for s, fut in f_futs.items()})
         cal = print_calibration(g_rows, f, fgd_seeds)
+        elastic_worst = print_elastic({w: fut.result() for w, fut in e_futs.items()}, args.elastic_fraction,
+                                      args.elastic_scaling, args.eager_growth)
         cal_line = (f"gavel_fidelity_worst={cal['gavel_fidelity_worst']:.4f} "
                     f"fgd_fidelity_worst_points={cal['fgd_fidelity_worst_points']:.2f} "
                     f"hetflow_over_gavel_best={cal['hetflow_over_gavel_best']:.3f} "
-                    f"fgd_alloc_hetflow={cal['fgd_alloc_hetflow']:.4f} elastic_over_rigid=nan "
+                    f"fgd_alloc_hetflow={cal['fgd_alloc_hetflow']:.4f} elastic_over_rigid={elastic_worst:.3f} "
                     f"fgd_run_wall_s={cal['fgd_run_wall_s']:.1f}")
         print(f"(FGD's own mean allocation over 100-130 %: {cal['fgd_alloc_fgd']:.4f}; hetflow - FGD at the worst "
-              f"point from 50 %: {cal['hetflow_minus_fgd_min_points']:+.2f} points; elastic jobs: not built, nan)",
-              flush=True)
+              f"point from 50 %: {cal['hetflow_minus_fgd_min_points']:+.2f} points)", flush=True)
         if legacy:
             g, m, o = (fut.result() for fut in legacy_futs)
     if args.calibration_only:

@@ -67,6 +67,9 @@ def test_simulate_openb_packing(tmp_path) -> None:
     (["--trace", "missing.trace"], "no such trace file"),
     (["--cluster", "4 * 8x Z999"], "unknown accelerator"),
     (["--packing", "0"], "--packing"),
+    (["--elastic-fraction", "2"], "--elastic-fraction 2.0: give a share between 0 and 1"),
+    (["--elastic-fraction", "0.5", "--elastic-scaling", "eff:2"], "the efficiency must be in (0, 1]"),
+    (["--elastic-fraction", "0.5", "--protocol", "gavel"], "apply to hetflow's own model"),
     (["--trace", str(TRACES / "gavel" / "philly_vc_traces_seed0" / "795a4c.trace"), "--throughputs",
       str(GAVEL_SPEEDS)], "no job of the trace can run on this cluster's device types (H100-SXM)"),
 ])

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from hetflow.core.errors import InputError
 from hetflow.scheduling.policies.registry import POLICIES
 from hetflow.scheduling.throughput import CompositeThroughputs, FIXED_DURATION, FixedDurationThroughputs
+from hetflow.scheduling.elastic import mark_elastic
 from hetflow.sim.engine import SimClock, SimConfig, Simulator
 from hetflow.scheduling.policies.registry import make_policy
 from hetflow.sim.metrics import summarise, utilisation
@@ -226,7 +227,7 @@ def _worlds(draw):
     return model, jobs
 
 
-def _check_invariants(result, jobs, model) -> None:
+def _check_invariants(result, jobs, model, elastic: bool = False) -> None:
     # 1. No device is double-booked: per device, the shares of overlapping segments <= 1000.
     per_device = defaultdict(list)
     for s in result.segments:
@@ -264,7 +265,9 @@ def _check_invariants(result, jobs, model) -> None:
         done = sum(s.rate * s.productive_s for s in segs)
         assert done == pytest.approx(rec.job.total_work, rel=1e-6)
         assert rec.finish == pytest.approx(segs[-1].end)
-        assert rec.jct_s >= rec.job.total_work / rec.best_rate - 1e-6  # never faster than alone
+        assert all(len(s.slots) in rec.job.sizes for s in segs)  # an elastic job inside its range
+        if not elastic:  # (an elastic job may beat its declared size alone)
+            assert rec.jct_s >= rec.job.total_work / rec.best_rate - 1e-6  # never faster than alone
 
 
 @pytest.mark.parametrize("policy", sorted(POLICIES))
@@ -274,3 +277,12 @@ def test_invariants_hold_on_random_traces(policy: str, world) -> None:
     model, jobs = world
     result = simulate(model, jobs, policy, _MIXED, round_s=60.0)
     _check_invariants(result, jobs, model)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(world=_worlds(), seed=st.integers(0, 100))
+def test_invariants_hold_with_elastic_jobs(world, seed: int) -> None:
+    model, jobs = world
+    jobs = mark_elastic(jobs, 0.7, seed, model.max_devices)
+    result = simulate(model, jobs, "hetflow", _MIXED, round_s=60.0)
+    _check_invariants(result, jobs, model, elastic=True)

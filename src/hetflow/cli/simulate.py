@@ -16,7 +16,8 @@ rounds and policies; FGD's online packing and policies; see hetflow.cli.simulate
 "COUNT * NODE + ..." with an optional "@ GBPS" network speed. --trace: a Gavel .trace
 (7 or 10 columns), a Philly CSV, an openb pod CSV, or synthetic:jobs=N,rate=R,seed=S,multi_gpu=0|1
 (format detected). --window A:B measures the jobs with arrival index A..B-1 (Gavel's
-steady-state window). Writes DIR/summary.json (per policy: avg_jct_s, p95_jct_s, makespan_s,
+steady-state window). Elastic jobs: a trace's min_gpus/max_gpus/scaling fields, or
+--elastic-fraction F (a seeded share of the jobs, --elastic-scaling their curve). Writes DIR/summary.json (per policy: avg_jct_s, p95_jct_s, makespan_s,
 utilisation, effective_utilisation, unallocated_gpu_share, wall_s and more), per-job
 DIR/jobs-<policy>.json and .csv, DIR/utilisation.json, and the plots DIR/jct_cdf.png and
 DIR/utilisation.png. The model and every metric are described in docs/simulator.md.
@@ -71,6 +72,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="device type trace durations were measured on (repeatable; default V100-16GB, A100-80GB)")
     p.add_argument("--packing", type=float, metavar="X",
                    help="fragmentation experiment: requests never leave, arrive until they ask X x the GPUs")
+    p.add_argument("--elastic-fraction", type=float, default=0.0, metavar="F",
+                   help="make a seeded share F of the jobs that declare no device range elastic: min ceil(n/2), "
+                        "max min(2n, the largest node) (docs/simulator.md, 'Elastic jobs')")
+    p.add_argument("--elastic-scaling", default=None, metavar="CURVE",
+                   help="their scaling curve: eff:E (per-doubling efficiency, default eff:0.85), table, or "
+                        "N:X,N:X points")
     p.add_argument("--seed", type=int, default=None, help="seed: job types drawn for duration-only traces (0); "
                    "Gavel's scheduler seed (0); FGD's pod shuffle and ranks (42)")
     p.set_defaults(func=run)
@@ -95,6 +102,9 @@ FGD_DEFAULT = "BestFit,DotProd,GpuPacking,FGD,hetflow"
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.protocol != "hetflow" and (args.elastic_fraction or args.elastic_scaling):
+        raise InputError(f"--elastic-fraction/--elastic-scaling apply to hetflow's own model; --protocol "
+                         f"{args.protocol} replays the reference simulator's rigid jobs (drop them, or the --protocol)")
     if args.protocol == "gavel":
         from hetflow.cli.simulate_protocols import run_gavel
 
@@ -131,6 +141,11 @@ def run(args: argparse.Namespace) -> int:
     jobs: Sequence[Any] = trace.jobs
     if args.packing is not None:
         jobs = openb_packing_jobs(trace.jobs, model.total_devices, args.packing, seed=args.seed)
+    if args.elastic_fraction or args.elastic_scaling:
+        from hetflow.scheduling.elastic import DEFAULT_SCALING, mark_elastic
+
+        jobs = mark_elastic(jobs, args.elastic_fraction, args.seed, model.max_devices,
+                            args.elastic_scaling or DEFAULT_SCALING)
     config = SimConfig(round_s=args.round_s, restore_s=args.restore_s, window=window)
     console = Console(stderr=True)
     check_runnable(model, jobs, throughputs, config, console)
@@ -142,6 +157,7 @@ def run(args: argparse.Namespace) -> int:
         "throughputs": args.throughputs, "devices": model.total_devices,
         "device_types": {t: model.capacity_by_type[t] for t in model.device_types},
         "round_s": config.round_s, "restore_s": config.restore_s, "packing": args.packing,
+        "elastic_jobs": sum(1 for j in jobs if len(j.sizes) > 1), "elastic_fraction": args.elastic_fraction,
     })
     print_summary(Console(width=max(110, Console().width)), {p: r["summary"] for p, r in results.items()})
     Console(stderr=True).print(f"wrote {out}/summary.json, inputs.json, jobs-*.json/.csv, jct_cdf.png, utilisation.png")

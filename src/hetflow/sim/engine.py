@@ -14,7 +14,12 @@ each event that can change something the engine shows the policy a
   (same cost); a job's speed is the throughput model's rate for its device type and the
   collective bandwidth of its devices;
 - every assignment is checked (device type, gang size, share, host resources, capacity): a
-  policy that breaks the rules fails an assert, it is never silently fixed.
+  policy that breaks the rules fails an assert, it is never silently fixed;
+- an elastic job (``Job.min_gpus``/``max_gpus``, :mod:`hetflow.scheduling.elastic`) may be given
+  any of its sizes; its rate at ``n`` devices is its rate at its declared size on that type times
+  its scaling curve, times what the placement's links cost a gang of ``n``. A changed size is a
+  **resize**: checkpoint and restart on the new devices, ``restore_s`` of no progress (the same
+  cost as a migration), counted in ``JobRecord.resizes``.
 
 The same mechanism serves every policy; nothing here depends on a policy's name. Time comes only
 from the injected :class:`Clock` (``SimClock`` here; the live runtime's clock is wall time).
@@ -32,6 +37,7 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, Protocol, Sequence
 
 from hetflow.core.errors import InputError
+from hetflow.scheduling.elastic import DEFAULT_SCALING, parse_scaling
 from hetflow.scheduling.policies.base import Policy
 from hetflow.scheduling.policies.capacity import WHOLE, Assignment, ClusterModel, FreeCapacity, Request
 from hetflow.scheduling.policies.rounds import (
@@ -115,6 +121,7 @@ class JobRecord:
     finish: float | None = None
     preemptions: int = 0
     migrations: int = 0
+    resizes: int = 0  # elastic jobs: restarts at another size
     done_work: float = 0.0
     best_rate: float = 0.0  # its rate on its best device type (0 if it can run nowhere)
     rejected: str | None = None  # why it could never run
@@ -141,9 +148,10 @@ class SimJob:
 
     __slots__ = ("idx", "job", "request", "restore_s", "ideal_rates", "best_rate", "_clock",
                  "done_base", "assignment", "seg_start", "seg_restore", "seg_rate", "epoch",
-                 "needs_restore", "attained_base", "service_base", "devices")
+                 "needs_restore", "attained_base", "service_base", "devices", "sizes", "size_rates")
 
-    def __init__(self, idx: int, job: Job, restore_s: float, ideal_rates: Mapping[str, float], clock: Clock) -> None:
+    def __init__(self, idx: int, job: Job, restore_s: float, ideal_rates: Mapping[str, float], clock: Clock,
+                 size_rates: Mapping[int, Mapping[str, float]] | None = None) -> None:
         self.idx = idx
         self.job = job
         self.request = Request(job.num_gpus, job.gpu_milli, job.cpu_milli, job.memory_mib)
@@ -161,6 +169,13 @@ class SimJob:
         self.attained_base = 0.0
         self.service_base: dict[str, float] = {}
         self.devices = self.request.gpu_milli / WHOLE
+        # elastic jobs: {size: {device type: rate at its best placement}}; rigid: the one size
+        self.size_rates = dict(size_rates) if size_rates else {job.num_gpus: ideal_rates}
+        self.sizes = tuple(sorted(self.size_rates))
+
+    def rates_at(self, n: int) -> Mapping[str, float]:
+        """Rate on each device type at ``n`` devices (best placement); empty for other sizes."""
+        return self.size_rates.get(n, {})
 
     # JobInfo
     job_id = property(lambda self: self.job.job_id)
@@ -249,15 +264,58 @@ class Simulator:
             self._ideal_memo[key] = hit
         return hit
 
+    def size_rates(self, job: Job, rates: Mapping[str, float]) -> dict[int, dict[str, float]] | None:
+        """An elastic job's rate per device type at each of its sizes (best placement); sizes
+        that run nowhere are left out. None for a rigid job."""
+        sizes = job.sizes
+        if len(sizes) == 1:
+            return None
+        curve = parse_scaling(job.scaling or DEFAULT_SCALING)
+        key = ("sizes", job.job_type, job.num_gpus, sizes, curve, job.allowed_types, job.memory_bytes)
+        hit = self._ideal_memo.get(key)
+        if hit is None:
+            hit = {}
+            for n in sizes:
+                if n == job.num_gpus:
+                    at = dict(rates)
+                elif curve.kind == "table":
+                    at = ideal_rates(self.model, self.throughputs, job.job_type, Request(n), job.allowed_types,
+                                     job.memory_bytes)
+                else:
+                    f = curve.relative(n, job.num_gpus)
+                    at = {t: r * f for t, r in rates.items() if n <= self.model.capacity_by_type[t]}  # type: ignore[operator]
+                if at:
+                    hit[n] = at
+            self._ideal_memo[key] = hit
+        return hit  # type: ignore[return-value]
+
     def _rate(self, job: SimJob, a: Assignment) -> float:
         gbps = self.model.group_gbps(a.slots)
         spans = len({n for n, _ in a.slots}) > 1
+        n = len(a.slots)
+        if n != job.num_gpus and len(job.sizes) > 1:
+            return self._elastic_rate(job, a, n, gbps, spans)
         key = (job.job.job_type, job.num_gpus, a.device_type, gbps, spans)
         hit = self._rate_memo.get(key)
         if hit is None:
             hit = assignment_rate(self.model, self.throughputs, job.job.job_type, job.num_gpus, a)
             self._rate_memo[key] = hit
         return hit
+
+    def _elastic_rate(self, job: SimJob, a: Assignment, n: int, gbps: float, spans: bool) -> float:
+        """Rate at ``n`` devices = the best-placement rate at ``n`` (curve) x what these links
+        cost a gang of ``n`` by the throughput model (1 on the best placement)."""
+        ideal = job.rates_at(n).get(a.device_type, 0.0)
+        t = a.device_type
+        key = ("link", job.job.job_type, n, t, gbps, spans)
+        link = self._rate_memo.get(key)
+        if link is None:
+            best = self.throughputs.rate(job.job.job_type, n, t, self.model.ideal_gbps(t, n),
+                                         n > self.model.largest_node_by_type[t])
+            here = assignment_rate(self.model, self.throughputs, job.job.job_type, n, a)
+            link = min(1.0, here / best) if best > 0 else 1.0
+            self._rate_memo[key] = link
+        return ideal * link
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -332,7 +390,7 @@ class Simulator:
             self._measured_done(idx)
             return
         restore = self.config.restore_s if job.restore_s is None else job.restore_s
-        sj = SimJob(idx, job, restore, rates, self.clock)
+        sj = SimJob(idx, job, restore, rates, self.clock, self.size_rates(job, rates))
         self.records[idx].best_rate = sj.best_rate
         self.active[idx] = sj
         self.waiting[idx] = sj
@@ -359,10 +417,14 @@ class Simulator:
         check_decision(decision, inputs)
         changes = diff_decision(decision, inputs.movable)
         moved: set[int] = set()
+        resized: set[int] = set()
         for j, new in changes.stops:  # stop everything that changes first, then start: no overlap
+            old = j.assignment
             self._stop(j)
             if new is None:
                 self.records[j.idx].preemptions += 1
+            elif old is not None and len(new.slots) != len(old.slots):
+                resized.add(j.idx)
             else:
                 moved.add(j.idx)
         for jid, a in changes.starts:
@@ -372,6 +434,8 @@ class Simulator:
             self._start(j, a)
             if j.idx in moved:
                 self.records[j.idx].migrations += 1
+            elif j.idx in resized:
+                self.records[j.idx].resizes += 1
 
     def _planned(self, jid: str, a: Assignment, starts: Sequence[tuple[str, Assignment]]) -> Assignment:
         """The rank planner's devices for one start of a decision, inside the policy's choice
@@ -392,6 +456,7 @@ class Simulator:
         assert rate > 0, f"job {j.job_id} placed where it cannot run"
         self.free.take(a)
         j.assignment = a
+        j.devices = len(a.slots) * a.milli / WHOLE if a.slots else j.request.gpu_milli / WHOLE
         self.waiting.pop(j.idx, None)
         self.running[j.job.job_id] = j
         j.seg_start = now
@@ -417,7 +482,8 @@ class Simulator:
         j.service_base[a.device_type] = j.service_base.get(a.device_type, 0.0) + held
         self.segments.append(Segment(
             j.idx, j.seg_start, now, a.device_type, a.slots, a.milli, j.devices, j.seg_restore, j.seg_rate,
-            j.ideal_rates[a.device_type], j.best_rate, a.host, a.cpu_milli, a.memory_mib))
+            j.rates_at(len(a.slots)).get(a.device_type, j.ideal_rates[a.device_type]) if len(j.sizes) > 1
+            else j.ideal_rates[a.device_type], j.best_rate, a.host, a.cpu_milli, a.memory_mib))
         self.free.release(a)
         j.assignment = None
         del self.running[j.job.job_id]

@@ -165,7 +165,7 @@ def job_rows(result: SimResult) -> list[dict[str, Any]]:
             "first_start_s": r.first_start, "finish_s": r.finish, "jct_s": jct,
             "queue_s": None if r.first_start is None else r.first_start - j.arrival_s,
             "slowdown": None if jct is None or not isolated else jct / isolated,
-            "preemptions": r.preemptions, "migrations": r.migrations,
+            "preemptions": r.preemptions, "migrations": r.migrations, "resizes": r.resizes,
             "device_types": "|".join(sorted(types.get(i, ()))),
             "total_work": j.total_work if math.isfinite(j.total_work) else None,
             "done_work": r.done_work, "rejected": r.rejected,
@@ -201,6 +201,7 @@ def summarise(result: SimResult, wall_s: float) -> dict[str, Any]:
         "max_slowdown": max(slow) if slow else None,
         "preemptions": sum(row["preemptions"] for row in rows),
         "migrations": sum(row["migrations"] for row in rows),
+        "resizes": sum(row["resizes"] for row in rows),
         "decisions": result.decisions,
         "wall_s": wall_s,
     }

@@ -6,11 +6,14 @@ Formats (``load_trace`` detects them by content):
   command, step-argument name, needs-data-dir, total steps, arrival s, scale factor; rows with
   scale factor 0 are skipped) or 10 columns (job type, command, working directory,
   step-argument name, needs-data-dir, total steps, scale factor, priority weight, SLO (-1 =
-  none), arrival s). The 0-based line number is the job id. Work is in steps.
+  none), arrival s). The 0-based line number is the job id. Work is in steps. hetflow's
+  elastic extension: 13 columns, the 10 and then ``min_gpus``, ``max_gpus``, ``scaling`` (empty
+  or ``-``: rigid, or the default curve; see below).
 - **Philly** job log CSV (``timestamp,duration,num_gpus,...``): arrival = seconds after the
   first submission. Durations become work by drawing a job type per job (seeded) from a
   throughput model and multiplying by its speed on a reference device type, as Gavel derived
   its Philly traces; without a model the jobs are fixed-duration (same speed everywhere).
+  Optional columns ``min_gpus,max_gpus,scaling`` make a row elastic (empty: rigid).
 - **Alibaba openb** pod list CSV (``name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,...``):
   shared-GPU requests with CPU and memory, fixed-duration (deletion - creation); and
   ``openb_packing_jobs`` for the fragmentation experiment (requests that never leave, arriving
@@ -19,6 +22,13 @@ Formats (``load_trace`` detects them by content):
   (10^U(1.5,3) minutes with p=0.8, else 10^U(3,4) minutes, on a reference device type), gang
   sizes 1/2/4/8 with p=.70/.10/.15/.05 (Philly-like, as Gavel's generator) or always 1, and job
   types uniform over the throughput model's types. Seeded and reproducible.
+
+**Elastic fields** (Gavel's 13-column layout, Philly's optional columns): ``min_gpus`` and
+``max_gpus`` with ``1 <= min_gpus <= num_gpus <= max_gpus`` (num_gpus: the declared gang, the
+scale factor in Gavel's files), and ``scaling``, a curve of :mod:`hetflow.scheduling.elastic`
+(``eff:0.85``, ``table`` or ``1:1,2:1.8,4:3.2``; empty: ``eff:0.85``). Traces without them can
+have a seeded share of jobs made elastic (``hetflow.scheduling.elastic.mark_elastic``,
+``hetflow simulate --elastic-fraction``).
 
 Every malformed row raises :class:`~hetflow.core.errors.ParseError` naming the file and line.
 """
@@ -35,6 +45,7 @@ from typing import Iterable, Sequence
 
 from hetflow.core.errors import InputError, ParseError
 from hetflow.core.topology import ClusterSnapshot, Device, NodeTopology, Vendor
+from hetflow.scheduling.elastic import DEFAULT_SCALING, RANGE_RULE, elastic_sizes, parse_scaling, range_error
 from hetflow.scheduling.throughput import (
     FIXED_DURATION,
     SpecLookup,
@@ -65,6 +76,9 @@ class Job:
     allowed_types: frozenset[str] | None = None  # None: any device type
     memory_bytes: int | None = None  # device memory needed per device, when known
     slo_s: float | None = None
+    min_gpus: int | None = None  # elastic jobs: the device range (both set, or neither)
+    max_gpus: int | None = None
+    scaling: str | None = None  # elastic jobs: the scaling curve (hetflow.scheduling.elastic)
 
     def __post_init__(self) -> None:
         if self.num_gpus < 0 or not 0 < self.gpu_milli <= WHOLE:
@@ -73,6 +87,26 @@ class Job:
             raise InputError(f"job {self.job_id}: a GPU share (gpu_milli < 1000) needs num_gpus == 1")
         if not self.total_work > 0 or self.arrival_s < 0 or self.weight <= 0:
             raise InputError(f"job {self.job_id}: work, arrival and weight must be positive")
+        if (self.min_gpus is None) != (self.max_gpus is None):
+            raise InputError(f"job {self.job_id}: give both min_gpus and max_gpus, or neither")
+        if self.max_gpus is not None:
+            bad = range_error(self.num_gpus, self.min_gpus, self.max_gpus)  # type: ignore[arg-type]
+            if bad:
+                raise InputError(f"job {self.job_id}: {bad}")
+            if self.min_gpus != self.max_gpus and (self.gpu_milli < WHOLE or self.cpu_milli or self.memory_mib
+                                                   or not self.preemptible):
+                raise InputError(f"job {self.job_id}: only preemptible whole-GPU jobs without host "
+                                 f"resources can be elastic")
+            if not parse_scaling(self.scaling or DEFAULT_SCALING).covers(self.min_gpus, self.max_gpus):
+                raise InputError(f"job {self.job_id}: scaling {self.scaling!r} does not cover "
+                                 f"{self.min_gpus}..{self.max_gpus} devices")
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        """Device counts it may run at: one (its gang) unless it is elastic."""
+        if self.max_gpus is None or self.min_gpus == self.max_gpus:
+            return (self.num_gpus,)
+        return elastic_sizes(self.min_gpus, self.max_gpus, self.num_gpus)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -121,8 +155,9 @@ def load_gavel_trace(path: str | Path) -> Trace:
     if not rows:
         raise ParseError(str(p), "empty trace")
     width = len(rows[0][1].split("\t"))
-    if width not in (7, 10):
-        raise ParseError(str(p), f"{width} tab-separated columns; Gavel traces have 7 or 10", rows[0][0] + 1)
+    if width not in (7, 10, 13):
+        raise ParseError(str(p), f"{width} tab-separated columns; Gavel traces have 7 or 10 (13: with "
+                                 f"min_gpus, max_gpus, scaling)", rows[0][0] + 1)
     jobs = []
     for i, line in rows:
         cols = line.split("\t")
@@ -133,7 +168,7 @@ def load_gavel_trace(path: str | Path) -> Trace:
             job_type, _, _, _, steps, arrival, scale = cols
             weight, slo = "1", "-1"
         else:
-            job_type, _, _, _, _, steps, scale, weight, slo, arrival = cols
+            job_type, _, _, _, _, steps, scale, weight, slo, arrival = cols[:10]
         total = _number(steps, int, "total steps", p, n)
         k = _number(scale, int, "scale factor", p, n)
         t = _number(arrival, float, "arrival time", p, n)
@@ -145,8 +180,37 @@ def load_gavel_trace(path: str | Path) -> Trace:
             raise ParseError(str(p), "steps and scale factor must be > 0, arrival >= 0, weight > 0", n)
         if not job_type:
             raise ParseError(str(p), "empty job type", n)
-        jobs.append(Job(str(i), job_type, t, k, float(total), weight=w, slo_s=None if s < 0 else s))
+        extra = _elastic_fields(p, n, k, *cols[10:]) if width == 13 else {}
+        jobs.append(Job(str(i), job_type, t, k, float(total), weight=w, slo_s=None if s < 0 else s, **extra))
     return Trace(_sorted(jobs), f"gavel-{width}", str(p))
+
+
+ELASTIC_COLUMNS = ("min_gpus", "max_gpus", "scaling")
+
+
+def _elastic_fields(p: Path, n: int, num_gpus: int, lo: str | None, hi: str | None,
+                    scaling: str | None) -> dict:
+    """A row's elastic fields (empty or ``-``: none) as Job keyword arguments, checked."""
+    blank = lambda v: v is None or v.strip() in ("", "-")  # noqa: E731
+    if blank(lo) and blank(hi):
+        if not blank(scaling):
+            raise ParseError(str(p), "scaling given without min_gpus and max_gpus", n)
+        return {}
+    if blank(lo) or blank(hi):
+        raise ParseError(str(p), f"give both min_gpus and max_gpus (or neither); {RANGE_RULE}", n)
+    lo_n = _number(lo.strip(), int, "min_gpus", p, n)  # type: ignore[union-attr]
+    hi_n = _number(hi.strip(), int, "max_gpus", p, n)  # type: ignore[union-attr]
+    bad = range_error(num_gpus, lo_n, hi_n)
+    if bad:
+        raise ParseError(str(p), bad, n)
+    curve = None if blank(scaling) else scaling.strip()  # type: ignore[union-attr]
+    try:
+        parsed = parse_scaling(curve or DEFAULT_SCALING)
+    except InputError as e:
+        raise ParseError(str(p), str(e), n) from None
+    if not parsed.covers(lo_n, hi_n):
+        raise ParseError(str(p), f"scaling {curve!r} does not cover {lo_n}..{hi_n} devices", n)
+    return {"min_gpus": lo_n, "max_gpus": hi_n, "scaling": curve}
 
 
 # ---------------------------------------------------------------------------------- Philly
@@ -172,7 +236,7 @@ def load_philly_csv(path: str | Path, model: ThroughputModel | None = None,
     p = Path(path)
     rng = random.Random(seed)
     types = [t for t in (model.job_types() if model else ()) if t != FIXED_DURATION]
-    raw: list[tuple[float, float, int, int]] = []
+    raw: list[tuple[float, float, int, int, dict]] = []
     try:
         f = p.open(newline="")
     except OSError as e:
@@ -195,7 +259,8 @@ def load_philly_csv(path: str | Path, model: ThroughputModel | None = None,
                 raise ParseError(str(p), f"duration must be > 0 and num_gpus >= 0, got {duration}, {gpus}", n)
             if gpus == 0:
                 continue
-            raw.append((when, duration, gpus, n))
+            extra = _elastic_fields(p, n, gpus, *(row.get(c) for c in ELASTIC_COLUMNS))
+            raw.append((when, duration, gpus, n, extra))
             if limit is not None and len(raw) >= limit:
                 break
     if not raw:
@@ -203,7 +268,7 @@ def load_philly_csv(path: str | Path, model: ThroughputModel | None = None,
     raw.sort()
     start = raw[0][0]
     jobs = []
-    for when, duration, gpus, n in raw:
+    for when, duration, gpus, n, extra in raw:
         job_type, work = FIXED_DURATION, duration
         if types:
             drawn = _draw_type(rng, model, types, gpus, reference_types)  # type: ignore[arg-type]
@@ -212,7 +277,7 @@ def load_philly_csv(path: str | Path, model: ThroughputModel | None = None,
                                  f"of {', '.join(reference_types)}")
             job_type, rate = drawn
             work = duration * rate
-        jobs.append(Job(f"philly-{n}", job_type, when - start, gpus, work))
+        jobs.append(Job(f"philly-{n}", job_type, when - start, gpus, work, **extra))
     return Trace(_sorted(jobs), "philly", str(p))
 
 

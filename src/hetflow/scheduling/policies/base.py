@@ -21,6 +21,10 @@ Contract:
 
 Speeds come from the job: ``job.ideal_rates`` (steps/s per device type at the best placement of
 its gang in this cluster; types where it cannot run are absent) and ``job.best_rate``.
+
+Elastic jobs (the simulator's) also have ``sizes`` (the device counts they may be given; a
+decision may give any of them, checked) and ``rates_at(n)`` (``ideal_rates`` at ``n`` devices);
+a job without ``sizes`` runs at ``request.num_gpus`` only (:func:`hetflow.scheduling.elastic.sizes_of`).
 """
 
 from __future__ import annotations

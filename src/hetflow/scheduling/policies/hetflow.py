@@ -26,6 +26,21 @@ One decision (every round, and whenever devices free up or jobs arrive), in four
 
 With no knowledge of remaining work (open-ended jobs) every area is infinite and the order is
 arrival order, so on Alibaba-style requests the policy is a fragmentation-aware packer.
+
+**Elastic jobs** (a device range and a scaling curve, :mod:`hetflow.scheduling.elastic`): the
+order stays step 1's (area at the declared size), and in step 2 an elastic job asks for its
+base size (the size it runs at, else its declared one). One that finds no type with room takes
+the largest smaller size that fits, down to ``min_gpus``: an arrival with a smaller area takes
+devices from elastic jobs behind it, which shrink ("shrink to make room", never below
+``min_gpus``) instead of being preempted, and a gang that would wait starts smaller. Devices
+still idle go, shortest area first, to running elastic jobs that had more (no resize), then to
+growing elastic jobs where the time saved pays for the restart ("grow into idle devices",
+never above ``max_gpus``). A gang that finds no placement falls back to smaller sizes. Every
+resize is a checkpoint-restart the engine charges (``restore_s``). ``eager_growth=True`` also
+lets a job ask for more than its base while others wait, when its time saved exceeds the delay
+its extra device-seconds (sub-linear scaling) impose on the jobs behind it: better with an
+efficient curve, worse with a poor one (docs/simulator.md), so it is off by default. With
+``elastic=False``, or no elastic job in view, the decision is exactly the rigid one above.
 """
 
 from __future__ import annotations
@@ -33,8 +48,9 @@ from __future__ import annotations
 import math
 from typing import Callable, Mapping, Sequence
 
-from hetflow.scheduling.policies.base import ClusterView, JobInfo, keep_or_place, prefer_current
-from hetflow.scheduling.policies.capacity import WHOLE, Assignment, FreeCapacity
+from hetflow.scheduling.elastic import sizes_of
+from hetflow.scheduling.policies.base import ClusterView, JobInfo, _place, keep_or_place, prefer_current
+from hetflow.scheduling.policies.capacity import WHOLE, Assignment, FreeCapacity, Request
 from hetflow.scheduling.policies.placer import Placer, TopologyPlacer
 
 
@@ -45,8 +61,32 @@ def _devices(job: JobInfo) -> float:
     return job.request.gpu_milli / WHOLE
 
 
+def _base(job: JobInfo) -> JobInfo:
+    return job._job if isinstance(job, _AtSize) else job
+
+
 def _by_speed(job: JobInfo) -> list[str]:
     return sorted(job.ideal_rates, key=lambda t: -job.ideal_rates[t])
+
+
+class _AtSize:
+    """An elastic job as the rigid steps see it at one size: that gang's request and rates; its
+    assignment only if it runs at that size now. Everything else is the job's."""
+
+    __slots__ = ("_job", "size", "request", "ideal_rates", "best_rate", "assignment")
+
+    def __init__(self, job: JobInfo, n: int) -> None:
+        self._job = job
+        self.size = n
+        r = job.request
+        self.request = Request(n, r.milli, r.cpu_milli, r.memory_mib)
+        self.ideal_rates = dict(job.rates_at(n))  # type: ignore[attr-defined]
+        self.best_rate = max(self.ideal_rates.values(), default=0.0)
+        cur = job.assignment
+        self.assignment = cur if cur is not None and len(cur.slots) == n else None
+
+    def __getattr__(self, name: str):
+        return getattr(self._job, name)
 
 
 class HetflowPolicy:
@@ -54,15 +94,18 @@ class HetflowPolicy:
     preemptive = True
 
     def __init__(self, placer: Placer | None = None, *, hysteresis: float = 2.0,
-                 min_efficiency: float = 0.6) -> None:
+                 min_efficiency: float = 0.6, elastic: bool = True, eager_growth: bool = False) -> None:
         self.placer = placer or TopologyPlacer()
         self.hysteresis = hysteresis  # restores a running job's priority is credited with
         self.min_efficiency = min_efficiency  # least share of ideal speed a placement must keep
+        self.elastic = elastic  # resize elastic jobs (False: every job at its declared size)
+        self.eager_growth = eager_growth  # elastic jobs ask for more than their size under load
 
     # -- 1. order ---------------------------------------------------------------------------
 
     def priority(self, job: JobInfo) -> float:
-        """Remaining device-seconds at best speed, adjusted for restore costs; lower runs first."""
+        """Remaining device-seconds at best speed, adjusted for restore costs; lower runs first
+        (an elastic job counts at its declared size)."""
         best = job.best_rate
         remaining = job.remaining_work
         if best <= 0 or remaining == math.inf:
@@ -117,17 +160,14 @@ class HetflowPolicy:
 
     # -- the decision -------------------------------------------------------------------------
 
-    def schedule(self, view: ClusterView) -> dict[str, Assignment]:
-        jobs = [j for j in view.unpinned() if j.best_rate > 0]
-        if not jobs:
-            return {}
+    def _head(self, jobs: list[JobInfo], free: FreeCapacity) -> tuple[dict[str, float], list[JobInfo]]:
+        """Priorities, ``jobs`` sorted by them (in place), and the head of the queue.
+
+        Only the head can win devices; looking at CANDIDATE_FACTOR x the free capacity of it
+        keeps a decision cheap when thousands wait. Open-ended jobs (infinite area) are worth
+        nothing per unit of progress here: they are left to the backfill, in arrival order."""
         keys = {j.job_id: self.priority(j) for j in jobs}
         jobs.sort(key=lambda j: (keys[j.job_id], j.arrival_s))
-        free = view.free
-        # Only the head of the queue can win devices; looking at CANDIDATE_FACTOR x the free
-        # capacity of it keeps a decision cheap when thousands wait.
-        # Open-ended jobs (infinite area) are worth nothing per unit of progress here: they are
-        # left to the backfill, in arrival order.
         limit = CANDIDATE_FACTOR * free.total_free_milli()
         head, asked = [], 0
         for j in jobs:
@@ -135,6 +175,16 @@ class HetflowPolicy:
                 break
             head.append(j)
             asked += j.request.gpu_milli
+        return keys, head
+
+    def schedule(self, view: ClusterView) -> dict[str, Assignment]:
+        jobs = [j for j in view.unpinned() if j.best_rate > 0]
+        if not jobs:
+            return {}
+        if self.elastic and any(len(sizes_of(j)) > 1 for j in jobs):
+            return self._elastic(view, jobs)
+        keys, head = self._head(jobs, view.free)
+        free = view.free
         matched = self.match_types(head, keys, free, view.lease_s)
         taken = {j.job_id for j, _ in matched}
         rest = [(j, prefer_current(j, _by_speed(j))) for j in jobs if j.job_id not in taken]
@@ -142,6 +192,125 @@ class HetflowPolicy:
         # is already fixed, so the order only decides how tightly it packs.
         matched.sort(key=lambda jt: -jt[0].request.gpu_milli)
         return keep_or_place(view, matched, self._placer_for(view), rest, self._acceptor(view))
+
+    # -- elastic jobs ------------------------------------------------------------------------
+
+    def _elastic(self, view: ClusterView, jobs: list[JobInfo]) -> dict[str, Assignment]:
+        """The decision with elastic jobs in view (see the module docstring)."""
+        keys, head = self._head(jobs, view.free)
+        free = view.free
+        # Elastic jobs ask for their base size (more only with eager_growth); one that does not
+        # fit then takes a smaller size below.
+        capacity = max(view.model.total_devices, 1)
+        head = [self._ask(j, len(jobs) - 1 - i, capacity) if len(sizes_of(j)) > 1 else j for i, j in enumerate(head)]
+        chosen = self.match_types(head, keys, free, view.lease_s)
+        budget = {t: free.free_milli(t) for t in free.model.device_types}
+        for j, types in chosen:
+            budget[types[0]] -= j.request.gpu_milli
+        target = {j.job_id: j.request.num_gpus for j, _ in chosen}
+        taken = set(target)
+        # 1. Elastic jobs that did not fit at the size they asked for start smaller, in priority order.
+        for j in head:
+            if j.job_id in taken or len(sizes_of(j)) == 1:
+                continue
+            for n in sorted((n for n in sizes_of(j) if n < j.request.num_gpus), reverse=True):
+                rates = j.rates_at(n)  # type: ignore[attr-defined]
+                need = n * j.request.milli
+                types = sorted((t for t in rates if budget[t] >= need), key=lambda t: -rates[t])
+                if types:
+                    budget[types[0]] -= need
+                    target[j.job_id] = n
+                    taken.add(j.job_id)
+                    chosen.append((j, types + [t for t in sorted(rates, key=lambda t: -rates[t]) if t not in types]))
+                    break
+        chosen.sort(key=lambda jt: (keys[jt[0].job_id], jt[0].arrival_s))
+        elastic = [(_base(j), types[0]) for j, types in chosen if len(sizes_of(j)) > 1]
+        # 2. Running jobs keep a larger size they have, where the idle devices allow (no resize).
+        for j, t in elastic:
+            cur = j.assignment
+            if cur is None or cur.device_type != t or len(cur.slots) <= target[j.job_id]:
+                continue
+            for n in sorted((n for n in sizes_of(j) if target[j.job_id] < n <= len(cur.slots)), reverse=True):
+                extra = (n - target[j.job_id]) * j.request.milli
+                if budget[t] >= extra:
+                    budget[t] -= extra
+                    target[j.job_id] = n
+                    break
+        # 3. Grow into what is still idle, shortest area first.
+        for j, t in elastic:
+            now_n = target[j.job_id]
+            for n in sorted((n for n in sizes_of(j) if n > now_n), reverse=True):
+                extra = (n - now_n) * j.request.milli
+                if budget[t] >= extra and self._worth_growing(j, now_n, n, t):
+                    budget[t] -= extra
+                    target[j.job_id] = n
+                    break
+        sized = []
+        for j, types in chosen:
+            if len(sizes_of(j)) > 1:
+                j = _AtSize(_base(j), target[j.job_id])
+                types = [t for t in types if t in j.ideal_rates]
+            sized.append((j, types))
+        rest = [(_AtSize(j, j.request.num_gpus) if j.assignment is not None and len(sizes_of(j)) > 1 else j,
+                 prefer_current(j, _by_speed(j))) for j in jobs if j.job_id not in taken]
+        sized.sort(key=lambda jt: -jt[0].request.gpu_milli)
+        placer, accept = self._placer_for(view), self._acceptor(view)
+        out = keep_or_place(view, sized, placer, rest, accept)
+        # A gang that found no placement (counting ignores fragmentation): smaller sizes.
+        missing = [(j, types) for j, types in sized if j.job_id not in out and isinstance(j, _AtSize)]
+        if missing:
+            scratch = view.scratch()
+            for a in out.values():
+                scratch.take(a)
+            for j, types in missing:
+                for n in sorted((n for n in sizes_of(j) if n < j.size), reverse=True):
+                    smaller = _AtSize(j._job, n)
+                    a = _place(scratch, smaller, [t for t in types if t in smaller.ideal_rates], placer, accept)
+                    if a is not None:
+                        scratch.take(a)
+                        out[j.job_id] = a
+                        break
+        return out
+
+    def _ask(self, job: JobInfo, behind: int, capacity: int) -> "_AtSize":
+        """The size an elastic job asks for first: its base (the size it runs at, else its
+        declared one). With ``eager_growth``: the largest of its sizes above the base whose time
+        saved for this job exceeds what it
+        costs the ``behind`` jobs after it in the order - each waits about (extra device-seconds
+        the larger gang spends) / ``capacity`` longer when the scaling is sub-linear - plus,
+        for a running job, ``1 + hysteresis`` restores. Else its base size."""
+        cur = job.assignment
+        base = len(cur.slots) if cur is not None else job.request.num_gpus
+        if not self.eager_growth:
+            return _AtSize(job, base)
+        rates = job.rates_at  # type: ignore[attr-defined]
+        r0 = max(rates(base).values(), default=0.0)
+        remaining = job.remaining_work
+        restart = (1 + self.hysteresis) * job.restore_s if cur is not None else 0.0
+        if r0 > 0 and math.isfinite(remaining):
+            for n in sorted((n for n in sizes_of(job) if n > base), reverse=True):
+                r1 = max(rates(n).values(), default=0.0)
+                if r1 <= r0:
+                    continue
+                saved = remaining / r0 - remaining / r1
+                extra_area = n * remaining / r1 - base * remaining / r0
+                if saved > restart + behind * max(0.0, extra_area) / capacity:
+                    return _AtSize(job, n)
+        return _AtSize(job, base)
+
+    def _worth_growing(self, job: JobInfo, n_from: int, n_to: int, t: str) -> bool:
+        """Growing pays when it saves more time than it costs: a running job that would keep
+        its size otherwise must save ``1 + hysteresis`` restores (the restart, and a margin
+        for being shrunk again); a job that starts or restarts anyway pays nothing extra."""
+        rates = job.rates_at  # type: ignore[attr-defined]
+        r_from, r_to = rates(n_from).get(t, 0.0), rates(n_to).get(t, 0.0)
+        if r_to <= r_from or r_from <= 0:
+            return False
+        remaining = job.remaining_work
+        saved = remaining / r_from - remaining / r_to
+        cur = job.assignment
+        keeps = cur is not None and cur.device_type == t and len(cur.slots) == n_from
+        return saved > ((1 + self.hysteresis) * job.restore_s if keeps else 0.0)
 
     def _acceptor(self, view: ClusterView) -> Callable[[JobInfo, Assignment], bool] | None:
         """Refuse placements whose links cost more than ``1 - min_efficiency`` of the job's
