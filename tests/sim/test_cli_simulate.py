@@ -81,3 +81,22 @@ def test_bad_input_is_one_clear_input_error(tmp_path, argv, message) -> None:
     with pytest.raises(InputError) as e:
         _run(*flat)
     assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_rank_planner_flag_lets_the_planner_decide_every_start(tmp_path) -> None:
+    """``--rank-planner``: each policy's run plans its starts' ranks (as the live controller
+    does); the counts land in the summary. Without the flag the policy's devices are kept."""
+    argv = ["--cluster", "2 * 8x V100 + 2 * 8x H100", "--trace", "synthetic:jobs=60,rate=40,seed=1",
+            "--policies", "fifo,hetflow"]
+    assert _run(*argv, "--out", str(tmp_path / "plain")) == 0
+    assert _run(*argv, "--rank-planner", "--out", str(tmp_path / "ranked")) == 0
+    plain = json.loads((tmp_path / "plain" / "summary.json").read_text())
+    ranked = json.loads((tmp_path / "ranked" / "summary.json").read_text())
+    assert all("rank_planner" not in s for s in plain.values())
+    assert json.loads((tmp_path / "ranked" / "inputs.json").read_text())["rank_planner"] is True
+    for policy, s in ranked.items():
+        counts = s["rank_planner"]
+        # every job of the trace started at least once, each start planned
+        assert counts["planned"] >= 60 - s.get("rejected", 0), (policy, counts)
+        assert 0 <= counts["moved"] <= counts["changed"] <= counts["planned"]
+        assert counts["refused"] == 0

@@ -72,6 +72,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="device type trace durations were measured on (repeatable; default V100-16GB, A100-80GB)")
     p.add_argument("--packing", type=float, metavar="X",
                    help="fragmentation experiment: requests never leave, arrive until they ask X x the GPUs")
+    p.add_argument("--rank-planner", action="store_true",
+                   help="the placement planner decides each started job's devices and ranks inside the "
+                        "policy's choice (as in the live controller; slower)")
     p.add_argument("--elastic-fraction", type=float, default=0.0, metavar="F",
                    help="make a seeded share F of the jobs that declare no device range elastic: min ceil(n/2), "
                         "max min(2n, the largest node) (docs/simulator.md, 'Elastic jobs')")
@@ -122,7 +125,8 @@ def run(args: argparse.Namespace) -> int:
         args.policies = DEFAULT_POLICIES
     from hetflow.scheduling.policies.registry import parse_policy_list
     from hetflow.scheduling.throughput import default_model, load_throughputs
-    from hetflow.sim.cluster import load_sim_cluster
+    from hetflow.scheduling.policies.capacity import ClusterModel
+    from hetflow.sim.cluster import load_sim_snapshot
     from hetflow.sim.engine import SimConfig
     from hetflow.sim.traces import load_trace, openb_packing_jobs
 
@@ -133,7 +137,8 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--out {out}: exists and is not a directory")
     if args.packing is not None and not args.packing > 0:
         raise InputError("--packing X needs X > 0 (e.g. 1.3: arrivals ask 130% of the GPUs)")
-    model = load_sim_cluster(args.cluster)
+    snapshot = load_sim_snapshot(args.cluster)
+    model = ClusterModel.from_snapshot(snapshot)
     measured = load_throughputs(args.throughputs) if args.throughputs else None
     throughputs = default_model(measured)
     reference = tuple(args.reference_type or DEFAULT_REFERENCE) + tuple(model.device_types)
@@ -150,7 +155,8 @@ def run(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     check_runnable(model, jobs, throughputs, config, console)
     out.mkdir(parents=True, exist_ok=True)
-    results = simulate_all(model, jobs, policies, throughputs, config, console)
+    results = simulate_all(model, jobs, policies, throughputs, config, console,
+                           snapshot if args.rank_planner else None)
     write_outputs(out, results, {
         "cluster": args.cluster, "trace": trace.source, "trace_format": trace.format,
         "jobs": len(jobs), "window": list(window) if window else None,
@@ -158,6 +164,7 @@ def run(args: argparse.Namespace) -> int:
         "device_types": {t: model.capacity_by_type[t] for t in model.device_types},
         "round_s": config.round_s, "restore_s": config.restore_s, "packing": args.packing,
         "elastic_jobs": sum(1 for j in jobs if len(j.sizes) > 1), "elastic_fraction": args.elastic_fraction,
+        "rank_planner": args.rank_planner,
     })
     print_summary(Console(width=max(110, Console().width)), {p: r["summary"] for p, r in results.items()})
     Console(stderr=True).print(f"wrote {out}/summary.json, inputs.json, jobs-*.json/.csv, jct_cdf.png, utilisation.png")
@@ -185,8 +192,10 @@ def check_runnable(model: Any, jobs: Sequence[Any], throughputs: Any, config: An
 
 
 def simulate_all(model: Any, jobs: Sequence[Any], policies: Sequence[str], throughputs: Any, config: Any,
-                 console: Console | None = None) -> dict[str, dict[str, Any]]:
-    """Run every policy on the same jobs; returns per policy its summary, job rows and series."""
+                 console: Console | None = None, snapshot: Any = None) -> dict[str, dict[str, Any]]:
+    """Run every policy on the same jobs; returns per policy its summary, job rows and series.
+    ``snapshot``: let the planner decide ranks (``RankPlanner``, one per policy's run)."""
+    from hetflow.scheduling.rank_planner import RankPlanner
     from hetflow.scheduling.policies.registry import make_policy
     from hetflow.sim.engine import Simulator
     from hetflow.sim.metrics import job_rows, summarise, utilisation_series
@@ -200,11 +209,17 @@ def simulate_all(model: Any, jobs: Sequence[Any], policies: Sequence[str], throu
             def tick(done: int, total: int, task: Any = task) -> None:
                 progress.update(task, completed=done, total=total)
 
+            ranks = RankPlanner(snapshot, model) if snapshot is not None else None
             start = time.perf_counter()
-            result = Simulator(model, jobs, make_policy(name), throughputs, config, progress=tick).run()
+            result = Simulator(model, jobs, make_policy(name), throughputs, config, progress=tick,
+                               ranks=ranks).run()
             wall = time.perf_counter() - start
+            summary = summarise(result, wall)
+            if ranks is not None:
+                summary["rank_planner"] = {"planned": ranks.calls, "changed": ranks.changed,
+                                           "moved": ranks.moved, "refused": ranks.refused}
             results[name] = {
-                "summary": summarise(result, wall),
+                "summary": summary,
                 "rows": job_rows(result),
                 "series": utilisation_series(result),
             }

@@ -64,24 +64,29 @@ def parse_shorthand(text: str) -> ClusterSnapshot:
     return synthetic_cluster(parts, gbps)
 
 
-def load_sim_cluster(text: str) -> ClusterModel:
-    """A cluster file or inline shorthand -> the model the simulator schedules on."""
+def load_sim_snapshot(text: str) -> ClusterSnapshot:
+    """A cluster file or inline shorthand -> its snapshot (devices and links)."""
     path = Path(text)
     if _is_file(path):
         from hetflow.sim.traces import detect_format, load_openb_nodes
 
         if path.suffix == ".csv" and _is_openb_nodes(path):
-            return ClusterModel.from_snapshot(load_openb_nodes(path))
+            return load_openb_nodes(path)
         if path.suffix == ".csv":
             kind = detect_format(path)
             raise InputError(f"{path}: a {kind} file is a trace; --cluster takes a cluster YAML, a snapshot "
                              f"JSON, an openb node list or shorthand such as '32 * 8x H100'")
         from hetflow.accelerators.load import load_cluster
 
-        return ClusterModel.from_snapshot(load_cluster(path))
+        return load_cluster(path)
     if "*" in text:
-        return ClusterModel.from_snapshot(parse_shorthand(text))
+        return parse_shorthand(text)
     raise InputError(f"--cluster {text!r}: no such file, and not shorthand such as '32 * 8x H100 + 32 * 8x MI300X'")
+
+
+def load_sim_cluster(text: str) -> ClusterModel:
+    """A cluster file or inline shorthand -> the model the simulator schedules on."""
+    return ClusterModel.from_snapshot(load_sim_snapshot(text))
 
 
 def _is_file(path: Path) -> bool:
