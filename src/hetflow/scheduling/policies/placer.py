@@ -19,7 +19,9 @@ search:
 Relation to the placement planner (:func:`hetflow.scheduling.planner.plan`): the planner places
 one request on a full :class:`ClusterSnapshot` with tensor/pipeline/data-parallel layouts and
 explains its choice; the live controller calls it inside the policy's choice (same nodes and
-counts) for the final device pick and rank order (``LiveCluster.plan_ranks``). These placers
+counts) for the final device pick and rank order (``LiveCluster.plan_ranks``), and so does the
+simulator when given ``ranks=RankPlanner(...)`` (one class for both,
+:mod:`hetflow.scheduling.rank_planner`; ``hetflow simulate --rank-planner``). These placers
 are the simulator's fast path for plain gangs: on nodes whose links are uniform (NVSwitch, xGMI
 full mesh) they choose the same node and an equivalent device set as the planner's best-fit rule;
 on mixed-link nodes they use a greedy subset. :class:`PlannerPlacer` calls the planner itself and
