@@ -89,6 +89,7 @@ def main() -> None:
             rate = done * args.batch * world / (time.time() - t_warm)
             print(f"throughput {rate:.1f} samples/s", flush=True)
         print(f"final loss {mean:.6f}", flush=True)
+    dist.barrier()  # every rank done with the group before any tears it down (see fsdp2.py)
     dist.destroy_process_group()
 
 

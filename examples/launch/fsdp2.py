@@ -62,7 +62,8 @@ def main() -> None:
     # Every rank done with the group before any tears it down: without this barrier, torch
     # 2.13's gloo teardown aborted a rank at exit ("terminate called without an active
     # exception", SIGABRT) in 2 of 12 runs under plain torchrun on a loaded 2-core host;
-    # with it, 0 of 16.
+    # with it, 0 of 16. (Rarer, not proven gone: the DDP example, then without it, hit the
+    # same abort once in a CI run.)
     dist.barrier()
     dist.destroy_process_group()
 

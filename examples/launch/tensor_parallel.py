@@ -64,6 +64,7 @@ def main() -> None:
             print(f"step {step + 1} loss {float(loss):.6f}", flush=True)
     if rank == 0:
         print(f"final loss {float(loss):.6f}", flush=True)
+    dist.barrier()  # every rank done with the group before any tears it down (see fsdp2.py)
     dist.destroy_process_group()
 
 
