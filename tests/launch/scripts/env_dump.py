@@ -40,6 +40,7 @@ if args.init:
     t = torch.tensor([rank + 1.0])
     dist.all_reduce(t)
     record["allreduce"] = float(t)
+    dist.barrier()  # as the examples do (examples/launch/fsdp2.py: torch's gloo exit abort)
     dist.destroy_process_group()
 os.makedirs(args.out, exist_ok=True)
 with open(os.path.join(args.out, f"rank-{rank}-attempt-{attempt}.json"), "w") as f:
