@@ -53,7 +53,7 @@ from starlette.responses import Response, StreamingResponse
 
 from hetflow.core.errors import HetflowError
 from hetflow.workloads.serve import kserve, openai_api
-from hetflow.workloads.serve.config import ServeConfig, fallback_chain
+from hetflow.workloads.serve.config import ServeConfig, fallback_chain, is_loopback
 from hetflow.workloads.serve.front import (
     FAST_ENV,
     PATH_HEADER,
@@ -1046,7 +1046,7 @@ def deploy(config: ServeConfig, *, timeout_s: float = 300.0) -> Served:
         haproxy_binary()  # no binary: one clear line now, not a failed actor later
         plans = plan_models(config)
         host = config.http.host
-        loopback = host in ("127.0.0.1", "localhost", "::1")
+        loopback = is_loopback(host)
         # Serve's own HTTP proxy stays on an internal port (the front door owns http.port);
         # the replicas' own HTTP servers bind Serve's http host - on every node, so a host
         # address (one node's) would fail on the others: they bind all of their node's

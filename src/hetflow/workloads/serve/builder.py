@@ -96,10 +96,11 @@ def serve_config_document(config: Any, host: str | None = None,
                           port: int | None = None) -> dict[str, Any]:
     """A Serve config file (``serve deploy`` / ``serve run`` / a RayService's
     ``serveConfigV2``) that deploys ``config`` through :func:`app`."""
+    from hetflow.workloads.serve.config import is_loopback
+
     host = host or config.http.host
-    loopback = host in ("127.0.0.1", "localhost", "::1")
     return {
-        "proxy_location": "HeadOnly" if loopback else "EveryNode",
+        "proxy_location": "HeadOnly" if is_loopback(host) else "EveryNode",
         "http_options": {"host": host, "port": port or config.http.port},
         "applications": [{
             "name": config.name,

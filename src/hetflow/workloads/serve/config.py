@@ -400,6 +400,12 @@ def _fallback_cycles(config: ServeConfig) -> list[str]:
     return []
 
 
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is this machine's loopback only (Serve's proxy on the head then, and
+    replicas binding that host; else every node's proxy and replicas binding all addresses)."""
+    return host in ("127.0.0.1", "localhost", "::1")
+
+
 def fallback_chain(config: ServeConfig, name: str) -> list[str]:
     """``name`` followed by its fallback, that one's fallback, ... (no repeats)."""
     chain = [name]
@@ -468,5 +474,5 @@ __all__ = [
     "AutoscalingConfig", "BatchingConfig", "GatewayConfig", "HTTPConfig", "InputSection",
     "LimitsConfig",
     "ModelServeConfig", "ServeConfig", "DEFAULT_BATCH_WAIT_TIMEOUT_S", "DEFAULT_MAX_BATCH_SIZE",
-    "fallback_chain", "load_serve_config", "serve_config_from_dict",
+    "fallback_chain", "is_loopback", "load_serve_config", "serve_config_from_dict",
 ]
