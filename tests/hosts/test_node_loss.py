@@ -167,7 +167,7 @@ def _train_config(hosts: HostCluster, tmp: Path, steps: int) -> dict:
 
 
 def test_built_in_training_loses_a_host_and_every_step_is_there_once(hosts, tmp_path) -> None:
-    steps = 600
+    steps = 300
     code = DRIVER.replace("{CONFIG!r}", repr(_train_config(hosts, tmp_path, steps)))
     proc = hosts.popen(hosts.head, [sys.executable, "-c", f"ADDRESS = {hosts.address!r}\n" + code],
                        cwd=str(tmp_path))

@@ -1,6 +1,6 @@
 """The workflow end to end on one local Ray (started once for the module): a tiny digits run,
-a re-run that skips the unchanged stages, and an interrupted training stage that resumes from
-its checkpoint while a changed export setting re-runs only the export.
+an interrupted training stage that resumes from its checkpoint while a changed export setting
+re-runs only the export, and (with the tune stage) a re-run that skips the unchanged stages.
 
 Small on purpose: 40 steps of a one-process MLP, a 40-request load test on loopback.
 """
@@ -61,7 +61,7 @@ def statuses(result) -> dict[str, str]:
     return {s.name: s.status for s in result.stages}
 
 
-def test_run_skip_and_resume(cluster: None, tmp_path: Path) -> None:
+def test_run_then_resume_an_interrupted_training(cluster: None, tmp_path: Path) -> None:
     port = free_port()
     first = run_workflow(workflow_from_dict(spec_dict(tmp_path, port)), progress=False)
 
@@ -84,14 +84,6 @@ def test_run_skip_and_resume(cluster: None, tmp_path: Path) -> None:
     assert {s["stage"] for s in cpu} >= {"train", "serve"}
     assert all(0.0 <= s["utilisation"] <= 1.0 for s in cpu)
     assert max(s["utilisation"] for s in cpu if s["stage"] == "train") > 0.1
-
-    # Same file again: prepare, train and export are skipped, serve and load test run.
-    second = run_workflow(workflow_from_dict(spec_dict(tmp_path, port)), progress=False)
-    assert statuses(second) == {"prepare": "skipped", "train": "skipped", "tune": "off",
-                                "export": "skipped", "serve": "ran", "load_test": "ran"}
-    assert second.exported["checkpoint_dir"] == first.exported["checkpoint_dir"]
-    assert second.served_accuracy == first.served_accuracy
-    assert second.results_dir != first.results_dir
 
     # Interrupt the training stage after its step-20 checkpoint (drop its record and the final
     # checkpoint), and change the serving precision: training resumes at step 20, export re-runs.
@@ -138,6 +130,12 @@ def test_tune_stage_runs_and_export_serves_the_better_model(cluster: None, tmp_p
         (tmp_path / "runs").resolve())
     assert first.served_accuracy == pytest.approx(first.exported["accuracy"], abs=1e-9)
     assert (first.results_dir / "tuning.png").stat().st_size > 0
+    # Same file again: every stage up to export is skipped, serve and load test run again.
     second = run_workflow(workflow_from_dict(spec), progress=False)
-    assert statuses(second)["tune"] == "skipped"
+    assert statuses(second) == {"prepare": "skipped", "train": "skipped", "tune": "skipped",
+                                "export": "skipped", "serve": "ran", "load_test": "ran"}
     assert second.tuned["best_value"] == tuned["best_value"]
+    assert second.exported["checkpoint_dir"] == first.exported["checkpoint_dir"]
+    assert second.served_accuracy == first.served_accuracy
+    assert second.results_dir != first.results_dir
+    assert second.ok, second.failures

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-from hetflow.workloads.train.data import CORPUS_MODULES, StepOrder, corpus_bytes, load_dataset
+from hetflow.workloads.train.data import (
+    CORPUS_MODULES,
+    StepOrder,
+    corpus_bytes,
+    digits_arrays,
+    load_dataset,
+)
 
 
 def test_digits_split_is_fixed_by_seed() -> None:
@@ -16,6 +23,16 @@ def test_digits_split_is_fixed_by_seed() -> None:
     assert set(a.train.targets.tolist()) == set(range(10))
     assert torch.equal(a.val.inputs, b.val.inputs)
     assert not torch.equal(a.val.inputs, c.val.inputs)
+
+
+def test_digits_read_from_the_shipped_file_are_scikit_learns() -> None:
+    """The file read directly (no scikit-learn import) gives exactly load_digits()'s arrays."""
+    from sklearn.datasets import load_digits
+
+    data, target = digits_arrays()
+    bunch = load_digits()
+    assert data.shape == (1797, 64) and np.array_equal(data, bunch.data)
+    assert np.array_equal(target, bunch.target) and target.dtype.kind == "i"
 
 
 def test_text_windows_are_shifted_byte_tokens() -> None:

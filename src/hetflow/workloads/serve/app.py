@@ -41,7 +41,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import ray
@@ -61,7 +61,6 @@ from hetflow.workloads.serve.front import (
     app_prefix,
     group_prefix,
 )
-from hetflow.workloads.serve.inference import ReplicaSpec, build_runner
 from hetflow.workloads.serve.metrics import GatewayMetrics
 from hetflow.workloads.serve.placement import ReplicaGroup
 from hetflow.workloads.serve.protocol import (
@@ -77,6 +76,10 @@ JSON = "application/json"
 QUIET = {"enable_access_log": False}
 
 log = logging.getLogger(__name__)
+
+
+if TYPE_CHECKING:  # torch is imported where a model is built, not by the gateway's replicas
+    from hetflow.workloads.serve.inference import ReplicaSpec
 
 
 def _rows_of(requests: list[PredictRequest]) -> int:
@@ -170,6 +173,8 @@ class ModelServer:
     def __init__(self, spec: ReplicaSpec, settings: ServerSettings) -> None:
         self.spec = spec
         self.settings = settings
+        from hetflow.workloads.serve.inference import build_runner
+
         self.runner = build_runner(spec)
         context = serve.get_replica_context()
         self.replica = context.replica_id.unique_id
@@ -918,6 +923,7 @@ def plan_models(config: ServeConfig, dry_run: bool = False,
     snapshot)."""
     from hetflow.runtime.binding import live_snapshot
     from hetflow.workloads.serve.inference import (
+        ReplicaSpec,
         entry_input_spec,
         entry_output,
         estimate_memory_bytes,
