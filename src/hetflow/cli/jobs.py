@@ -244,7 +244,10 @@ def format_table(records: list[dict[str, Any]]) -> str:
     rows = [("JOB", "STATUS", "DEVICES", "STEP", "REASON")]
     for r in records:
         step = "" if r.get("progress_step") is None else str(r["progress_step"])
-        rows.append((r["job_id"], r["status"], r.get("devices") or "-", step, r["reason"]))
+        devices = r.get("devices") or "-"
+        if r.get("sizes") and r.get("resizes"):  # an elastic job resized through its checkpoint
+            devices += f" (resized {r['resizes']}x)"
+        rows.append((r["job_id"], r["status"], devices, step, r["reason"]))
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row[:4], widths)) + "  " + row[4] for row in rows)
 
@@ -256,6 +259,10 @@ def format_job(r: dict[str, Any]) -> str:
              f"  now: {r['reason']}"]
     if r.get("devices"):
         lines.append(f"  devices: {r['devices']}")
+    if r.get("sizes"):
+        now = f"{r['size']} now" if r.get("size") is not None else "not started"
+        lines.append(f"  size: {now}, sizes {' '.join(map(str, r['sizes']))} (elastic), "
+                     f"{r.get('resizes', 0)} resize(s)")
     if r.get("progress_step") is not None:
         lines.append(f"  step: {r['progress_step']}")
     for run in r.get("runs", []):
