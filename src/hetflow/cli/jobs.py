@@ -154,6 +154,9 @@ def describe_job(spec: Any) -> list[tuple[str, str]]:
         kinds = " ".join(x for x in (d.vendor, d.type) if x) or "any"
         ask = (f"{spec.num_devices} device(s) ({kinds}" + (f", {d.memory} each" if d.memory else "")
                + f"), {spec.cpus_per_device:g} CPU(s) per device")
+        if spec.is_elastic:
+            ask += (f"; elastic: runs on {' or '.join(map(str, spec.sizes))} devices "
+                    f"(scaling {d.scaling or 'eff:0.85'}), resized through its checkpoint")
     work = "open-ended" if spec.total_work == float("inf") else (
         f"{spec.total_work:g} {'seconds' if spec.work.seconds is not None else 'steps'}")
     return [("job", f"{spec.name} ({spec.kind}); its id would be {spec.name}-N"), ("runs", what),
