@@ -20,6 +20,12 @@ gives no ``devices`` section is a CPU job by default, with ``cpus`` = world size
 ``cpus_per_rank``. (A ``devices`` section - any count, type, vendor or memory - keeps it a
 device job, as before.)
 
+**Elastic jobs** (``train`` and ``launch``): ``devices: {count: 2, min: 1, max: 4, scaling:
+eff:0.85}`` - a device range around the declared size ``count`` and the simulator's scaling
+curve (:mod:`hetflow.scheduling.elastic`). The job may run on any of :attr:`JobSpec.sizes`;
+:meth:`JobSpec.at_size` is the job at ``n`` devices (a training config's dp = n / (tp x pp),
+same global batch; a launch's nproc n). Policy ``hetflow`` resizes it through its checkpoint.
+
 ``launch`` runs an unchanged torchrun script as ``nproc`` ranks, one device each (``launch:
 {script: train.py, args: [...], nproc: 4, max_restarts: 1}``; ``devices.count`` defaults to
 ``nproc``, 0 makes it a CPU job of ``nproc`` CPUs), exactly as ``hetflow launch`` does on the
