@@ -197,3 +197,41 @@ def test_a_records_size_and_resizes_survive_a_round_trip() -> None:
     old = r.to_dict()
     del old["size"], old["resizes"]  # a record written before elastic jobs existed
     assert (JobRecord.from_dict(old).size, JobRecord.from_dict(old).resizes) == (None, 0)
+
+
+# (name, devices, min, max, seconds): elastic and rigid jobs on 2x MI210, 2x L40S, 8x MI300X
+MIXED = [("a", 2, 1, 4, 600.0), ("b", 4, None, None, 60.0), ("c", 1, 1, 8, 900.0), ("d", 8, 2, 8, 300.0),
+         ("e", 2, None, None, 30.0), ("f", 2, 1, 2, 120.0)]
+
+
+def test_first_decision_with_elastic_jobs_is_the_simulators() -> None:
+    """The simulator (Job.min_gpus/max_gpus/scaling) and the live scheduler (devices.min/max/
+    scaling) give policy hetflow the same elastic jobs: its first decision is the same, sizes
+    and devices."""
+    from hetflow.control.scheduler import live_throughputs
+    from hetflow.scheduling.policies.capacity import ClusterModel
+    from hetflow.scheduling.policies.registry import make_policy
+    from hetflow.scheduling.throughput import FIXED_DURATION
+    from hetflow.sim.engine import SimConfig, Simulator
+    from hetflow.sim.traces import Job
+    from tests.control.test_scheduler import SNAPSHOT as MIXED_CLUSTER
+    from tests.control.test_scheduler import FirstDecision
+
+    model = ClusterModel.from_snapshot(MIXED_CLUSTER)
+    sim_policy = FirstDecision(make_policy("hetflow"))
+    trace = [Job(n, FIXED_DURATION, 0.0, k, s, min_gpus=lo, max_gpus=hi, scaling="eff:0.85" if lo else None)
+             for n, k, lo, hi, s in MIXED]
+    Simulator(model, trace, sim_policy, live_throughputs(), SimConfig()).run()
+    sim = {jid: sorted((model.nodes[n].machine, model.nodes[n].devices[p]) for n, p in a.slots)
+           for jid, a in sim_policy.first.items()}
+
+    specs = [launch_spec({"count": k, **({"min": lo, "max": hi, "scaling": "eff:0.85"} if lo else {})}, nproc=k,
+                         seconds=s).model_copy(update={"name": n}) for n, k, lo, hi, s in MIXED]
+    records = [record(i + 1, s) for i, s in enumerate(specs)]
+    plan = LiveScheduler(ControllerSettings(policy="hetflow")).decide(records, MIXED_CLUSTER, 0.0, False, force=True)
+    live = {launch.job_id.rsplit("-", 1)[0]: sorted((s.node, s.device) for s in launch.held.slots)
+            for launch in plan.launches}
+    assert plan.decided and not plan.stops
+    assert live == sim
+    sizes = {name: len(slots) for name, slots in live.items()}
+    assert any(sizes[n] != k for n, k, lo, _, _ in MIXED if lo and n in sizes)  # some elastic job got another size
