@@ -235,3 +235,16 @@ def test_first_decision_with_elastic_jobs_is_the_simulators() -> None:
     assert live == sim
     sizes = {name: len(slots) for name, slots in live.items()}
     assert any(sizes[n] != k for n, k, lo, _, _ in MIXED if lo and n in sizes)  # some elastic job got another size
+
+
+def test_status_shows_an_elastic_jobs_size_and_resizes() -> None:
+    from hetflow.cli.jobs import format_job, format_table
+
+    r = record(4, launch_spec({"min": 1, "max": 4}), status=Status.RUNNING, held=on(2, 3), size=2, resizes=1,
+               reason="running on 2x L40S on a [2 3]").to_dict()
+    r.update(devices="2x L40S on a [2 3]", name="e", sizes=[1, 2, 4])
+    line = format_table([r]).splitlines()[1]
+    assert line.split()[:2] == ["e-4", "RUNNING"] and "2x L40S on a [2 3] (resized 1x)" in line
+    assert "  size: 2 now, sizes 1 2 4 (elastic), 1 resize(s)" in format_job(r).splitlines()
+    rigid_row = {**r, "sizes": None, "resizes": 0}
+    assert "resized" not in format_table([rigid_row]) and "size:" not in format_job(rigid_row)

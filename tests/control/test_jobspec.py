@@ -170,6 +170,7 @@ GOOD_JOBS = [
     {"name": "l", "kind": "launch", "launch": {"script": "train.py", "nproc": 4, "tp": 2,
                                                "max_restarts": 1}},
     {"name": "t", "kind": "tune", "tune": "tune.yaml", "job_type": "tune"},
+    {"name": "e", "kind": "train", "train": TRAIN, "devices": {"count": 2, "min": 1, "max": 4, "scaling": "eff:0.85"}},
 ]
 # YAML a parser must not choke on: nesting deeper than Python's stack, an alias bomb (each
 # level nine references to the one above), tabs, a document stream, a binary tag
