@@ -84,7 +84,8 @@ def test_tune_jobs_are_never_preemptible(tmp_path: Path) -> None:
 
 
 # (file, devices, CPUs the policy schedules for a CPU job): what each example asks for
-EXAMPLES = {"digits-train.yaml": (2, None), "sleep-python.yaml": (1, None), "digits-cpu.yaml": (0, 2.0)}
+EXAMPLES = {"digits-train.yaml": (2, None), "sleep-python.yaml": (1, None), "digits-cpu.yaml": (0, 2.0),
+            "digits-elastic.yaml": (2, None)}
 
 
 def test_every_example_job_file_is_checked() -> None:
@@ -169,6 +170,7 @@ GOOD_JOBS = [
     {"name": "l", "kind": "launch", "launch": {"script": "train.py", "nproc": 4, "tp": 2,
                                                "max_restarts": 1}},
     {"name": "t", "kind": "tune", "tune": "tune.yaml", "job_type": "tune"},
+    {"name": "e", "kind": "train", "train": TRAIN, "devices": {"count": 2, "min": 1, "max": 4, "scaling": "eff:0.85"}},
 ]
 # YAML a parser must not choke on: nesting deeper than Python's stack, an alias bomb (each
 # level nine references to the one above), tabs, a document stream, a binary tag

@@ -154,6 +154,9 @@ def describe_job(spec: Any) -> list[tuple[str, str]]:
         kinds = " ".join(x for x in (d.vendor, d.type) if x) or "any"
         ask = (f"{spec.num_devices} device(s) ({kinds}" + (f", {d.memory} each" if d.memory else "")
                + f"), {spec.cpus_per_device:g} CPU(s) per device")
+        if spec.is_elastic:
+            ask += (f"; elastic: runs on {' or '.join(map(str, spec.sizes))} devices "
+                    f"(scaling {d.scaling or 'eff:0.85'}), resized through its checkpoint")
     work = "open-ended" if spec.total_work == float("inf") else (
         f"{spec.total_work:g} {'seconds' if spec.work.seconds is not None else 'steps'}")
     return [("job", f"{spec.name} ({spec.kind}); its id would be {spec.name}-N"), ("runs", what),
@@ -244,7 +247,10 @@ def format_table(records: list[dict[str, Any]]) -> str:
     rows = [("JOB", "STATUS", "DEVICES", "STEP", "REASON")]
     for r in records:
         step = "" if r.get("progress_step") is None else str(r["progress_step"])
-        rows.append((r["job_id"], r["status"], r.get("devices") or "-", step, r["reason"]))
+        devices = r.get("devices") or "-"
+        if r.get("sizes") and r.get("resizes"):  # an elastic job resized through its checkpoint
+            devices += f" (resized {r['resizes']}x)"
+        rows.append((r["job_id"], r["status"], devices, step, r["reason"]))
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row[:4], widths)) + "  " + row[4] for row in rows)
 
@@ -256,6 +262,10 @@ def format_job(r: dict[str, Any]) -> str:
              f"  now: {r['reason']}"]
     if r.get("devices"):
         lines.append(f"  devices: {r['devices']}")
+    if r.get("sizes"):
+        now = f"{r['size']} now" if r.get("size") is not None else "not started"
+        lines.append(f"  size: {now}, sizes {' '.join(map(str, r['sizes']))} (elastic), "
+                     f"{r.get('resizes', 0)} resize(s)")
     if r.get("progress_step") is not None:
         lines.append(f"  step: {r['progress_step']}")
     for run in r.get("runs", []):

@@ -357,7 +357,9 @@ class HetflowController:
         spec = JobSpec.model_validate(record.spec)
         if spec.work.seconds is not None:  # seconds of work: the time it ran, after its restore
             restore = self.settings.restore_s if record.needs_restore else 0.0
-            record.done_base = min(spec.total_work, record.done_base + max(0.0, span - restore))
+            # (an elastic job at another size does its curve's share of a second's work per second)
+            speed = self.scheduler.relative_speed(spec, len(held.slots), held.device_type)
+            record.done_base = min(spec.total_work, record.done_base + max(0.0, span - restore) * speed)
 
     def _requeue(self, record: JobRecord, now: float, reason: str, restore: bool = True) -> None:
         record.status = Status.QUEUED
@@ -404,6 +406,10 @@ class HetflowController:
         record.token += 1
         record.status = Status.PLACING
         record.held = launch.held
+        size = len(launch.held.slots)
+        if record.size is not None and size != record.size:
+            record.resizes += 1  # an elastic job restarts at another size (through its checkpoint)
+        record.size = size
         record.seg_start = now
         if record.first_started_at is None:
             record.first_started_at = now
@@ -411,7 +417,7 @@ class HetflowController:
         record.note(now, launch.reason)
         record.runs.append({"token": record.token, "device_type": launch.held.device_type,
                             "devices": [[s.node, s.device] for s in launch.held.slots],
-                            "where": launch.held.text(),
+                            "where": launch.held.text(), "size": size,
                             "started_at": now, "ended_at": None, "outcome": None})
         self.store.save(record)  # before the runner exists: a restart then knows its token
         node = launch.held.nodes[0]
@@ -442,11 +448,12 @@ class HetflowController:
             raise InputError(f"no job {job_id!r} (recent jobs: {known}); `hetflow status` lists them")
         return record
 
-    @staticmethod
-    def _public(record: JobRecord) -> dict[str, Any]:
+    def _public(self, record: JobRecord) -> dict[str, Any]:
         data = record.to_dict()
         data["devices"] = record.held.text() if record.held else None
         data["name"] = record.name
+        sizes = self.scheduler.sizes_of(record)
+        data["sizes"] = list(sizes) if len(sizes) > 1 else None  # an elastic job's allowed device counts
         return data
 
 

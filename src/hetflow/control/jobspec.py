@@ -20,6 +20,12 @@ gives no ``devices`` section is a CPU job by default, with ``cpus`` = world size
 ``cpus_per_rank``. (A ``devices`` section - any count, type, vendor or memory - keeps it a
 device job, as before.)
 
+**Elastic jobs** (``train`` and ``launch``): ``devices: {count: 2, min: 1, max: 4, scaling:
+eff:0.85}`` - a device range around the declared size ``count`` and the simulator's scaling
+curve (:mod:`hetflow.scheduling.elastic`). The job may run on any of :attr:`JobSpec.sizes`;
+:meth:`JobSpec.at_size` is the job at ``n`` devices (a training config's dp = n / (tp x pp),
+same global batch; a launch's nproc n). Policy ``hetflow`` resizes it through its checkpoint.
+
 ``launch`` runs an unchanged torchrun script as ``nproc`` ranks, one device each (``launch:
 {script: train.py, args: [...], nproc: 4, max_restarts: 1}``; ``devices.count`` defaults to
 ``nproc``, 0 makes it a CPU job of ``nproc`` CPUs), exactly as ``hetflow launch`` does on the
@@ -69,11 +75,36 @@ class DeviceRequest(_Section):
     """Only devices of this vendor."""
     memory: str | None = None
     """Device memory each rank needs, e.g. ``40GiB``: types whose devices are all smaller are out."""
+    min: int | None = Field(None, ge=1)
+    """An elastic job (``train`` or ``launch``): the fewest devices it may run on (default:
+    ``count``). The policy may start it, or shrink it through its checkpoint, down to this."""
+    max: int | None = Field(None, ge=1)
+    """An elastic job: the most devices it may run on (default: ``count``); the policy may grow
+    it through its checkpoint up to this."""
+    scaling: str | None = None
+    """An elastic job's speed at other sizes, relative to ``count`` (the simulator's curves,
+    :mod:`hetflow.scheduling.elastic`): ``eff:E`` (per-doubling efficiency, default
+    ``eff:0.85``), ``table`` (the throughput table's rate at each size) or points
+    ``N:X,N:X,...`` covering min..max."""
 
     @model_validator(mode="after")
     def _memory_parses(self) -> "DeviceRequest":
+        if self.scaling is not None and self.min is None and self.max is None:
+            raise ValueError("scaling is the speed curve of an elastic job: give min and/or max "
+                             "(the range of devices it may run on) too, or leave scaling out")
+        if self.scaling is not None:
+            from hetflow.scheduling.elastic import parse_scaling
+
+            try:
+                parse_scaling(self.scaling)
+            except InputError as exc:
+                raise ValueError(str(exc)) from None
+        if self.count is not None and self.count > 0:
+            error = self.range_error(self.count)
+            if error:
+                raise ValueError(error)
         if self.count == 0:
-            given = [k for k in ("type", "vendor", "memory") if getattr(self, k) is not None]
+            given = [k for k in ("type", "vendor", "memory", "min", "max", "scaling") if getattr(self, k) is not None]
             if given:
                 raise ValueError(f"count 0 asks for no device, so {', '.join(given)} cannot apply; "
                                  "give a count > 0 or leave them out (host memory is the top-level "
@@ -89,6 +120,29 @@ class DeviceRequest(_Section):
     def memory_bytes(self) -> int | None:
         return parse_bytes(self.memory) if self.memory else None
 
+    @property
+    def elastic(self) -> bool:
+        """A device range was given (``min`` or ``max``)."""
+        return self.min is not None or self.max is not None
+
+    def bounds(self, count: int) -> tuple[int, int]:
+        """(min, max) for a job of ``count`` devices (each defaults to ``count``)."""
+        return (count if self.min is None else self.min, count if self.max is None else self.max)
+
+    def range_error(self, count: int) -> str | None:
+        """Why the range does not hold ``count`` (None: it does), or its curve does not cover it."""
+        if not self.elastic:
+            return None
+        lo, hi = self.bounds(count)
+        if not lo <= count <= hi:
+            return (f"min {lo}, count {count}, max {hi}: an elastic job needs min <= count <= max "
+                    "(count: the size its work estimate and speed are given at)")
+        from hetflow.scheduling.elastic import DEFAULT_SCALING, parse_scaling
+
+        if not parse_scaling(self.scaling or DEFAULT_SCALING).covers(lo, hi):
+            return f"scaling {self.scaling!r} does not cover min..max = {lo}..{hi} devices; add points for them"
+        return None
+
     def placement_request(self, job_id: str, layout: ParallelLayout | None = None) -> PlacementRequest:
         """This section as the planner's request (the one core type) for the job's ranks
         ``layout`` (:attr:`JobSpec.layout`), or for ``count`` devices (at least one) in one gang."""
@@ -98,7 +152,7 @@ class DeviceRequest(_Section):
     @property
     def is_default(self) -> bool:
         """Nothing was asked: the job file has no ``devices`` section (or an empty one)."""
-        return all(getattr(self, k) is None for k in ("count", "type", "vendor", "memory"))
+        return all(getattr(self, k) is None for k in ("count", "type", "vendor", "memory", "min", "max", "scaling"))
 
 
 class WorkEstimate(_Section):
@@ -229,7 +283,109 @@ class JobSpec(_Section):
         extra = given - {self.kind}
         if extra:
             raise ValueError(f"kind {self.kind} takes no {', '.join(sorted(extra))} key")
+        if self.kind == "train" and not isinstance(self.train, dict):
+            return self  # a config file: resolve() reads it and checks the range then
+        error = self.elastic_error()
+        if error:
+            raise ValueError(error)
         return self
+
+    # -- elastic jobs ---------------------------------------------------------------------------
+
+    @property
+    def is_elastic(self) -> bool:
+        """It declares a device range (``devices.min``/``max``) with more than one size."""
+        return self.devices.elastic and len(self.sizes) > 1
+
+    def elastic_error(self) -> str | None:
+        """Why the device range cannot apply to this job (None: it can, or none is given).
+        A resize is a checkpoint-restart at another size: only kinds that restart soundly at
+        another world size take a range (``train``: dp changes, the global batch is kept;
+        ``launch``: nproc changes, the script's checkpoint must not depend on it)."""
+        if not self.devices.elastic:
+            return None
+        if self.kind not in ("train", "launch"):
+            return (f"devices.min/max (an elastic job) are for kind train or launch, which restart "
+                    f"from a checkpoint at another size; a {self.kind} job runs at its one size: "
+                    "remove min and max")
+        if not self.preemptible:
+            return ("devices.min/max: an elastic job is resized by checkpointing and restarting it, "
+                    "so it must be preemptible; set preemptible: true or remove min and max")
+        count = self.num_devices
+        if count == 0:
+            return "devices.min/max: a CPU job (no device) runs at its one size; remove min and max"
+        error = self.devices.range_error(count)
+        if error:
+            return f"devices: {error}"
+        lo, hi = self.devices.bounds(count)
+        for key, n in (("min", lo), ("max", hi)):
+            why = self._size_error(n)
+            if why:
+                return f"devices.{key} {n}: {why}"
+        return None
+
+    def _size_error(self, n: int) -> str | None:
+        """Why this job cannot run as ``n`` ranks (None: it can)."""
+        layout = self.layout
+        group = layout.tp * layout.pp
+        what = "the training layout's" if self.kind == "train" else "launch's"
+        if n % group:
+            return (f"not a multiple of {what} tp x pp = {group} (a size is dp x tp x pp ranks); "
+                    f"give a multiple of {group}")
+        if self.kind == "train":
+            from hetflow.workloads.train.config import with_dp
+
+            config = self.train_config()
+            dp = n // group
+            if with_dp(config, dp) is None:
+                batch = config.train.batch_size
+                if batch % dp or (layout.pp > 1 and (batch // dp) % config.layout.microbatches):
+                    why = (f"train.batch_size {batch} (the global batch, kept at every size) does not split "
+                           f"evenly over dp {dp} replicas{' and their microbatches' if layout.pp > 1 else ''}")
+                else:
+                    why = f"dp {dp} with tp {layout.tp} needs layout.data_parallel: fsdp"
+                return f"{why}; change the range or the training config"
+        return None
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        """Device counts it may run at: the simulator's :func:`~hetflow.scheduling.elastic.elastic_sizes`
+        of its range (powers of two, the ends, ``count``) that its layout allows; one size for
+        a rigid job."""
+        count = self.num_devices
+        if not self.devices.elastic or count == 0:
+            return (count,)
+        from hetflow.scheduling.elastic import elastic_sizes
+
+        lo, hi = self.devices.bounds(count)
+        return tuple(n for n in elastic_sizes(lo, hi, count) if n == count or self._size_error(n) is None)
+
+    @property
+    def scaling_curve(self) -> Any:
+        """The parsed scaling curve (:class:`~hetflow.scheduling.elastic.Scaling`; default ``eff:0.85``)."""
+        from hetflow.scheduling.elastic import DEFAULT_SCALING, parse_scaling
+
+        return parse_scaling(self.devices.scaling or DEFAULT_SCALING)
+
+    def at_size(self, n: int) -> "JobSpec":
+        """The job as it runs on ``n`` devices, one of :attr:`sizes`: ``devices.count`` n and a
+        training config with dp = n / (tp x pp) and the same global batch
+        (:func:`~hetflow.workloads.train.config.with_dp`), or a launch of ``nproc`` n. The
+        range is kept; ``at_size(num_devices)`` is the job itself."""
+        if n == self.num_devices:
+            return self
+        assert n in self.sizes, f"job {self.name}: {n} devices is not one of its sizes {self.sizes}"
+        changes: dict[str, Any] = {"devices": self.devices.model_copy(update={"count": n})}
+        if self.kind == "train":
+            from hetflow.workloads.train.config import with_dp
+
+            config = with_dp(self.train_config(), n // (self.layout.tp * self.layout.pp))
+            assert config is not None
+            changes["train"] = config.model_dump(mode="json")
+        else:
+            assert self.launch is not None
+            changes["launch"] = self.launch.model_copy(update={"nproc": n})
+        return self.model_copy(update=changes)
 
     # -- what the policy and the runner read ------------------------------------------------
 
@@ -368,6 +524,10 @@ def resolve(spec: JobSpec, base: Path) -> JobSpec:
             raise InputError(f"job {spec.name}: devices.count {spec.devices.count} must equal the "
                              f"training layout's world size dp*pp*tp = {world} (or leave it out)")
         changes["train"] = data
+        if spec.devices.elastic:  # the range is checked against the config, now that it is read
+            error = spec.model_copy(update={"train": data}).elastic_error()
+            if error:
+                raise InputError(f"job {spec.name}: {error}")
     if spec.kind == "tune":
         changes["tune"] = str(_absolute(spec.tune or "", base))
     if spec.kind == "launch" and spec.launch is not None:

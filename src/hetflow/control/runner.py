@@ -88,6 +88,9 @@ class JobRunner:
         self.job_id = job_id
         self.token = token
         self.spec = JobSpec.model_validate(spec)
+        if placement is not None and self.spec.devices.elastic:
+            # an elastic job runs at the size the policy gave it: dp = n / (tp x pp), or nproc n
+            self.spec = self.spec.at_size(placement.world_size)
         self.placement = placement
         self.snapshot = snapshot
         self.settings = settings

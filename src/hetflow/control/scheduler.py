@@ -64,7 +64,10 @@ from hetflow.scheduling.policies.rounds import (
     ideal_rates,
     progress_at,
     service_at,
+    size_rates,
+    sized_rate,
 )
+from hetflow.scheduling.elastic import sizes_of
 from hetflow.scheduling.throughput import (
     CompositeThroughputs,
     ThroughputModel,
@@ -236,7 +239,8 @@ class LiveJob:
     """One record through the policy's ``JobInfo`` protocol (read-only), at time ``now``."""
 
     def __init__(self, record: JobRecord, spec: JobSpec, request: Request, rates: Mapping[str, float],
-                 assignment: Assignment | None, seg_rate: float, now: float, restore_s: float) -> None:
+                 assignment: Assignment | None, seg_rate: float, now: float, restore_s: float,
+                 size_rates: Mapping[int, Mapping[str, float]] | None = None) -> None:
         self.record = record
         self.spec = spec
         self.request = request
@@ -246,6 +250,13 @@ class LiveJob:
         self.seg_rate = seg_rate
         self.now = now
         self.restore_s = restore_s
+        # elastic jobs: {size: {device type: rate}} and their sizes, as the simulator's SimJob
+        self.size_rates = dict(size_rates) if size_rates else {request.num_gpus: rates}
+        self.sizes = tuple(sorted(self.size_rates))
+
+    def rates_at(self, n: int) -> Mapping[str, float]:
+        """Rate on each device type at ``n`` devices (best placement); empty for other sizes."""
+        return self.size_rates.get(n, {})
 
     job_id = property(lambda self: self.record.job_id)
     job_type = property(lambda self: self.spec.effective_job_type)
@@ -271,8 +282,11 @@ class LiveJob:
 
     @property
     def attained_s(self) -> float:
-        return attained_at(self.now, self.record.attained_s, self.request.gpu_milli / WHOLE,
-                           self.record.seg_start, self.assignment is not None)
+        devices = self.request.gpu_milli / WHOLE
+        if len(self.sizes) > 1 and self.assignment is not None:  # an elastic job: the size it runs at
+            devices = len(self.assignment.slots) * self.assignment.milli / WHOLE
+        return attained_at(self.now, self.record.attained_s, devices, self.record.seg_start,
+                           self.assignment is not None)
 
     @property
     def service_by_type(self) -> Mapping[str, float]:
@@ -338,6 +352,7 @@ class LiveScheduler:
         # A job's spec never changes after submit; validating every record's spec at every
         # decision was an eighth of a decision's time at 1,024 GPUs (benchmarks/controller.py).
         self._specs: dict[str, JobSpec] = {}
+        self._sizes: dict[str, tuple[int, ...]] = {}  # elastic jobs' sizes (their layouts checked once)
         self.planner = Planner(default_catalog())  # picks the devices inside the policy's choice
 
     def spec_of(self, record: JobRecord) -> JobSpec:
@@ -346,6 +361,46 @@ class LiveScheduler:
         if spec is None:
             spec = self._specs[record.job_id] = JobSpec.model_validate(record.spec)
         return spec
+
+    def sizes_of(self, record: JobRecord) -> tuple[int, ...]:
+        """The record's allowed device counts (:attr:`JobSpec.sizes`; one for a rigid job)."""
+        sizes = self._sizes.get(record.job_id)
+        if sizes is None:
+            sizes = self._sizes[record.job_id] = self.spec_of(record).sizes
+        return sizes
+
+    # -- elastic jobs ----------------------------------------------------------------------------
+
+    def size_rates(self, spec: JobSpec, sizes: Sequence[int], rates: Mapping[str, float],
+                   cluster: LiveCluster) -> dict[int, dict[str, float]] | None:
+        """An elastic job's rate per device type at each of its sizes (the simulator's rule,
+        :func:`~hetflow.scheduling.policies.rounds.size_rates`); None for a rigid job."""
+        if len(sizes) == 1 or not rates:
+            return None
+        return size_rates(cluster.model, self.throughputs, spec.effective_job_type, spec.num_devices, sizes,
+                          spec.scaling_curve, rates, self.allowed_types(spec, cluster), spec.devices.memory_bytes)
+
+    def _rate(self, cluster: LiveCluster, job: LiveJob, a: Assignment) -> float:
+        """Work/s of ``job`` on ``a``: the throughput model's rate for its gang, or, for an
+        elastic job at another size, its curve's rate there x what the links cost (as the
+        simulator's ``Simulator._rate``)."""
+        n = len(a.slots)
+        if n != job.num_gpus and len(sizes_of(job)) > 1:
+            return sized_rate(cluster.model, self.throughputs, job.job_type,
+                              job.rates_at(n).get(a.device_type, 0.0), a)
+        return assignment_rate(cluster.model, self.throughputs, job.job_type, job.num_gpus, a)
+
+    def relative_speed(self, spec: JobSpec, n: int, device_type: str) -> float:
+        """Work/s at ``n`` devices over work/s at its declared size (1.0 for a rigid job): how a
+        ``work.seconds`` estimate advances while an elastic job runs at another size."""
+        declared = spec.num_devices
+        if n == declared or not spec.devices.elastic or declared == 0:
+            return 1.0
+        f = spec.scaling_curve.relative(n, declared)
+        if f is None:  # table: the throughput model's own rates
+            r0 = self.throughputs.rate(spec.effective_job_type, declared, device_type)
+            f = self.throughputs.rate(spec.effective_job_type, n, device_type) / r0 if r0 > 0 else 1.0
+        return f
 
     # -- admission -------------------------------------------------------------------------------
 
@@ -464,6 +519,7 @@ class LiveScheduler:
             if record.status.finished:
                 continue
             ours.add(record.job_id)
+            sized = self.size_rates(spec, self.sizes_of(record), rates, cluster)
             held = cluster.assignment(record.held) if record.held is not None else None
             if record.status.holds_devices:
                 if held is None:
@@ -474,12 +530,11 @@ class LiveScheduler:
                 if record.status is Status.PREEMPTING:
                     stopping.append((record, held))
                     continue
-                rate = assignment_rate(cluster.model, self.throughputs, spec.effective_job_type,
-                                       request.num_gpus, held)
-                running[record.job_id] = LiveJob(record, spec, request, rates, held, rate, now,
-                                                 self.settings.restore_s)
+                job = LiveJob(record, spec, request, rates, held, 0.0, now, self.settings.restore_s, sized)
+                job.seg_rate = self._rate(cluster, job, held)
+                running[record.job_id] = job
             elif rates:
-                waiting.append(LiveJob(record, spec, request, rates, None, 0.0, now, self.settings.restore_s))
+                waiting.append(LiveJob(record, spec, request, rates, None, 0.0, now, self.settings.restore_s, sized))
             else:
                 plan.reasons[record.job_id] = "waiting: " + self._never_fits(spec, cluster)
         self._take_foreign(snapshot, cluster, free, ours)
@@ -495,8 +550,7 @@ class LiveScheduler:
             return plan
         inputs = build_round(now, unpin, cluster.model, free, running, waiting,
                              lambda j: (j.arrival_s, j.record.seq), demand, self.settings.round_s,
-                             lambda j, a: assignment_rate(cluster.model, self.throughputs, j.job_type,
-                                                          j.num_gpus, a))
+                             lambda j, a: self._rate(cluster, j, a))
         decision = self.policy.schedule(inputs.view)
         check_decision(decision, inputs)
         changes = diff_decision(decision, inputs.movable)
@@ -513,10 +567,14 @@ class LiveScheduler:
             for_whom = f" for {', '.join(takers)}" if takers else ""
             if new is None:
                 why = f"preempted by policy {self.policy.name} at a round boundary{for_whom}"
+            elif len(new.slots) != len(job.assignment.slots):  # type: ignore[union-attr]
+                why = (f"resized by policy {self.policy.name} from {len(job.assignment.slots)} to "  # type: ignore[union-attr]
+                       f"{len(new.slots)} devices ({cluster.held(new).text()}) through its checkpoint{for_whom}")
             else:
                 why = f"moved by policy {self.policy.name} to {cluster.held(new).text()}{for_whom}"
             plan.stops.append(Stop(job.job_id, None if new is None else cluster.held(new), why))
         launched = set()
+        stopped_now = {j.job_id for j, _ in changes.stops}
         ranks: RankPlanner | None = None  # made at the first device job that starts
         physical = free.fork()  # free now: stopping jobs still hold theirs until they have stopped
         for jid, a in changes.starts:
@@ -530,6 +588,8 @@ class LiveScheduler:
                 plan.reasons[jid] = (f"waiting: policy {self.policy.name} chose {cluster.held(a).text()}, "
                                      f"but {short}{by}")
                 continue
+            if jid in stopped_now:
+                continue  # it moves or resizes: it checkpoints first (its stop's reason says so), then starts
             if set(a.slots) & blocked:
                 holders = sorted(r.job_id for r, held in stopping if set(held.slots) & set(a.slots))
                 holders += sorted(j.job_id for j, _ in changes.stops
@@ -539,6 +599,11 @@ class LiveScheduler:
                 continue
             spec = job.spec  # type: ignore[attr-defined]
             placement = None
+            size = ""
+            if len(job.sizes) > 1:  # type: ignore[attr-defined]  # elastic: the ranks of the size it got
+                lo, hi = spec.devices.bounds(spec.num_devices)
+                size = f" ({len(a.slots)} of its {lo}..{hi} devices)"
+                spec = spec.at_size(len(a.slots))
             if a.slots:  # the planner decides which devices inside the policy's choice get which rank
                 ranks = ranks or RankPlanner(cluster.snapshot, cluster.model, cluster.slot_of, self.planner)
                 a, placement = cluster.plan_ranks(jid, a, spec, after, blocked, ranks)
@@ -547,7 +612,7 @@ class LiveScheduler:
                 self._charge_cpus(physical, cluster, self._device_cpus(spec, a, cluster))
             else:
                 physical.take(a)
-            why = f"started by policy {self.policy.name} on {held.text()}"
+            why = f"started by policy {self.policy.name} on {held.text()}{size}"
             plan.launches.append(Launch(jid, held, placement, why))
             launched.add(jid)
         still_waiting = [j for j in waiting if j.job_id not in launched and j.job_id not in plan.reasons]

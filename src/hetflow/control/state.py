@@ -135,6 +135,8 @@ class JobRecord:
     message: str = ""  # the outcome's detail (error text, checkpoint)
     submission: str = ""  # the client's id for this submit: a retried call finds the same job
     runs: list[dict[str, Any]] = field(default_factory=list)  # per attempt: token, devices, times, outcome
+    size: int | None = None  # devices of the latest attempt (an elastic job's current size)
+    resizes: int = 0  # attempts started at another size than the one before (elastic jobs)
 
     def note(self, when: float, event: str) -> None:
         self.history.append([when, event])

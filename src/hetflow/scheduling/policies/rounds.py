@@ -26,11 +26,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Sequence
 
 from hetflow.scheduling.policies.base import ClusterView, JobInfo
 from hetflow.scheduling.policies.capacity import Assignment, ClusterModel, FreeCapacity, Request
 from hetflow.scheduling.throughput import ThroughputModel
+
+if TYPE_CHECKING:
+    from hetflow.scheduling.elastic import Scaling
 
 RateOf = Callable[[JobInfo, Assignment], float]
 
@@ -184,6 +187,39 @@ def assignment_rate(model: ClusterModel, throughputs: ThroughputModel, job_type:
     return throughputs.rate(job_type, num_gpus, a.device_type, gbps, spans)
 
 
+def size_rates(model: ClusterModel, throughputs: ThroughputModel, job_type: str, declared: int,
+               sizes: Sequence[int], curve: "Scaling", rates: Mapping[str, float],
+               allowed_types: frozenset[str] | None, memory_bytes: int | None) -> dict[int, dict[str, float]]:
+    """An elastic job's rate per device type at each of its ``sizes`` (best placement), from its
+    ``rates`` at its ``declared`` size and its scaling ``curve`` (``table``: the throughput
+    model's own rate at each size); sizes that run nowhere are left out. The simulator's rule
+    (``Simulator.size_rates``), for the live controller."""
+    out: dict[int, dict[str, float]] = {}
+    for n in sizes:
+        if n == declared:
+            at = dict(rates)
+        elif curve.kind == "table":
+            at = ideal_rates(model, throughputs, job_type, Request(n), allowed_types, memory_bytes)
+        else:
+            f = curve.relative(n, declared)
+            at = {t: r * f for t, r in rates.items() if n <= model.capacity_by_type[t]}
+        if at:
+            out[n] = at
+    return out
+
+
+def sized_rate(model: ClusterModel, throughputs: ThroughputModel, job_type: str, ideal: float,
+               a: Assignment) -> float:
+    """Rate of an elastic job on ``a`` at a size other than its declared one: ``ideal`` (its
+    rate at that size on the best placement) x what ``a``'s links cost a gang of that size by
+    the throughput model (1 on the best placement) - the simulator's rule
+    (``Simulator._elastic_rate``)."""
+    n, t = len(a.slots), a.device_type
+    best = throughputs.rate(job_type, n, t, model.ideal_gbps(t, n), n > model.largest_node_by_type[t])
+    here = assignment_rate(model, throughputs, job_type, n, a)
+    return ideal * (min(1.0, here / best) if best > 0 else 1.0)
+
+
 def progress_at(now: float, done_base: float, total: float, seg_start: float, seg_restore: float,
                 seg_rate: float, running: bool) -> float:
     """Work done by ``now``: what earlier segments did plus the current segment's productive
@@ -214,4 +250,4 @@ def service_at(now: float, service_base: Mapping[str, float], seg_start: float,
 
 __all__ = ["DemandMix", "RateOf", "RoundChanges", "RoundInputs", "assignment_rate", "attained_at",
            "build_round", "check_decision", "diff_decision", "ideal_rates", "progress_at",
-           "service_at"]
+           "service_at", "size_rates", "sized_rate"]

@@ -244,6 +244,24 @@ class TrainConfig(_Section):
         return config_from_dict(data, source="overrides")
 
 
+def with_dp(config: TrainConfig, dp: int) -> TrainConfig | None:
+    """The same job with ``dp`` data-parallel replicas (pp and tp kept) and the same global
+    batch - so the same batches in the same order and the same loss curve, at another speed -
+    or None where that layout is not valid (the batch does not split evenly over the replicas,
+    or over microbatches with a pipeline; DDP with tensor parallelism). One replica uses DDP.
+    Elastic restarts use it: ``resources.elastic`` after a failure (``job.smaller_layouts``)
+    and the controller's resizes (``JobSpec.at_size``)."""
+    layout = config.layout
+    per_replica, rem = divmod(config.train.batch_size, dp)
+    if rem or (layout.pp > 1 and per_replica % layout.microbatches):
+        return None
+    mode = layout.data_parallel if dp > 1 else "ddp"
+    try:
+        return config.with_overrides(layout={"dp": dp, "data_parallel": mode})
+    except InputError:
+        return None
+
+
 def combination_errors(config: TrainConfig) -> list[str]:
     """Rules that tie several fields together; each message says how to fix the file."""
     errors: list[str] = []
@@ -314,5 +332,5 @@ def load_config(path: str | Path) -> TrainConfig:
 __all__ = [
     "CheckpointConfig", "DataConfig", "GPTConfig", "LayoutConfig", "MLPConfig", "ModelConfig",
     "OptimConfig", "ResourcesConfig", "TrainConfig", "combination_errors", "config_from_dict",
-    "load_config",
+    "load_config", "with_dp",
 ]

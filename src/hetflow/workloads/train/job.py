@@ -31,7 +31,7 @@ from typing import Any, Callable
 
 from hetflow.core.errors import HetflowError, Unschedulable
 from hetflow.workloads.train.checkpoint import CheckpointInfo, latest_checkpoint
-from hetflow.workloads.train.config import TrainConfig
+from hetflow.workloads.train.config import TrainConfig, with_dp
 from hetflow.workloads.train.loop import RankResult, loss_records, train_func
 
 ProgressCallback = Callable[[dict[str, Any], "TrainingJob"], None]
@@ -283,15 +283,8 @@ def log_training_result(tracker: Any, result: TrainResult, config: TrainConfig) 
 def smaller_layouts(config: TrainConfig) -> list[TrainConfig]:
     """The same job with fewer data-parallel replicas, largest first, where the global batch
     still splits evenly (over replicas, and over microbatches with a pipeline)."""
-    layout, batch = config.layout, config.train.batch_size
-    out = []
-    for dp in range(layout.dp - 1, 0, -1):
-        per_replica, rem = divmod(batch, dp)
-        if rem or (layout.pp > 1 and per_replica % layout.microbatches):
-            continue
-        mode = layout.data_parallel if dp > 1 else "ddp"
-        out.append(config.with_overrides(layout={"dp": dp, "data_parallel": mode}))
-    return out
+    shrunk = (with_dp(config, dp) for dp in range(config.layout.dp - 1, 0, -1))
+    return [c for c in shrunk if c is not None]
 
 
 def evaluate_checkpoint(config: TrainConfig, info: CheckpointInfo,
