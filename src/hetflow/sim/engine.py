@@ -50,7 +50,9 @@ from hetflow.scheduling.policies.rounds import (
     ideal_rates,
     progress_at,
     service_at,
+    size_link_factor,
 )
+from hetflow.scheduling.policies.rounds import size_rates as rates_by_size
 from hetflow.scheduling.rank_planner import RankPlanner
 from hetflow.scheduling.throughput import ThroughputModel
 from hetflow.sim.traces import Job
@@ -274,18 +276,8 @@ class Simulator:
         key = ("sizes", job.job_type, job.num_gpus, sizes, curve, job.allowed_types, job.memory_bytes)
         hit = self._ideal_memo.get(key)
         if hit is None:
-            hit = {}
-            for n in sizes:
-                if n == job.num_gpus:
-                    at = dict(rates)
-                elif curve.kind == "table":
-                    at = ideal_rates(self.model, self.throughputs, job.job_type, Request(n), job.allowed_types,
-                                     job.memory_bytes)
-                else:
-                    f = curve.relative(n, job.num_gpus)
-                    at = {t: r * f for t, r in rates.items() if n <= self.model.capacity_by_type[t]}  # type: ignore[operator]
-                if at:
-                    hit[n] = at
+            hit = rates_by_size(self.model, self.throughputs, job.job_type, job.num_gpus, sizes, curve,
+                             rates, job.allowed_types, job.memory_bytes)
             self._ideal_memo[key] = hit
         return hit  # type: ignore[return-value]
 
@@ -310,10 +302,7 @@ class Simulator:
         key = ("link", job.job.job_type, n, t, gbps, spans)
         link = self._rate_memo.get(key)
         if link is None:
-            best = self.throughputs.rate(job.job.job_type, n, t, self.model.ideal_gbps(t, n),
-                                         n > self.model.largest_node_by_type[t])
-            here = assignment_rate(self.model, self.throughputs, job.job.job_type, n, a)
-            link = min(1.0, here / best) if best > 0 else 1.0
+            link = size_link_factor(self.model, self.throughputs, job.job.job_type, a)
             self._rate_memo[key] = link
         return ideal * link
 

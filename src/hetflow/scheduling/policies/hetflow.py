@@ -94,12 +94,17 @@ class HetflowPolicy:
     preemptive = True
 
     def __init__(self, placer: Placer | None = None, *, hysteresis: float = 2.0,
-                 min_efficiency: float = 0.6, elastic: bool = True, eager_growth: bool = False) -> None:
+                 min_efficiency: float = 0.6, elastic: bool = True, eager_growth: bool = False,
+                 growth_efficiency: float = 0.8) -> None:
         self.placer = placer or TopologyPlacer()
         self.hysteresis = hysteresis  # restores a running job's priority is credited with
         self.min_efficiency = min_efficiency  # least share of ideal speed a placement must keep
         self.elastic = elastic  # resize elastic jobs (False: every job at its declared size)
         self.eager_growth = eager_growth  # elastic jobs ask for more than their size under load
+        # While jobs wait, an elastic job grows only where each device it adds is worth at least
+        # this share of one at its current size (a poor curve turns idle devices that a waiting
+        # gang could gather into little progress, and a shrink later).
+        self.growth_efficiency = growth_efficiency
 
     # -- 1. order ---------------------------------------------------------------------------
 
@@ -237,11 +242,12 @@ class HetflowPolicy:
                     target[j.job_id] = n
                     break
         # 3. Grow into what is still idle, shortest area first.
+        waiting = any(j.job_id not in taken and j.assignment is None for j in jobs)
         for j, t in elastic:
             now_n = target[j.job_id]
             for n in sorted((n for n in sizes_of(j) if n > now_n), reverse=True):
                 extra = (n - now_n) * j.request.milli
-                if budget[t] >= extra and self._worth_growing(j, now_n, n, t):
+                if budget[t] >= extra and self._worth_growing(j, now_n, n, t, waiting):
                     budget[t] -= extra
                     target[j.job_id] = n
                     break
@@ -298,13 +304,18 @@ class HetflowPolicy:
                     return _AtSize(job, n)
         return _AtSize(job, base)
 
-    def _worth_growing(self, job: JobInfo, n_from: int, n_to: int, t: str) -> bool:
+    def _worth_growing(self, job: JobInfo, n_from: int, n_to: int, t: str,
+                       waiting: bool = False) -> bool:
         """Growing pays when it saves more time than it costs: a running job that would keep
         its size otherwise must save ``1 + hysteresis`` restores (the restart, and a margin
-        for being shrunk again); a job that starts or restarts anyway pays nothing extra."""
+        for being shrunk again); a job that starts or restarts anyway pays nothing extra. While
+        jobs ``waiting``, the devices added must also keep ``growth_efficiency`` of the speed
+        per device (rate ratio over size ratio)."""
         rates = job.rates_at  # type: ignore[attr-defined]
         r_from, r_to = rates(n_from).get(t, 0.0), rates(n_to).get(t, 0.0)
         if r_to <= r_from or r_from <= 0:
+            return False
+        if waiting and (r_to / r_from) / (n_to / n_from) < self.growth_efficiency:
             return False
         remaining = job.remaining_work
         saved = remaining / r_from - remaining / r_to

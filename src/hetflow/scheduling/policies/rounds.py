@@ -192,8 +192,8 @@ def size_rates(model: ClusterModel, throughputs: ThroughputModel, job_type: str,
                allowed_types: frozenset[str] | None, memory_bytes: int | None) -> dict[int, dict[str, float]]:
     """An elastic job's rate per device type at each of its ``sizes`` (best placement), from its
     ``rates`` at its ``declared`` size and its scaling ``curve`` (``table``: the throughput
-    model's own rate at each size); sizes that run nowhere are left out. The simulator's rule
-    (``Simulator.size_rates``), for the live controller."""
+    model's own rate at each size); sizes that run nowhere are left out. The simulator
+    (``Simulator.size_rates``, memoised) and the live controller both use it."""
     out: dict[int, dict[str, float]] = {}
     for n in sizes:
         if n == declared:
@@ -211,13 +211,18 @@ def size_rates(model: ClusterModel, throughputs: ThroughputModel, job_type: str,
 def sized_rate(model: ClusterModel, throughputs: ThroughputModel, job_type: str, ideal: float,
                a: Assignment) -> float:
     """Rate of an elastic job on ``a`` at a size other than its declared one: ``ideal`` (its
-    rate at that size on the best placement) x what ``a``'s links cost a gang of that size by
-    the throughput model (1 on the best placement) - the simulator's rule
-    (``Simulator._elastic_rate``)."""
+    rate at that size on the best placement) x :func:`size_link_factor`."""
+    return ideal * size_link_factor(model, throughputs, job_type, a)
+
+
+def size_link_factor(model: ClusterModel, throughputs: ThroughputModel, job_type: str,
+                     a: Assignment) -> float:
+    """What ``a``'s links cost a gang of its size by the throughput model, as a share of the
+    best placement's rate (1 there); the simulator memoises it by (size, type, links)."""
     n, t = len(a.slots), a.device_type
     best = throughputs.rate(job_type, n, t, model.ideal_gbps(t, n), n > model.largest_node_by_type[t])
     here = assignment_rate(model, throughputs, job_type, n, a)
-    return ideal * (min(1.0, here / best) if best > 0 else 1.0)
+    return min(1.0, here / best) if best > 0 else 1.0
 
 
 def progress_at(now: float, done_base: float, total: float, seg_start: float, seg_restore: float,
@@ -250,4 +255,4 @@ def service_at(now: float, service_base: Mapping[str, float], seg_start: float,
 
 __all__ = ["DemandMix", "RateOf", "RoundChanges", "RoundInputs", "assignment_rate", "attained_at",
            "build_round", "check_decision", "diff_decision", "ideal_rates", "progress_at",
-           "service_at", "size_rates", "sized_rate"]
+           "service_at", "size_link_factor", "size_rates", "sized_rate"]
