@@ -35,7 +35,8 @@ devices from elastic jobs behind it, which shrink ("shrink to make room", never 
 ``min_gpus``) instead of being preempted, and a gang that would wait starts smaller. Devices
 still idle go, shortest area first, to running elastic jobs that had more (no resize), then to
 growing elastic jobs where the time saved pays for the restart ("grow into idle devices",
-never above ``max_gpus``). A gang that finds no placement falls back to smaller sizes. Every
+never above ``max_gpus``) and, while any job waits, each added device keeps
+``growth_efficiency`` of the speed per device. A gang that finds no placement falls back to smaller sizes. Every
 resize is a checkpoint-restart the engine charges (``restore_s``). ``eager_growth=True`` also
 lets a job ask for more than its base while others wait, when its time saved exceeds the delay
 its extra device-seconds (sub-linear scaling) impose on the jobs behind it: better with an
