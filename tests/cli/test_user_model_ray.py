@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,6 +29,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from tests.net import free_port
 
 pytestmark = pytest.mark.ray
 
@@ -59,12 +59,6 @@ def hetflow(*args: str, cwd: Path, on_path: bool, timeout: float = 300) -> subpr
 def write(path: Path, data: dict) -> Path:
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

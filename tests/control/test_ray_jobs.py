@@ -18,7 +18,6 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 import json
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -35,18 +34,13 @@ from hetflow.control.jobspec import load_job
 from hetflow.runtime.binding import publish_node
 from hetflow.runtime.resources import node_labels, node_resources
 from tests.control.test_controller_ray import wait_for
+from tests.net import free_port
 
 pytestmark = pytest.mark.ray
 
 REPO = Path(__file__).resolve().parents[2]
 COUNT_JOB = Path(__file__).with_name("count_job.py")
 RAY = str(Path(sys.executable).with_name("ray"))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import socket
 import threading
 import time
 from pathlib import Path
@@ -23,6 +22,7 @@ import pytest
 import yaml
 
 from tests.hosts.netns import HostCluster, available
+from tests.net import free_port as _free_port
 
 WHY_NOT = available()
 pytestmark = [pytest.mark.ray, pytest.mark.hosts,
@@ -36,12 +36,6 @@ def serve_env() -> dict[str, str]:
     from hetflow.workloads.serve.front import FAST_ENV
 
     return dict(FAST_ENV)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _replicas_running(hosts: HostCluster, app: str) -> int:

@@ -40,16 +40,11 @@ from hetflow.workloads.serve.loadgen import digits_bodies, run_load
 from hetflow.workloads.train.checkpoint import latest_checkpoint
 from hetflow.workloads.train.data import load_dataset
 from tests.ray_cluster import hetflow_cluster
+from tests.net import free_port as _free_port
 
 pytestmark = pytest.mark.ray
 
 BODY_LIMIT = 64 * 1024
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,6 @@ its REST API). The Serve CLI runs as a subprocess, as a user runs it.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -23,17 +22,12 @@ import requests
 import yaml
 
 from hetflow.workloads.train.data import load_dataset
+from tests.net import free_port as _free_port
 
 pytestmark = pytest.mark.ray
 
 SERVE = str(Path(sys.executable).with_name("serve"))
 HETFLOW = str(Path(sys.executable).with_name("hetflow"))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

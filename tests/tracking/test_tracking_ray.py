@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 from pathlib import Path
 
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
@@ -23,6 +22,7 @@ from mlflow.tracking import MlflowClient
 from hetflow.cli.main import main as hetflow
 from hetflow.workloads.train.checkpoint import latest_checkpoint
 from tests.ray_cluster import local_ray
+from tests.net import free_port
 
 pytestmark = pytest.mark.ray
 
@@ -161,12 +161,6 @@ def test_launch_passes_its_run_to_a_script_that_logs_itself(store: str, tmp_path
     assert failed[0].data.metrics["hetflow.exit_code"] == 3
     assert failed[0].data.params["hetflow.nproc"] == "1" and "script.lr" not in failed[0].data.params
     assert "logs/rank-0.log" in artifact_paths(client, failed[0].info.run_id)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_workflow_logs_its_stages_as_nested_runs(store: str, tmp_path: Path) -> None:

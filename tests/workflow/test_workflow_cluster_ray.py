@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 from pathlib import Path
 
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
@@ -26,6 +25,7 @@ from hetflow.workflow.runner import run_workflow
 from hetflow.workflow.spec import workflow_from_dict
 from tests.conftest import REPO
 from tests.ray_cluster import hetflow_cluster
+from tests.net import free_port as _free_port
 
 pytestmark = pytest.mark.ray
 
@@ -45,12 +45,6 @@ def cluster():
     finally:
         for k, v in saved.items():
             os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_the_demo_file_runs_on_a_cluster_with_only_its_device_changed(cluster, tmp_path: Path) -> None:

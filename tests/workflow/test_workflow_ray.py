@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 from pathlib import Path
 
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
@@ -20,16 +19,11 @@ import ray
 from hetflow.workflow.runner import run_workflow
 from hetflow.workflow.spec import workflow_from_dict
 from hetflow.workloads.train.checkpoint import list_checkpoints
+from tests.net import free_port
 
 pytestmark = pytest.mark.ray
 
 STEPS = 40
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
