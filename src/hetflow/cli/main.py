@@ -21,8 +21,8 @@ from hetflow.core.errors import HetflowError, InputError
 from hetflow.runtime.tracking import MISSING_MLFLOW
 
 # Verb modules, in the order `hetflow --help` lists them.
-COMMAND_MODULES = ["inventory", "plan", "node", "simulate", "train", "launch", "tune", "serve", "run", "jobs", "top",
-                   "k8s", "completion"]
+COMMAND_MODULES = ["inventory", "plan", "node", "simulate", "traces", "train", "launch", "tune", "serve", "run", "jobs",
+                   "top", "k8s", "completion"]
 
 EXIT_OK, EXIT_FAILED, EXIT_INPUT, EXIT_UNSCHEDULABLE, EXIT_CANCELLED, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
 EXIT_CODES = {  # code -> (kind in a --json error, meaning); docs/cli.md shows this table

@@ -13,6 +13,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from hetflow.sim.textio import existing, open_text, read_text
+
 TRACE_FILES = {"single": "trace_single_r4.0_n1500_seed{s}.trace", "multi": "trace_multi_r2.0_n1000_seed{s}.trace"}
 
 
@@ -32,7 +34,7 @@ class GavelCase:
 
     def reference(self, policy: str) -> dict:
         """results.json's entry for this trace and policy (the completed run, not a FAILED one)."""
-        entries = json.loads((self.folder / "results.json").read_text())
+        entries = json.loads(read_text(existing(self.folder / "results.json")))
         name = self.trace_path.name
         ok = [e for e in entries if e["trace"] == name and e["policy"] == policy and e.get("status") == "ok"]
         if not ok:
@@ -40,8 +42,8 @@ class GavelCase:
         return ok[-1]
 
     def reference_jct(self, policy: str) -> dict[int, float | None]:
-        path = self.folder / self.reference(policy)["per_job_csv"]
-        with path.open() as f:
+        path = existing(self.folder / self.reference(policy)["per_job_csv"])
+        with open_text(path) as f:
             return {int(r["job_id"]): (float(r["jct_s"]) if r["jct_s"] else None) for r in csv.DictReader(f)}
 
 
@@ -59,7 +61,7 @@ def fgd_expected(root: Path, workload: str = "openb_pod_list_default",
     """``{(csv policy name, seed): {x: value}}`` from the published CSV: ``metric`` "allo"
     (allocation %) or "frag" (fragmentation amount, % of capacity)."""
     out: dict[tuple[str, int], dict[int, float]] = {}
-    with (root / "expected_results" / f"analysis_{metric}_discrete.csv").open() as f:
+    with open_text(existing(root / "expected_results" / f"analysis_{metric}_discrete.csv")) as f:
         for r in csv.DictReader(f):
             if r["workload"] != workload:
                 continue

@@ -21,6 +21,7 @@ from typing import Sequence
 from hetflow.core.errors import InputError
 from hetflow.core.topology import ClusterSnapshot
 from hetflow.scheduling.policies.capacity import ClusterModel
+from hetflow.sim.textio import open_text, plain_suffix
 
 _PART = re.compile(r"^\s*(\d+)\s*\*\s*(.+?)\s*$")
 
@@ -70,9 +71,9 @@ def load_sim_snapshot(text: str) -> ClusterSnapshot:
     if _is_file(path):
         from hetflow.sim.traces import detect_format, load_openb_nodes
 
-        if path.suffix == ".csv" and _is_openb_nodes(path):
+        if plain_suffix(path) == ".csv" and _is_openb_nodes(path):  # also .csv.gz / .csv.xz
             return load_openb_nodes(path)
-        if path.suffix == ".csv":
+        if plain_suffix(path) == ".csv":
             kind = detect_format(path)
             raise InputError(f"{path}: a {kind} file is a trace; --cluster takes a cluster YAML, a snapshot "
                              f"JSON, an openb node list or shorthand such as '32 * 8x H100'")
@@ -98,6 +99,6 @@ def _is_file(path: Path) -> bool:
 
 
 def _is_openb_nodes(path: Path) -> bool:
-    with path.open(errors="replace") as f:
+    with open_text(path, errors="replace") as f:
         header = f.readline().strip().split(",")
     return {"sn", "gpu", "model"} <= set(header)

@@ -42,6 +42,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from hetflow.core.errors import InputError
+from hetflow.sim.textio import open_text
 
 MILLI = 1000
 MAX_CPU = 128000.0  # the artifact's "largest machine", for normalising
@@ -185,7 +186,7 @@ def _seed_column(path: str | Path, seed: int, key: str) -> tuple[Path, list[tupl
     col = f"seed{seed}"
     if not p.is_file():
         raise InputError(f"{p}: no such file (the per-seed CSV with columns {key},seed42,...)")
-    with p.open() as f:
+    with open_text(p) as f:
         reader = csv.DictReader(f)
         if col not in (reader.fieldnames or []) or key not in (reader.fieldnames or []):
             raise InputError(f"{p}: no column {col} (or {key}); it has {', '.join(reader.fieldnames or [])}")

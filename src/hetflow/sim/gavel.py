@@ -51,6 +51,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from hetflow.core.errors import InputError
+from hetflow.sim.textio import read_text
 
 WORKER_TYPES = ("v100", "p100", "k80")  # Gavel's fixed order for the per-type priority lists
 DEFAULT_CLUSTER = {"v100": 36, "p100": 36, "k80": 36}
@@ -80,7 +81,7 @@ def load_throughput_table(path: str | Path) -> dict[tuple[str, int], dict[str, f
     p = Path(path)
     if not p.is_file():
         raise InputError(f"{p}: no such throughput file (Gavel's simulation_throughputs.json or a CSV)")
-    text = p.read_text(errors="replace")
+    text = read_text(p, errors="replace")
     table: dict[tuple[str, int], dict[str, float]] = {}
     if text.lstrip().startswith("{"):
         data = json.loads(text)

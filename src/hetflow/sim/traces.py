@@ -31,6 +31,7 @@ have a seeded share of jobs made elastic (``hetflow.scheduling.elastic.mark_elas
 ``hetflow simulate --elastic-fraction``).
 
 Every malformed row raises :class:`~hetflow.core.errors.ParseError` naming the file and line.
+A file named ``*.gz`` or ``*.xz`` is read decompressed, in every format (:mod:`hetflow.sim.textio`).
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from hetflow.scheduling.throughput import (
     canonical_device_type,
     catalog_spec,
 )
+from hetflow.sim.textio import open_text, read_lines
 
 WHOLE = 1000
 
@@ -125,12 +127,7 @@ def _sorted(jobs: Iterable[Job]) -> tuple[Job, ...]:
 
 
 def _read_lines(path: Path) -> list[str]:
-    try:
-        return path.read_text().splitlines()
-    except OSError as e:
-        raise InputError(f"{path}: cannot read ({e.strerror})") from None
-    except UnicodeDecodeError:
-        raise ParseError(str(path), "not a text file") from None
+    return read_lines(path)  # .gz/.xz decompressed (hetflow.sim.textio)
 
 
 # ---------------------------------------------------------------------------------- Gavel
@@ -238,7 +235,7 @@ def load_philly_csv(path: str | Path, model: ThroughputModel | None = None,
     types = [t for t in (model.job_types() if model else ()) if t != FIXED_DURATION]
     raw: list[tuple[float, float, int, int, dict]] = []
     try:
-        f = p.open(newline="")
+        f = open_text(p, newline="")
     except OSError as e:
         raise InputError(f"{p}: cannot read ({e.strerror})") from None
     with f:
@@ -290,7 +287,7 @@ OPENB_POD_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli", 
 
 def _csv_rows(path: Path, columns: Sequence[str], what: str) -> Iterable[tuple[int, dict[str, str]]]:
     try:
-        f = path.open(newline="")
+        f = open_text(path, newline="")
     except OSError as e:
         raise InputError(f"{path}: cannot read ({e.strerror})") from None
     with f:
@@ -461,7 +458,7 @@ def parse_synthetic_spec(text: str) -> dict[str, float | int]:
 def detect_format(path: Path) -> str:
     """"gavel", "philly", "openb-pods" or "openb-nodes", from the file's first line."""
     try:
-        with path.open(errors="replace") as f:
+        with open_text(path, errors="replace") as f:
             first = f.readline()
     except OSError as e:
         raise InputError(f"{path}: cannot read ({e.strerror})") from None
