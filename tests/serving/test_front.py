@@ -11,6 +11,7 @@ from hetflow.workloads.serve.front import (
     backend_name,
     group_prefix,
     haproxy_binary,
+    reachable,
     render_config,
     write_error_files,
 )
@@ -116,3 +117,30 @@ def test_haproxys_own_errors_are_json_of_one_line(tmp_path) -> None:
         message = json.loads(body)["error"]
         assert message and "\n" not in message
     assert "30s" in json.loads(files[504].partition(b"\r\n\r\n")[2])["error"]
+
+
+# --- where the front door dials a target Serve reports at its node's IP ----------------------
+# Serve lists every replica at its node's IP; with a loopback http host the replicas listen on
+# loopback only. On a machine whose node IP is its LAN address (192.0.2.2 here) dialling that
+# IP failed every health check (`hetflow serve` never became ready).
+LAN = "192.0.2.2"
+
+
+def test_loopback_host_dials_replicas_on_this_node_at_loopback() -> None:
+    assert reachable(LAN, 30001, "r1", "127.0.0.1", LAN) == Server("r1", "127.0.0.1", 30001)
+    assert reachable(LAN, 30001, "r1", "::1", LAN) == Server("r1", "::1", 30001)
+    assert reachable(LAN, 30001, "r1", "localhost", LAN) == Server("r1", "127.0.0.1", 30001)
+    # a node IP that is loopback already (Ray in loopback mode) stays reachable
+    assert reachable("127.0.0.1", 30001, "r1", "127.0.0.1", "127.0.0.1") == \
+        Server("r1", "127.0.0.1", 30001)
+
+
+def test_loopback_host_leaves_out_replicas_of_other_nodes() -> None:
+    # they listen on their own node's loopback: nothing on this node can reach them
+    assert reachable("192.0.2.3", 30001, "r1", "127.0.0.1", LAN) is None
+
+
+def test_other_hosts_dial_the_node_ip() -> None:
+    # replicas bind every address of their node then: the node IP reaches them, on any node
+    assert reachable("192.0.2.3", 30001, "r1", None, LAN) == Server("r1", "192.0.2.3", 30001)
+    assert reachable(LAN, 30002, "r2", None, LAN) == Server("r2", LAN, 30002)

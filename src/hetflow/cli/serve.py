@@ -99,7 +99,7 @@ def _missing_bench(parser: argparse.ArgumentParser) -> int:
 
 def run_serve(args: argparse.Namespace) -> int:
     from hetflow.cli.main import require
-    from hetflow.runtime.session import check_reachable
+    from hetflow.runtime.session import check_reachable, ray_loopback_mode
 
     require("torch")
     if args.serve_config:
@@ -107,6 +107,7 @@ def run_serve(args: argparse.Namespace) -> int:
     # Before the config, whose reading imports the serving code (seconds): a cluster nobody
     # answers on is one line at once. The config's ray_address is read raw here for that only.
     check_reachable(args.address or _raw_address(args.config))
+    ray_loopback_mode(args.address or _raw_address(args.config))
     from hetflow.workloads.serve.config import load_serve_config
 
     config = load_serve_config(args.config)

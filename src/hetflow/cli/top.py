@@ -194,9 +194,9 @@ def _connect(address: str | None) -> bool:
     """Connect to Ray unless this process already is; True when this call connected."""
     import os
 
-    from hetflow.runtime.session import check_reachable
+    from hetflow.runtime.session import check_reachable, ray_loopback_mode
 
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    ray_loopback_mode(address, default="auto")
     check_reachable(address, default="auto")  # (skipped when this process already joined Ray)
     import ray
 

@@ -29,12 +29,12 @@ CALL_TIMEOUT_S = 120.0  # a controller that restarts answers within this (its ca
 @contextlib.contextmanager
 def connect(address: str | None = None) -> Iterator[None]:
     """Connect this process to the cluster for the block (unless it already is)."""
-    from hetflow.runtime.session import check_reachable
+    from hetflow.runtime.session import check_reachable, ray_loopback_mode
 
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     target = address or "auto"
     # an address nobody answers on: one line in seconds, not Ray's retries (and before Ray's import)
     check_reachable(target)
+    ray_loopback_mode(target)
     import ray
 
     if ray.is_initialized():

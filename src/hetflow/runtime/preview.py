@@ -70,7 +70,9 @@ def preview_cluster(address: str | None, default: str | None = None, *,
 
         gpus = len(discover_local().accelerators)
         return ClusterPreview(None, "", float(local_cpus or os.cpu_count() or 1), float(gpus), 1)
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    from hetflow.runtime.session import ray_loopback_mode
+
+    ray_loopback_mode(target)
     import ray
 
     from hetflow.runtime.binding import live_snapshot, published_nodes

@@ -14,9 +14,14 @@ Rules shared by ``hetflow launch`` and ``hetflow.train.run``:
   is refused as Unschedulable, exit 3).
 * Ray already initialised in this process (a driver inside a cluster job): used as it is.
 
-Set ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` before Ray is first imported (``connect`` does it
-when it imports Ray first): otherwise Ray rewrites a loopback address to the host's and can
-hang (../shared/RAY-NOTES.md).
+Ray's node IP is left as Ray picks it (on a machine with a default route: the address of
+that route's interface, not 127.0.0.1), as when a user calls ``ray.init()`` themselves, and
+every part of hetflow works with it. Only a cluster to join *on loopback* (``--address
+127.0.0.1:6379`` of a head started with ``--node-ip-address=127.0.0.1``) needs Ray's loopback
+mode, ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` set before Ray is first imported (else Ray
+rewrites 127.0.0.1 to the host's address and cannot reach the head): :func:`ray_loopback_mode`
+sets it then, and only then (a driver in loopback mode reports 127.0.0.1 as its IP, which
+breaks joining a cluster at a real address).
 """
 
 from __future__ import annotations
@@ -55,13 +60,23 @@ CONNECT_TIMEOUT_S = 3.0  # a TCP connect to a live head takes milliseconds; this
 
 
 def ray_address_file() -> Path:
-    """Where ``ray start`` records the address of the cluster it started on this machine."""
-    try:
-        from ray._common.utils import get_ray_address_file
+    """Where ``ray start`` records the address of the cluster it started on this machine:
+    Ray's rule (``ray._common.utils.get_default_system_temp_dir``), written out here because
+    importing Ray to ask would read Ray's settings before :func:`ray_loopback_mode` can set
+    one: ``RAY_TMPDIR``, else ``TMPDIR`` (Linux), else /tmp; then ``ray/ray_current_cluster``."""
+    import sys
 
-        return Path(get_ray_address_file(None))
-    except Exception:  # noqa: BLE001 - a Ray without that helper: its long-standing default
-        return Path("/tmp/ray/ray_current_cluster")
+    if "RAY_TMPDIR" in os.environ:
+        base = os.environ["RAY_TMPDIR"]
+    elif sys.platform.startswith("linux") and "TMPDIR" in os.environ:
+        base = os.environ["TMPDIR"]
+    elif sys.platform.startswith(("linux", "darwin")):
+        base = "/tmp"
+    else:
+        import tempfile
+
+        base = tempfile.gettempdir()
+    return Path(base) / "ray" / "ray_current_cluster"
 
 
 def effective_address(address: str | None) -> tuple[str | None, str]:
@@ -84,6 +99,26 @@ def effective_address(address: str | None) -> tuple[str | None, str]:
     if recorded:
         return recorded, f"the cluster `ray start` last started here ({ray_address_file()})"
     return (address, "") if address == "auto" else (None, "")
+
+
+LOOPBACK_MODE_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def ray_loopback_mode(address: str | None, default: str | None = None) -> bool:
+    """Before Ray is imported: put Ray in loopback mode when the cluster ``ray.init(address or
+    default)`` joins is on loopback (see the module docstring). No effect when Ray is already
+    imported (it read the variable then), when the user set the variable, or for any other
+    address (an embedded local Ray keeps Ray's own node IP). True when it set the variable."""
+    import sys
+
+    if "ray" in sys.modules or LOOPBACK_MODE_ENV in os.environ:
+        return False
+    target, _ = effective_address(address or default)
+    where = _host_port(target) if target not in (None, "auto") else None
+    if where is None or where[0] not in ("127.0.0.1", "localhost", "::1"):
+        return False
+    os.environ[LOOPBACK_MODE_ENV] = "0"
+    return True
 
 
 def _host_port(address: str) -> tuple[str, int] | None:
@@ -167,7 +202,7 @@ def connect(address: str | None, ranks: int, runtime_env: dict[str, Any] | None 
     """Join or start Ray for a driver of ``ranks`` ranks (see the module docstring).
     ``runtime_env``: the job's (e.g. a ``working_dir``: Ray uploads local directories only for a
     whole job); refused when Ray is already initialised without it."""
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    ray_loopback_mode(address)
     import ray
 
     if ray.is_initialized():
@@ -191,5 +226,5 @@ def connect(address: str | None, ranks: int, runtime_env: dict[str, Any] | None 
     return Session(True, cores)
 
 
-__all__ = ["CONNECT_TIMEOUT_S", "RANKS_PER_CORE", "Session", "check_embedded", "check_reachable", "connect", "effective_address",
-           "ray_address_file"]
+__all__ = ["CONNECT_TIMEOUT_S", "LOOPBACK_MODE_ENV", "RANKS_PER_CORE", "Session", "check_embedded", "check_reachable",
+           "connect", "effective_address", "ray_address_file", "ray_loopback_mode"]

@@ -97,9 +97,12 @@ class WorkflowResult:
 
 @contextmanager
 def ray_session(spec: WorkflowSpec, address: str | None) -> Iterator[bool]:
-    """Join ``address`` (or ``spec.ray.address``), or start an embedded local Ray on loopback
-    for the duration. Yields True when it started Ray here (and stops it after)."""
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    """Join ``address`` (or ``spec.ray.address``), or start an embedded local Ray (Ray's own
+    node IP, as a user's ``ray.init()``) for the duration. Yields True when it started Ray
+    here (and stops it after)."""
+    from hetflow.runtime.session import ray_loopback_mode
+
+    ray_loopback_mode(address or spec.ray.address)
     import ray
 
     from hetflow.workloads.serve.front import FAST_ENV
@@ -114,7 +117,7 @@ def ray_session(spec: WorkflowSpec, address: str | None) -> Iterator[bool]:
 
             store = spec.ray.object_store_memory
             ray.init(address="local", num_cpus=spec.ray.num_cpus, include_dashboard=False,
-                     _node_ip_address="127.0.0.1", log_to_driver=False,
+                     log_to_driver=False,
                      object_store_memory=parse_bytes(store) if store else None)
         else:
             ray.init(address=address, log_to_driver=False)

@@ -1017,7 +1017,6 @@ def ensure_checkpoint(entry: Any, train: Any, dry_run: bool = False,
 def connect_ray(address: str | None) -> bool:
     """Join ``address`` (or a running local cluster, or start one); True when started here.
     A cluster started here gets Serve's fast-path settings (:data:`front.FAST_ENV`)."""
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     if ray.is_initialized():
         return False
     for key, value in FAST_ENV.items():

@@ -62,7 +62,6 @@ def app(args: dict[str, Any]) -> Any:
 
     config = config_from_args(args)
     if not ray.is_initialized():  # `serve run IMPORT_PATH` builds before it connects
-        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
         ray.init(address=args.get("address") or config.ray_address
                  or os.environ.get("RAY_ADDRESS") or "auto", namespace="serve")
     return build_single_application(config, plan_models(config, may_train=False))

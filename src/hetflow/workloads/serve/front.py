@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hetflow.core.errors import InputError
+from hetflow.workloads.serve.config import is_loopback
 from hetflow.workloads.serve.metrics import ReplicaReports
 
 INTERNAL_PREFIX = "/_hetflow"  # Serve route prefixes of hetflow's applications
@@ -295,9 +296,30 @@ def direct_ingress_enabled() -> bool:
     return bool(constants.RAY_SERVE_ENABLE_DIRECT_INGRESS)
 
 
-def read_servers(controller: Any, apps: set[str], direct: bool = True
+def reachable(ip: str, port: int, name: str, loopback: str | None, local_ip: str
+              ) -> Server | None:
+    """Where the front door dials a target Serve reports at ``ip`` (its node's IP).
+
+    Serve's controller lists every target at its node's IP, but the servers bind Serve's HTTP
+    host: with a loopback host (the default, 127.0.0.1) they listen on loopback only, so a
+    target on the front door's own node (``local_ip``) is dialled at that loopback address and
+    one on another node cannot be reached at all (None). On a machine whose node IP is its
+    LAN address (nearly every real one) dialling the node IP would fail every health check.
+    With a non-loopback host (``loopback`` None) the servers bind all addresses and the node
+    IP is right."""
+    if loopback is None:
+        return Server(name, ip, port)
+    if ip != local_ip and not is_loopback(ip):
+        return None
+    return Server(name, "127.0.0.1" if loopback == "localhost" else loopback, port)
+
+
+def read_servers(controller: Any, apps: set[str], direct: bool = True,
+                 loopback: str | None = None, local_ip: str = "127.0.0.1"
                  ) -> dict[str, list[Server]]:
-    """Serve application -> its ingress replicas' direct HTTP addresses (from the controller).
+    """Serve application -> its ingress replicas' direct HTTP addresses (from the controller),
+    as the front door reaches them (:func:`reachable`: ``loopback`` is the loopback host the
+    servers bind, or None; ``local_ip`` the front door's node IP).
 
     Without direct ingress (a cluster started without :data:`FAST_ENV`) Serve lists only its
     HTTP proxies (one per node, under no application): each application that is RUNNING gets
@@ -305,14 +327,19 @@ def read_servers(controller: Any, apps: set[str], direct: bool = True
     none, so the backup (the gateway, with the fallback chain) answers for it."""
     import ray
 
+    def targets(group: Any, replicas_only: bool) -> list[Server]:
+        found = (reachable(t.ip, int(t.port), _safe(t.name), loopback, local_ip)
+                 for t in group.targets
+                 if not replicas_only or t.name.startswith("SERVE_REPLICA"))
+        return [s for s in found if s is not None]
+
     groups = ray.get(controller.get_target_groups.remote(None, True), timeout=10)
     out: dict[str, list[Server]] = {}
     if not direct:
         from ray import serve
 
-        proxies = sorted((Server(_safe(t.name), t.ip, int(t.port)) for group in groups
-                          if "HTTP" in str(group.protocol).upper() for t in group.targets),
-                         key=lambda s: s.name)
+        proxies = sorted((s for group in groups if "HTTP" in str(group.protocol).upper()
+                          for s in targets(group, False)), key=lambda s: s.name)
         statuses = serve.status().applications
         return {app: proxies for app in apps
                 if app in statuses and str(statuses[app].status).endswith("RUNNING")}
@@ -322,9 +349,7 @@ def read_servers(controller: Any, apps: set[str], direct: bool = True
         # An application with no running replica is listed with Serve's Python proxy as its
         # target (which would queue for the same replicas): leave it out, so the backup
         # (the gateway, with the fallback chain) answers instead.
-        out[group.app_name] = sorted(
-            (Server(_safe(t.name), t.ip, int(t.port)) for t in group.targets
-             if t.name.startswith("SERVE_REPLICA")), key=lambda s: s.name)
+        out[group.app_name] = sorted(targets(group, True), key=lambda s: s.name)
     return out
 
 
@@ -341,6 +366,8 @@ class FrontDoor:
         self.admin = os.path.join(self.dir, "admin.sock")
         self.binary = haproxy_binary()
         self.direct = direct_ingress_enabled()
+        self.loopback = plan.host if is_loopback(plan.host) else None  # what the servers bind
+        self.local_ip = ray.util.get_node_ip_address()
         self.controller = ray.get_actor("SERVE_CONTROLLER_ACTOR", namespace="serve")
         self.apps = {plan.gateway_app} | {a for apps in plan.models.values() for a in apps}
         self.servers: dict[str, list[Server]] = {}
@@ -421,7 +448,7 @@ class FrontDoor:
                 await asyncio.to_thread(self._start)  # the config file holds the last servers
             try:
                 servers = await asyncio.to_thread(read_servers, self.controller, self.apps,
-                                                self.direct)
+                                                self.direct, self.loopback, self.local_ip)
                 if servers != self.servers:
                     self.servers = servers
                     self._write(render_config(self.plan, servers, self.admin, self.errors))
@@ -496,5 +523,6 @@ class FrontDoor:
 
 
 __all__ = ["FAST_ENV", "FrontDoor", "FrontPlan", "INTERNAL_PREFIX", "Server", "app_prefix",
-           "backend_name", "direct_ingress_enabled", "group_prefix", "error_files", "haproxy_binary", "read_servers", "render_config",
+           "backend_name", "direct_ingress_enabled", "group_prefix", "error_files", "haproxy_binary", "reachable", "read_servers",
+           "render_config",
            "write_error_files"]

@@ -319,7 +319,9 @@ def run_training(config: TrainConfig, on_progress: ProgressCallback | None = Non
     ``tracker``: log into this MLflow run (a workflow's stage run); without it, a config with
     ``tracking.mlflow`` gets a run of its own.
     """
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    from hetflow.runtime.session import ray_loopback_mode
+
+    ray_loopback_mode(config.resources.ray_address)
     return TrainingJob(config, on_progress, data, tracker).run()
 
 

@@ -129,7 +129,9 @@ def run_tuning(config: TuningConfig, *, resume: bool = False, callbacks: Sequenc
     stage): the tuning run is an MLflow run and each trial a run nested under it
     (:mod:`~hetflow.workloads.tune.mlflow_trials`); a resumed run continues the same runs.
     """
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    from hetflow.runtime.session import ray_loopback_mode
+
+    ray_loopback_mode(config.resources.ray_address)
     # Each checkpoint forces a snapshot of the run's state (what resume reads); that is the
     # intent here, so Tune's warning about frequent snapshots is noise.
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
