@@ -70,7 +70,7 @@ from hetflow.sim.fgd import (FGD_CSV_NAMES, load_fgd_nodes, load_fgd_pods, read_
                              simulate_fgd, typical_pods)
 from hetflow.sim.gavel import GAVEL_REFERENCE, load_gavel_jobs, simulate_gavel
 
-TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
+TRACES = Path(__file__).resolve().parents[1] / "data" / "traces"  # in the repository (data/README.md)
 GAVEL_CLUSTER = "9 * 4x V100 + 9 * 4x P100 + 9 * 4x K80 @ 3.125"
 MIXED_CLUSTER = "32 * 8x H100 + 32 * 8x MI300X + 32 * 8x A100-80GB + 32 * 8x L40S @ 25"
 JCT_POLICIES = ("fifo", "srtf", "las", "max_min_fairness", "hetflow")
@@ -240,7 +240,7 @@ def fgd_seed(seed: int) -> dict[str, tuple[dict[int, float], float]]:
     nodes = load_fgd_nodes(base / "openb_node_list_gpu_node.csv")
     pods = load_fgd_pods(base / "openb_pod_list_default.csv")
     typical = typical_pods(pods)
-    order = read_arrival_order(ref_dir / "arrival_order_seed42-51.csv", seed, len(pods))
+    order = read_arrival_order(ref_dir / "arrival_order_seed42-51.csv.xz", seed, len(pods))
     ranks = read_node_ranks(ref_dir / "node_tiebreak_rank_seed42-51.csv", seed, nodes)
     out = {}
     for p in FGD_BENCH_POLICIES:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build the packages a GPU host without a network lacks, for scripts/device_check.sh (SITE=...).
 #
-#   scripts/build_device_site.sh                 # -> .devsite/site.tar.xz and .devsite/shared
+#   scripts/build_device_site.sh                 # -> .devsite/site.tar.xz
 #   PYVER=3.12 PRESENT=present.txt scripts/build_device_site.sh
 #
 # Resolves Ray 2.60 (default, serve, tune) and pydantic for CPython $PYVER on manylinux x86-64,
@@ -9,8 +9,8 @@
 # lent H200 image's list, below), installs the rest into one `pip install --target` tree, prunes
 # what hetflow never loads (Ray's Java jars, RLlib, the dashboard's source map) and packs it as
 # one tar.xz (about 49 MB). Two pins keep it importable next to that image's grpcio 1.84:
-# grpcio-reflection 1.84.0, whose generated code needs protobuf >= 7.35.1. A copy of ../shared
-# (fixtures and traces) goes beside it for the tests step (SHARED=.devsite/shared).
+# grpcio-reflection 1.84.0, whose generated code needs protobuf >= 7.35.1. The tests step's
+# fixtures and traces are in the repository itself (tests/fixtures/topology, data/traces).
 # Add `/.devsite/` to .git/info/exclude and name `.devsite` in the device tool's `carry`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -85,9 +85,5 @@ rm -rf "$WORK/site/ray/jars" "$WORK/site/ray/rllib"
 rm -f "$WORK"/site/ray/dashboard/client/build/static/js/*.map
 mkdir -p "$OUTDIR"
 tar -C "$WORK/site" -cf - . | xz -T0 -6 > "$OUTDIR/site.tar.xz"
-if [ -d ../shared ]; then
-    rm -rf "$OUTDIR/shared" && mkdir -p "$OUTDIR/shared"
-    cp -rL ../shared/fixtures ../shared/traces "$OUTDIR/shared/"
-fi
 du -sh "$OUTDIR"/*
-echo "carry $OUTDIR; run: SITE=$OUTDIR/site.tar.xz SHARED=$OUTDIR/shared scripts/device_check.sh"
+echo "carry $OUTDIR; run: SITE=$OUTDIR/site.tar.xz scripts/device_check.sh"

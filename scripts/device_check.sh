@@ -5,7 +5,9 @@
 #   DEADLINE_S=540 OUT=/tmp/check scripts/device_check.sh
 #   SITE=.devsite/site.tar.xz scripts/device_check.sh   # extra packages (Ray, pydantic, ...)
 #   ONLY="record inventory tests" scripts/device_check.sh  # some steps only
-#   SHARED=.devsite/shared scripts/device_check.sh  # a copy of ../shared where it is missing
+#
+# The tests step reads the recorded outputs and traces the repository carries
+# (tests/fixtures/topology, data/traces): nothing else needs to travel with it but SITE.
 #
 # Run it on a host with no other Ray running: step 5 starts a Ray head here, and the end stops
 # every Ray of this host (`ray stop`).
@@ -63,9 +65,6 @@ if [ -n "${SITE:-}" ] && [ -f "$SITE" ]; then  # packages the host lacks, unpack
         "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$SITE" /tmp/hetflow-site
     sed -i "1s|^#!.*python.*|#!$(command -v "$PYTHON")|" /tmp/hetflow-site/bin/* 2>/dev/null
     export PATH="/tmp/hetflow-site/bin:$PATH" PYTHONPATH="/tmp/hetflow-site:${PYTHONPATH:-}"
-fi
-if [ ! -e ../shared ] && [ -n "${SHARED:-}" ] && [ -d "$SHARED" ]; then  # the tests' fixtures
-    ln -s "$REPO/$SHARED" ../shared
 fi
 export PYTHONPATH="$REPO/src:${PYTHONPATH:-}" PYTHONUNBUFFERED=1 RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0
 BIN="$(mktemp -d)"

@@ -1,5 +1,6 @@
-"""Shared test fixtures. The real recorded tool outputs live in ../shared/fixtures/topology
-(beside the repository, in development and in CI); tests fail loudly if it is missing."""
+"""Shared test fixtures. The real recorded tool outputs live in tests/fixtures/topology and the
+cluster traces in data/traces, both part of the repository (data/README.md: where each file
+comes from); a missing file fails the test that reads it, it never skips."""
 
 from __future__ import annotations
 
@@ -15,20 +16,19 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
-FIXTURES = SHARED / "fixtures" / "topology"
-TRACES = SHARED / "traces"
+FIXTURES = REPO / "tests" / "fixtures" / "topology"  # recorded vendor-tool outputs (SOURCES.md there)
+TRACES = REPO / "data" / "traces"  # cluster traces and reference results (data/README.md)
 
 
 def fixture_path(name: str) -> Path:
     path = FIXTURES / name
-    assert path.exists(), f"missing fixture {path}: the repository expects ../shared beside it"
+    assert path.exists(), f"missing fixture {path}: every fixture is in the repository (tests/fixtures/topology)"
     return path
 
 
 @pytest.fixture(scope="session")
 def fixtures_dir() -> Path:
-    assert FIXTURES.is_dir(), f"missing {FIXTURES}: the repository expects ../shared beside it"
+    assert FIXTURES.is_dir(), f"missing {FIXTURES}: the recorded outputs are part of the repository"
     return FIXTURES
 
 

@@ -102,7 +102,7 @@ def test_architectures_match_vendor(catalog: Catalog) -> None:
             assert re.fullmatch(r"sm_\d{2,3}", spec.arch or ""), spec.name
 
 
-# Per-link figures and PCIe x16 rates from ../shared/fixtures/topology/BANDWIDTH.md.
+# Per-link figures and PCIe x16 rates from tests/fixtures/topology/BANDWIDTH.md.
 LINK_GBPS_BY_GENERATION = {"NVLink2": 25.0, "NVLink3": 25.0, "NVLink4": 25.0, "NVLink5": 50.0}
 XGMI_GBPS_BY_MODEL = {"MI210": 50.0, "MI250": 50.0, "MI250X": 50.0, "MI300X": 64.0,
                       "MI308X": 64.0, "MI325X": 64.0, "MI355X": 76.5}

@@ -1,4 +1,4 @@
-"""Parsers of recorded nvidia-smi output, against the real outputs in ../shared/fixtures/topology.
+"""Parsers of recorded nvidia-smi output, against the real outputs in tests/fixtures/topology.
 
 Run: .venv/bin/python -m pytest -q tests/accelerators/test_recorded_nvidia.py
 """

@@ -1,6 +1,6 @@
 """Recorded rocm-smi output (text, CSV, JSON) -> partial NodeTopology.
 
-Facts asserted here are read off the fixture files in ../shared/fixtures/topology (see
+Facts asserted here are read off the fixture files in tests/fixtures/topology (see
 SOURCES.md there); the synthetic samples follow the layouts rocm_smi.py prints.
 """
 

@@ -21,9 +21,9 @@ from hetflow.sim.gavel import load_throughput_table
 from hetflow.sim.textio import decompressed_bytes, plain_name, plain_suffix, read_text
 from hetflow.sim.traces import (detect_format, load_gavel_trace, load_openb_nodes, load_openb_pods, load_philly_csv,
                                 load_trace)
-from tests.conftest import REPO
+from tests.conftest import TRACES
 
-DATA = REPO / "data" / "traces"
+DATA = TRACES
 VC = DATA / "gavel" / "philly_vc_traces_seed0"
 OPENB = DATA / "alibaba-gpu-2023"
 WRITERS = {"gz": lambda b: gzip.compress(b, mtime=0), "xz": lambda b: lzma.compress(b, format=lzma.FORMAT_XZ)}

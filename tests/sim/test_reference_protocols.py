@@ -11,7 +11,6 @@ from __future__ import annotations
 import csv
 import gzip
 import json
-from pathlib import Path
 
 import pytest
 
@@ -19,18 +18,18 @@ from hetflow.sim.calibration import fgd_expected, gavel_cases
 from hetflow.sim.fgd import (load_fgd_nodes, load_fgd_pods, read_arrival_order, read_node_ranks, simulate_fgd,
                              typical_pods)
 from hetflow.sim.gavel import load_gavel_jobs, simulate_gavel
+from tests.conftest import TRACES
 
-SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "traces"
-GAVEL = SHARED / "gavel-calibration"
-OPENB = SHARED / "alibaba-gpu-2023"
+GAVEL = TRACES / "gavel-calibration"  # in the repository (data/README.md): a missing file fails, never skips
+OPENB = TRACES / "alibaba-gpu-2023"
 FGD_REF = OPENB / "fgd-reference"
-
-pytestmark = pytest.mark.skipif(not (GAVEL / "seed3").is_dir() or not FGD_REF.is_dir(),
-                                reason="needs ../shared/traces calibration data")
+ARRIVALS = FGD_REF / "arrival_order_seed42-51.csv.xz"
 
 
 def _case(seed: int, trace: str):
-    return next(c for c in gavel_cases(GAVEL) if (c.seed, c.trace) == (seed, trace))
+    cases = [c for c in gavel_cases(GAVEL) if (c.seed, c.trace) == (seed, trace)]
+    assert cases, f"no Gavel calibration run seed {seed} {trace} under {GAVEL}"
+    return cases[0]
 
 
 @pytest.mark.parametrize("seed,trace,policy,n", [
@@ -81,7 +80,7 @@ def test_typical_pods_match_the_artifacts_list(openb):
 @pytest.mark.parametrize("policy,column", [("BestFit", "bestfit"), ("FGD", "fgd")])
 def test_fgd_protocol_places_like_the_artifact(openb, policy, column):
     nodes, pods = openb
-    order = read_arrival_order(FGD_REF / "arrival_order_seed42-51.csv", 42, len(pods))[:500]
+    order = read_arrival_order(ARRIVALS, 42, len(pods))[:500]
     ranks = read_node_ranks(FGD_REF / "node_tiebreak_rank_seed42-51.csv", 42, nodes)
     run = simulate_fgd(nodes, pods, policy, seed=42, arrival_order=order, node_ranks=ranks)
     with gzip.open(FGD_REF / "rerun_seed42" / "placements_default_seed42_BestFit_FGD.csv.gz", "rt") as f:
@@ -98,7 +97,7 @@ def test_fgd_binning_matches_published_row_on_the_low_points(openb):
     """The first ~25 % of arrivals: every policy allocates what arrived; the binned columns
     must equal the published row there (sampling and rounding rules)."""
     nodes, pods = openb
-    order = read_arrival_order(FGD_REF / "arrival_order_seed42-51.csv", 43, len(pods))[:2200]
+    order = read_arrival_order(ARRIVALS, 43, len(pods))[:2200]
     ranks = read_node_ranks(FGD_REF / "node_tiebreak_rank_seed42-51.csv", 43, nodes)
     run = simulate_fgd(nodes, pods, "GpuPacking", seed=43, arrival_order=order, node_ranks=ranks)
     ref = fgd_expected(FGD_REF)[("04-GpuPacking", 43)]

@@ -1,4 +1,4 @@
-"""Trace loaders on the real files in ../shared/traces, on malformed rows, and the generator."""
+"""Trace loaders on the real files in data/traces (some xz-compressed), on malformed rows, and the generator."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from hetflow.sim.traces import (
 from tests.conftest import TRACES
 
 GAVEL_DIR = TRACES / "gavel" / "philly_vc_traces_seed0"
-PHILLY = TRACES / "philly" / "philly.csv"
+PHILLY = TRACES / "philly" / "philly-first2000.csv"  # the first 2,000 of Sia's 82,247 rows (data/README.md)
 OPENB = TRACES / "alibaba-gpu-2023"
 
 
@@ -47,8 +47,8 @@ def test_gavel_7_column_trace_as_in_the_file() -> None:
 
 
 def test_every_philly_vc_trace_loads() -> None:
-    files = sorted(GAVEL_DIR.glob("*.trace"))
-    assert len(files) == 15
+    files = sorted(GAVEL_DIR.glob("*.trace*"))  # the 10 of 100 KiB or more as .trace.xz
+    assert len(files) == 15 and sum(f.suffix == ".xz" for f in files) == 10
     total = sum(len(load_gavel_trace(f).jobs) for f in files)
     assert total == 15264  # one job per line, no scale-factor-0 rows in these files
 
@@ -95,12 +95,13 @@ def test_gavel_trace_of_unknown_width(tmp_path) -> None:
 
 def test_philly_log_as_fixed_duration_jobs() -> None:
     t = load_philly_csv(PHILLY)
-    assert len(t.jobs) == 82247  # every row asks for GPUs
-    first = t.jobs[0]  # the earliest submission: 2017-09-04 10:30:41, 8 GPUs, 2240194 s
-    assert (first.arrival_s, first.num_gpus, first.total_work, first.job_type) == (0.0, 8, 2240194.0, FIXED_DURATION)
-    # last submission 2017-12-22 08:02:11 is 108 days, 21:31:30 after the first
-    assert t.jobs[-1].arrival_s == 108 * 86400 + 21 * 3600 + 31 * 60 + 30
-    assert Counter(j.num_gpus for j in t.jobs)[1] == 76627
+    assert len(t.jobs) == 2000  # every row asks for GPUs
+    first = t.jobs[0]  # the slice's earliest submission, file line 1986: 2017-09-07 09:57:50, 1 GPU, 2643038 s
+    assert (first.job_id, first.arrival_s, first.num_gpus, first.total_work, first.job_type) == (
+        "philly-1986", 0.0, 1, 2643038.0, FIXED_DURATION)
+    # its last submission 2017-10-09 07:01:55 is 31 days, 21:04:05 after the first
+    assert t.jobs[-1].arrival_s == 31 * 86400 + 21 * 3600 + 4 * 60 + 5
+    assert Counter(j.num_gpus for j in t.jobs) == {1: 1901, 2: 49, 4: 20, 8: 30}
 
 
 def test_philly_log_with_job_types_drawn_from_a_table(gavel_speeds) -> None:

@@ -2,7 +2,7 @@
 
 The placement planner ranks device groups by these numbers, so what matters most is their
 order; the magnitudes are nominal peaks (GB/s per direction) from the catalog, whose link
-figures follow ``../shared/fixtures/topology/BANDWIDTH.md``. A bandwidth a tool reported is
+figures follow ``tests/fixtures/topology/BANDWIDTH.md``. A bandwidth a tool reported is
 kept as it is; only links with ``bandwidth_gbps is None`` get an estimate, and every estimate
 carries a note that says how it was made ("catalog: ..." when every figure came from catalog
 rows, "assumed: ..." when a default stood in for an unknown model or an unreported count).
@@ -92,7 +92,7 @@ def estimate_link(
 
 # Driver-reported min/max figures (KFD io_link properties, as amd-smi/amdsmi print them) are not
 # line rates: one MI300X platform reports 50000 MB/s between GPUs whose xGMI runs at 64 GB/s
-# (see ../shared/fixtures/topology/BANDWIDTH.md). When both ends' models are in the catalog the
+# (see tests/fixtures/topology/BANDWIDTH.md). When both ends' models are in the catalog the
 # catalog estimate is used, so nodes described by different tools rank alike; the driver's
 # figure stays in the note. Measured figures (rocm-bandwidth-test) and line rates (amd-smi xgmi)
 # are kept as they are.

@@ -2,12 +2,16 @@
 
     hetflow simulate --cluster "9 * 4x V100 + 9 * 4x P100 + 9 * 4x K80 @ 3.125" \\
         --trace synthetic:jobs=6000,rate=6.5,seed=0,multi_gpu=0 \\
-        --throughputs ../shared/traces/gavel/simulation_throughputs.json \\
+        --throughputs data/traces/gavel/simulation_throughputs.json \\
         --window 4000:5000 --policies fifo,max_min_fairness,hetflow --out runs/gavel
-    hetflow simulate --cluster cluster.yaml --trace ../shared/traces/philly/philly.csv ...
-    hetflow simulate --cluster ../shared/traces/alibaba-gpu-2023/openb_node_list_gpu_node.csv \\
-        --trace ../shared/traces/alibaba-gpu-2023/openb_pod_list_default.csv --packing 1.3 \\
+    hetflow traces fetch philly --dest traces/philly    # the full Philly log (the repo has 2,000 rows)
+    hetflow simulate --cluster cluster.yaml --trace traces/philly/philly.csv ...
+    hetflow simulate --cluster data/traces/alibaba-gpu-2023/openb_node_list_gpu_node.csv \\
+        --trace data/traces/alibaba-gpu-2023/openb_pod_list_default.csv --packing 1.3 \\
         --policies bestfit,fifo,hetflow --out runs/openb
+
+Paths are from a checkout's root: the repository carries these traces in data/traces
+(data/README.md; `hetflow traces list`).
 
 --protocol gavel|fgd: the reference simulators' own rules instead of hetflow's model (Gavel's
 rounds and policies; FGD's online packing and policies; see hetflow.cli.simulate_protocols).
@@ -15,7 +19,7 @@ rounds and policies; FGD's online packing and policies; see hetflow.cli.simulate
 --cluster: a cluster YAML, a snapshot JSON, an openb node list, or shorthand
 "COUNT * NODE + ..." with an optional "@ GBPS" network speed. --trace: a Gavel .trace
 (7 or 10 columns), a Philly CSV, an openb pod CSV, or synthetic:jobs=N,rate=R,seed=S,multi_gpu=0|1
-(format detected). --window A:B measures the jobs with arrival index A..B-1 (Gavel's
+(format detected; a .gz or .xz file is read decompressed). --window A:B measures the jobs with arrival index A..B-1 (Gavel's
 steady-state window). Elastic jobs: a trace's min_gpus/max_gpus/scaling fields, or
 --elastic-fraction F (a seeded share of the jobs, --elastic-scaling their curve). Writes DIR/summary.json (per policy: avg_jct_s, p95_jct_s, makespan_s,
 utilisation, effective_utilisation, unallocated_gpu_share, wall_s and more), per-job

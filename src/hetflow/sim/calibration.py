@@ -1,8 +1,8 @@
 """Reference results of the reference simulators, read for comparison (benchmark and tests).
 
-- Gavel: ``../shared/traces/gavel-calibration/seed<s>/`` (FORMAT.md there): traces, the
+- Gavel: ``data/traces/gavel-calibration/seed<s>/`` (FORMAT.md there): traces, the
   isolated throughputs, ``results.json`` and per-job ``jobs_<trace>_<policy>.csv``.
-- FGD: ``../shared/traces/alibaba-gpu-2023/fgd-reference/`` (PROTOCOL.md there): the published
+- FGD: ``data/traces/alibaba-gpu-2023/fgd-reference/`` (PROTOCOL.md there): the published
   per-seed allocation rows, the arrival orders and node ranks of seeds 42-51.
 """
 

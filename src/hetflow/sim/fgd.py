@@ -5,7 +5,7 @@
     run.alloc_by_arrival      # {x: GPU allocation % at arrived demand x % of capacity}
 
 What the artifact (hkust-adsl/kubernetes-scheduler-simulator) does, re-stated in
-../shared/traces/alibaba-gpu-2023/fgd-reference/PROTOCOL.md and docs/simulator.md:
+data/traces/alibaba-gpu-2023/fgd-reference/PROTOCOL.md and docs/simulator.md:
 
 - **Cluster**: the GPU nodes only; every GPU is 1000 milli-GPU, tracked per device; CPU and
   memory are hard limits.

@@ -11,7 +11,7 @@ Try them on a fixture from the repository root (FILE = any fixture named below):
     python -c 'import sys; from hetflow.accelerators.recorded.amd_smi import FORMATS as F;
     t = open(sys.argv[1]).read(); print([f.parse(t, "x") for f in F if f.sniff(t)])' FILE
 
-(one command: join the two lines). Fixtures: ../shared/fixtures/topology/amd-mi300x-oam8_*,
+(one command: join the two lines). Fixtures: tests/fixtures/topology/amd-mi300x-oam8_*,
 amd-2gpu-pcie_*, amd-mi300x-x4-sriov-vm_rocminfo.txt, amd-mi210x4-*_rocm-bandwidth-test.txt.
 
 Choices worth knowing (each is tested):

@@ -7,7 +7,7 @@ takes the topology directory, any directory above it, or a ``.tar``/``.tar.gz``/
 one (read in memory, never extracted). Try it from the repository root (one command)::
 
     python -c 'import sys, pathlib; from hetflow.accelerators.recorded.kfd import load_kfd;
-    print(load_kfd(pathlib.Path(sys.argv[1])))' ../shared/fixtures/topology/amd-mi308x-oam8-cpx_kfd-sysfs-topology.tar.gz
+    print(load_kfd(pathlib.Path(sys.argv[1])))' tests/fixtures/topology/amd-mi308x-oam8-cpx_kfd-sysfs-topology.tar.gz
 
 What becomes what:
 

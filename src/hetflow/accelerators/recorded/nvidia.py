@@ -19,7 +19,7 @@ NVML index, what ``CUDA_VISIBLE_DEVICES`` addresses with ``CUDA_DEVICE_ORDER=PCI
 PCI bus ids are normalised to ``dddd:bb:dd.f``. Input a parser cannot read raises ParseError
 with the 1-based line and what was expected; any other exception escaping is a bug.
 
-Tests, against the real outputs in ../shared/fixtures/topology (from the repository root)::
+Tests, against the real outputs in tests/fixtures/topology (from the repository root)::
 
     .venv/bin/python -m pytest -q tests/accelerators/test_recorded_nvidia.py
 """
