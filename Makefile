@@ -10,7 +10,14 @@ PIP    := $(PY) -m pip
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: test demo venv clean
+# TEST_WORKERS=N runs the suite on N processes (pytest-xdist; a module stays on one process, so
+# its Ray cluster starts once); the default is one process (CONTRIBUTING.md: the suite is CPU-bound
+# on 2 cores, and parallel runs meet port races). test-quick: the unit tests only (no Ray start),
+# on two processes.
+TEST_WORKERS ?= 1
+PARALLEL := $(if $(filter 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+
+.PHONY: test test-quick demo venv clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -25,7 +32,10 @@ venv: $(STAMP)
 
 test: $(STAMP)
 	bash scripts/system_deps.sh
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(PARALLEL)
+
+test-quick: $(STAMP)
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "not ray and not hosts"
 
 demo: $(STAMP)
 	@echo "== this machine =="

@@ -9,11 +9,17 @@ import sys
 from pathlib import Path
 
 # Ray reads this once, on its first import: without it a multi-node test cluster on loopback is
-# rewritten to the host address and can hang (../shared/RAY-NOTES.md). Set before any test
-# module imports ray.
+# rewritten to the host address and can hang (Ray's loopback mode; runtime/session.py). Set
+# before any test module imports ray. It is this process's, for the clusters the tests build on
+# 127.0.0.1: the commands the tests run as a user does get a user's environment without it
+# (tests/launch/common.py, tests/cli/test_user_model_ray.py, tests/control/test_submit_user_ray.py).
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 import pytest
+
+# A Ray temp folder per test process, nothing left behind, a true `ray` marker (see there).
+from tests.ray_hygiene import _ray_marker_is_true, pytest_sessionstart  # noqa: E402,F401
+from tests.ray_hygiene import pytest_sessionfinish as _hygiene_sessionfinish  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures" / "topology"  # recorded vendor-tool outputs (SOURCES.md there)
@@ -32,6 +38,21 @@ def fixtures_dir() -> Path:
     return FIXTURES
 
 
+# --- order ----------------------------------------------------------------------------------------
+# `make test` runs the modules on several processes (pytest-xdist, one module per process at a
+# time: a module's Ray cluster is started once). The modules that start Ray take most of the time,
+# so they are handed out first and the quick unit modules fill the gaps at the end; within a
+# module the order is the file's.
+def pytest_collection_modifyitems(session, config, items):
+    def slow(item) -> bool:
+        return any(m.name in ("ray", "hosts") for m in item.iter_markers())
+
+    first = {}
+    for item in items:
+        first.setdefault(item.module.__name__ if item.module else "", slow(item))
+    items.sort(key=lambda item: not first[item.module.__name__ if item.module else ""])
+
+
 # --- ending the test process --------------------------------------------------------------------
 # Once every test has run and pytest has printed its summary, the process ends with pytest's own
 # exit status through os._exit, skipping the interpreter's teardown. Reason: tests leave native
@@ -44,13 +65,8 @@ def fixtures_dir() -> Path:
 # data at exit).
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session, exitstatus):
-    session.config._hetflow_exitstatus = int(exitstatus)
-    try:
-        ray = sys.modules.get("ray")
-        if ray is not None and ray.is_initialized():
-            ray.shutdown()
-    except Exception:  # best effort: the tests' own results are already final
-        pass
+    _hygiene_sessionfinish(session, exitstatus)  # may fail the run (session.exitstatus)
+    session.config._hetflow_exitstatus = int(session.exitstatus)
 
 
 @pytest.hookimpl(trylast=True)

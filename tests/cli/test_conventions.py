@@ -27,11 +27,16 @@ EXAMPLES = REPO / "examples"
 DEADLINE_S = 10.0  # the issue's bound for an unreachable cluster (a hang fails the test)
 
 
+_HELD: list[socket.socket] = []  # bound, never listening: refused, and no other process gets them
+
+
 def dead_address() -> str:
-    """host:port on loopback that nothing listens on."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{s.getsockname()[1]}"
+    """host:port on loopback that nothing listens on - held bound (not listening) for the rest
+    of the run, so no other process (another test's Ray) can take the port meanwhile."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    _HELD.append(s)
+    return f"127.0.0.1:{s.getsockname()[1]}"
 
 
 def hetflow(*args: str, env: dict[str, str] | None = None, prelude: str = "",

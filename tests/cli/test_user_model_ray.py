@@ -41,8 +41,11 @@ HETFLOW = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "hetflow.
 
 def env(with_package_on_path: bool) -> dict[str, str]:
     """This process's environment (hetflow importable as here), with the user's package
-    directory on PYTHONPATH or not."""
-    out = dict(os.environ)
+    directory on PYTHONPATH or not - less Ray's loopback mode, which this test process has
+    for its own loopback clusters and a user has not: each command's embedded Ray gets the
+    node IP Ray picks (on a machine with a default route its LAN address, not 127.0.0.1; a
+    pinned loopback IP once hid a `hetflow serve` that never became ready)."""
+    out = {k: v for k, v in os.environ.items() if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"}
     paths = [p for p in out.get("PYTHONPATH", "").split(os.pathsep)
              if p and Path(p).resolve() != FIXTURES]
     if with_package_on_path:

@@ -17,8 +17,12 @@ BIN = Path(sys.executable).parent
 
 
 def clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "OMP_NUM_THREADS")}
-    env.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    """A user's environment: no RAY_ADDRESS, and no Ray loopback mode (the test process has it
+    for its own loopback clusters): an embedded local Ray gets the node IP Ray picks - the LAN
+    address on a machine with a default route, as for users - and ``--address 127.0.0.1:PORT``
+    gets loopback mode from hetflow itself."""
+    drop = ("RAY_ADDRESS", "OMP_NUM_THREADS", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
     env.update(extra)
     return env
 

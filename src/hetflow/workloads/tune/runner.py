@@ -131,7 +131,7 @@ def run_tuning(config: TuningConfig, *, resume: bool = False, callbacks: Sequenc
     """
     from hetflow.runtime.session import ray_loopback_mode
 
-    ray_loopback_mode(config.resources.ray_address)
+    ray_loopback_mode(config.base.resources.ray_address)
     # Each checkpoint forces a snapshot of the run's state (what resume reads); that is the
     # intent here, so Tune's warning about frequent snapshots is noise.
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")

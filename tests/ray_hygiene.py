@@ -1,0 +1,152 @@
+"""Ray hygiene of a test run (imported by tests/conftest.py, before any test module imports Ray).
+
+* **A Ray temp folder per test process.** ``RAY_TMPDIR`` points every test process (each
+  pytest-xdist worker, and every ``hetflow``/``ray`` process a test starts, which inherit it)
+  at a folder of its own under one short base folder of the run. Ray keeps there what it
+  keeps in /tmp/ray otherwise: session folders, sockets, and ``ray_current_cluster`` - the
+  file every later ``ray.init()`` with no address joins. Two workers must not join each other's
+  clusters, and a user's /tmp/ray is not the tests' business.
+* **Nothing left behind.** Before the first test the run notes which Ray processes (raylet,
+  gcs_server), HAProxy processes and recorded clusters exist; at the end it waits a little for
+  the ones its tests started to end, then fails the run (exit 1, one line per leak) if any is
+  still alive, if a ``ray_current_cluster`` was left in a worker's folder, or if the user's own
+  Ray temp folder changed.
+* **The ``ray`` marker is true.** A test not marked ``ray`` or ``hosts`` that starts a Ray
+  instance (in-process or through a command it runs) fails, naming it: `make test-quick` runs
+  only unmarked tests and must start no Ray.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+BASE_ENV = "HETFLOW_TESTS_RAY_BASE"  # the run's base folder (set by the first process)
+WORKER = os.environ.get("PYTEST_XDIST_WORKER", "main")
+OWNS_BASE = BASE_ENV not in os.environ  # the controller (or a lone pytest) made it
+if OWNS_BASE:
+    # short: Ray's Unix sockets live below it, and a socket path has at most 107 bytes
+    os.environ[BASE_ENV] = tempfile.mkdtemp(prefix="hft-", dir="/tmp")
+BASE = Path(os.environ[BASE_ENV])
+USER_RAY_TMPDIR = os.environ.get("RAY_TMPDIR")
+RAY_DIR = BASE / WORKER
+RAY_DIR.mkdir(exist_ok=True)
+os.environ["RAY_TMPDIR"] = str(RAY_DIR)
+
+WATCHED = ("raylet", "gcs_server", "haproxy")  # programs a test must not leave running
+GRACE_S = 20.0  # processes get this long to end after the last test (raylets stop in ~1 s)
+
+
+def _user_address_file() -> Path:
+    if USER_RAY_TMPDIR:
+        return Path(USER_RAY_TMPDIR) / "ray" / "ray_current_cluster"
+    return Path(os.environ.get("TMPDIR", "/tmp")) / "ray" / "ray_current_cluster"
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+def watched_processes() -> dict[int, str]:
+    """PID -> command line of every raylet, gcs_server and haproxy process on this machine."""
+    out = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if argv and argv[0] and os.path.basename(argv[0].decode(errors="replace")) in WATCHED:
+            out[int(entry.name)] = b" ".join(argv).decode(errors="replace")[:200]
+    return out
+
+
+def ray_sessions() -> set[str]:
+    """Ray session folders of this process's Ray temp folder (one per Ray instance started)."""
+    try:
+        return {p.name for p in (RAY_DIR / "ray").iterdir() if p.name.startswith("session_2")}
+    except OSError:
+        return set()
+
+
+_before: dict[str, object] = {}
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    _before["processes"] = set(watched_processes())
+    _before["user_cluster"] = _read(_user_address_file())
+
+
+@pytest.fixture(autouse=True)
+def _ray_marker_is_true(request: pytest.FixtureRequest):
+    """Fail a test that is not marked ``ray``/``hosts`` yet started Ray (see the docstring)."""
+    marked = any(True for m in request.node.iter_markers() if m.name in ("ray", "hosts"))
+    before = ray_sessions() if not marked else set()
+    yield
+    if not marked:
+        started = ray_sessions() - before
+        if started:
+            pytest.fail(f"this test started Ray ({len(started)} instance(s)) but is not marked "
+                        "`ray`: mark it (pytestmark = pytest.mark.ray) so `make test-quick` "
+                        "leaves it out", pytrace=False)
+
+
+def leaks() -> list[str]:
+    """This process's leaks: a recorded cluster left in its Ray temp folder."""
+    recorded = _read(RAY_DIR / "ray" / "ray_current_cluster")
+    return [f"worker {WORKER}: a test left Ray's recorded cluster ({recorded}) in "
+            f"{RAY_DIR / 'ray' / 'ray_current_cluster'}: a `ray start` or Cluster() was not "
+            "stopped"] if recorded else []
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Workers write their leaks for the controller; the controller (or a lone pytest) checks
+    every process on the machine and the user's Ray folder, reports, and fails the run."""
+    ray = __import__("sys").modules.get("ray")
+    try:
+        if ray is not None and ray.is_initialized():
+            ray.shutdown()
+    except Exception:  # noqa: BLE001 - best effort; what stays alive is reported below
+        pass
+    found = leaks()
+    if not OWNS_BASE:
+        (BASE / f"{WORKER}.leaks").write_text("\n".join(found))
+        return
+    for path in BASE.glob("*.leaks"):
+        found += [line for line in path.read_text().splitlines() if line]
+    deadline = time.monotonic() + GRACE_S
+    while True:
+        new = {pid: cmd for pid, cmd in watched_processes().items()
+               if pid not in _before["processes"]}
+        if not new or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    found += [f"a test left {cmd.split()[0].rsplit('/', 1)[-1]} running (pid {pid}): {cmd}"
+              for pid, cmd in sorted(new.items())]
+    user = _read(_user_address_file())
+    if user != _before["user_cluster"]:
+        found.append(f"Ray's recorded cluster in {_user_address_file()} changed during the run "
+                     f"({_before['user_cluster']} -> {user}): a test ignored RAY_TMPDIR")
+    if found:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        for line in found:
+            if reporter is not None:
+                reporter.write_line(f"RAY HYGIENE: {line}", red=True)
+            else:
+                print(f"RAY HYGIENE: {line}")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    if not new:
+        shutil.rmtree(BASE, ignore_errors=True)
+
+
+__all__ = ["_ray_marker_is_true", "pytest_sessionfinish", "pytest_sessionstart"]
