@@ -15,7 +15,16 @@ from pathlib import Path
 # (tests/launch/common.py, tests/cli/test_user_model_ray.py, tests/control/test_submit_user_ray.py).
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
+import signal
+
 import pytest
+
+# A suite started in the background by a script (`cmd &` without job control) inherits SIGINT
+# ignored, and so would every command a test starts: those that test Ctrl-C (`hetflow serve`,
+# `hetflow launch` -> 130) would then never see it. A handler (unlike "ignored") is not passed
+# on through exec, so the commands get the default again.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # A Ray temp folder per test process, nothing left behind, a true `ray` marker (see there).
 from tests.ray_hygiene import _ray_marker_is_true, pytest_sessionstart  # noqa: E402,F401
