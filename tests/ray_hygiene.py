@@ -26,6 +26,8 @@ from pathlib import Path
 
 import pytest
 
+from hetflow.runtime.session import ray_address_file
+
 BASE_ENV = "HETFLOW_TESTS_RAY_BASE"  # the run's base folder (set by the first process)
 WORKER = os.environ.get("PYTEST_XDIST_WORKER", "main")
 OWNS_BASE = BASE_ENV not in os.environ  # the controller (or a lone pytest) made it
@@ -33,19 +35,14 @@ if OWNS_BASE:
     # short: Ray's Unix sockets live below it, and a socket path has at most 107 bytes
     os.environ[BASE_ENV] = tempfile.mkdtemp(prefix="hft-", dir="/tmp")
 BASE = Path(os.environ[BASE_ENV])
-USER_RAY_TMPDIR = os.environ.get("RAY_TMPDIR")
+# where the user's own Ray records its cluster (Ray's rule, before RAY_TMPDIR is changed below)
+USER_ADDRESS_FILE = ray_address_file()
 RAY_DIR = BASE / WORKER
 RAY_DIR.mkdir(exist_ok=True)
 os.environ["RAY_TMPDIR"] = str(RAY_DIR)
 
 WATCHED = ("raylet", "gcs_server", "haproxy")  # programs a test must not leave running
 GRACE_S = 20.0  # processes get this long to end after the last test (raylets stop in ~1 s)
-
-
-def _user_address_file() -> Path:
-    if USER_RAY_TMPDIR:
-        return Path(USER_RAY_TMPDIR) / "ray" / "ray_current_cluster"
-    return Path(os.environ.get("TMPDIR", "/tmp")) / "ray" / "ray_current_cluster"
 
 
 def _read(path: Path) -> str | None:
@@ -55,20 +52,24 @@ def _read(path: Path) -> str | None:
         return None
 
 
-def watched_processes() -> dict[int, str]:
-    """PID -> command line of every raylet, gcs_server and haproxy process on this machine."""
+def command_lines() -> dict[int, list[str]]:
+    """PID -> argv of every process on this machine that can be read (not this one)."""
     out = {}
     for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
             with open(f"/proc/{entry.name}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
+                out[int(entry.name)] = f.read().decode(errors="replace").split("\0")
         except OSError:
             continue
-        if argv and argv[0] and os.path.basename(argv[0].decode(errors="replace")) in WATCHED:
-            out[int(entry.name)] = b" ".join(argv).decode(errors="replace")[:200]
     return out
+
+
+def watched_processes() -> dict[int, str]:
+    """PID -> command line of every raylet, gcs_server and haproxy process on this machine."""
+    return {pid: " ".join(argv)[:200] for pid, argv in command_lines().items()
+            if argv[0] and os.path.basename(argv[0]) in WATCHED}
 
 
 def ray_sessions() -> set[str]:
@@ -84,7 +85,7 @@ _before: dict[str, object] = {}
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     _before["processes"] = set(watched_processes())
-    _before["user_cluster"] = _read(_user_address_file())
+    _before["user_cluster"] = _read(USER_ADDRESS_FILE)
 
 
 @pytest.fixture(autouse=True)
@@ -133,9 +134,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         time.sleep(0.5)
     found += [f"a test left {cmd.split()[0].rsplit('/', 1)[-1]} running (pid {pid}): {cmd}"
               for pid, cmd in sorted(new.items())]
-    user = _read(_user_address_file())
+    user = _read(USER_ADDRESS_FILE)
     if user != _before["user_cluster"]:
-        found.append(f"Ray's recorded cluster in {_user_address_file()} changed during the run "
+        found.append(f"Ray's recorded cluster in {USER_ADDRESS_FILE} changed during the run "
                      f"({_before['user_cluster']} -> {user}): a test ignored RAY_TMPDIR")
     if found:
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 from tests.net import free_port
+from tests.ray_hygiene import command_lines
 
 pytestmark = pytest.mark.ray
 
@@ -31,16 +32,7 @@ COUNT_JOB = Path(__file__).with_name("count_job.py")
 
 def ours(folder: str) -> list[int]:
     """PIDs of the processes whose command line names ``folder`` (this module's Ray)."""
-    pids = []
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            try:
-                with open(f"/proc/{entry.name}/cmdline", "rb") as f:
-                    if folder.encode() in f.read():
-                        pids.append(int(entry.name))
-            except OSError:
-                pass
-    return pids
+    return [pid for pid, argv in command_lines().items() if any(folder in a for a in argv)]
 
 
 def stop(folder: str) -> None:
