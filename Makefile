@@ -10,11 +10,11 @@ PIP    := $(PY) -m pip
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-# TEST_WORKERS=N runs the suite on N processes (pytest-xdist; a module stays on one process, so
-# its Ray cluster starts once); the default is one process (CONTRIBUTING.md: the suite is CPU-bound
-# on 2 cores, and parallel runs meet port races). test-quick: the unit tests only (no Ray start),
-# on two processes.
-TEST_WORKERS ?= 1
+# TEST_WORKERS=N runs the suite on N processes (pytest-xdist `--dist loadfile`: a module stays on
+# one process, so its Ray cluster starts once, and tests/hosts stays together: the scheduler in
+# tests/conftest.py). Default 2, this machine's cores; TEST_WORKERS=1 runs it in one process.
+# test-quick: the unit tests only (no Ray start), on two processes.
+TEST_WORKERS ?= 2
 PARALLEL := $(if $(filter 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
 .PHONY: test test-quick demo venv clean

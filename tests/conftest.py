@@ -47,19 +47,53 @@ def fixtures_dir() -> Path:
     return FIXTURES
 
 
-# --- order ----------------------------------------------------------------------------------------
-# `make test` runs the modules on several processes (pytest-xdist, one module per process at a
-# time: a module's Ray cluster is started once). The modules that start Ray take most of the time,
-# so they are handed out first and the quick unit modules fill the gaps at the end; within a
-# module the order is the file's.
+# --- one module's Ray Serve client is not the next module's ----------------------------------------
+# Ray Serve caches its controller client in a module global that survives ray.shutdown(); it
+# tells a stale one by the driver's job id, but every fresh cluster numbers its first driver job
+# 01000000 again, so a module whose Ray is the second in this process would reach the first
+# cluster's dead controller ("Can't find actor ..."). Each module starts without it.
+@pytest.fixture(autouse=True, scope="module")
+def _no_serve_client_of_an_earlier_cluster():
+    context = sys.modules.get("ray.serve.context")
+    if context is not None:
+        context._set_global_client(None)
+    yield
+
+
+# --- order and grouping ---------------------------------------------------------------------------
+# `make test` runs the modules on two processes (pytest-xdist, `--dist loadfile`, with the
+# scheduler below): a module stays on one process, so its Ray cluster starts once, and the
+# modules of tests/hosts stay together, so their one namespace cluster (a package fixture,
+# tests/hosts/conftest.py) starts once and never twice at the same time. (xdist's own
+# `loadgroup` marks do not group under pytest 9: the nodeid it rewrites is no longer read.)
+# The modules that start Ray take most of the time, so they are handed out first and the quick
+# unit modules fill the gaps at the end; within a module the order is the file's.
+def group_of(nodeid: str) -> str:
+    path = nodeid.split("::", 1)[0]
+    return "tests/hosts" if path.startswith("tests/hosts/") else path
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of(nodeid)
+
+    return ModuleGroups(config, log)
+
+
 def pytest_collection_modifyitems(session, config, items):
     def slow(item) -> bool:
         return any(m.name in ("ray", "hosts") for m in item.iter_markers())
 
     first = {}
     for item in items:
-        first.setdefault(item.module.__name__ if item.module else "", slow(item))
-    items.sort(key=lambda item: not first[item.module.__name__ if item.module else ""])
+        first.setdefault(group_of(item.nodeid), slow(item))
+    items.sort(key=lambda item: not first[group_of(item.nodeid)])
 
 
 # --- ending the test process --------------------------------------------------------------------

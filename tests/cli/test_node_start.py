@@ -42,8 +42,8 @@ def test_bad_gcs_options_exit_2_with_one_line(capsys) -> None:
 
 
 def test_a_redis_that_does_not_answer_is_refused_before_ray_starts(capsys) -> None:
-    with socket.socket() as s:  # a port nothing listens on
+    with socket.socket() as s:  # a port nothing listens on (held bound: no one else takes it)
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    code, _, err = run_cli(capsys, "node", "start", "--gcs-redis", f"127.0.0.1:{port}")
+        code, _, err = run_cli(capsys, "node", "start", "--gcs-redis", f"127.0.0.1:{port}")
     assert code == 2 and f"no Redis answers at 127.0.0.1:{port}" in err

@@ -66,9 +66,9 @@ def test_a_cpu_jobs_attempts_show_its_cpus_and_node() -> None:
 def test_an_unreachable_cluster_is_a_one_line_error_with_what_to_do() -> None:
     import socket
 
-    with socket.socket() as s:  # a port nobody listens on
+    with socket.socket() as s:  # a port nobody listens on (held bound: no one else takes it)
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    args = parser().parse_args(["status", "--address", f"127.0.0.1:{port}"])
-    with pytest.raises(InputError, match=r"cannot reach the Ray cluster at 127.0.0.1:\d+ .*`ray start --head`"):
-        args.func(args)
+        args = parser().parse_args(["status", "--address", f"127.0.0.1:{port}"])
+        with pytest.raises(InputError, match=r"cannot reach the Ray cluster at 127.0.0.1:\d+ .*`ray start --head`"):
+            args.func(args)

@@ -51,13 +51,15 @@ def _submit(hosts: HostCluster, client, path: Path) -> str:
     return json.loads(out.stdout)["job_id"]
 
 
-def _wait(check, timeout: float, what: str):
+def _wait(check, timeout: float, what: str, every: float = 2.0):
+    """Until ``check()`` is true; every check here runs `hetflow status` on a host (a process
+    that starts Python and joins Ray: about 2 CPU-s on this machine), so not too often."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = check()
         if value:
             return value
-        time.sleep(0.5)
+        time.sleep(every)
     raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
 
 
@@ -98,7 +100,7 @@ def test_the_head_restarts_and_the_queue_and_running_jobs_survive(hosts: HostClu
     started = time.monotonic()
     hosts.restart_head()
     after = _wait(lambda: _jobs(hosts, client, timeout=20), 90,
-                  "the controller to answer after the head restart")
+                  "the controller to answer after the head restart", every=0.5)
     answered_s = time.monotonic() - started
     print(f"head restart: controller answering after {answered_s:.1f} s")
     assert set(ids.values()) <= set(after), after  # every record kept

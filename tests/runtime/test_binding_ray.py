@@ -25,6 +25,7 @@ from hetflow.core.units import parse_bytes
 from hetflow.runtime.binding import live_snapshot, reserve, wait_removed
 from hetflow.scheduling.planner import plan
 from tests.conftest import fixture_path
+from tests.net import free_port
 from tests.ray_cluster import hetflow_cluster
 
 pytestmark = pytest.mark.ray
@@ -263,8 +264,6 @@ def test_tune_resources_and_bind_give_a_trial_its_planned_device(cluster, tmp_pa
 
 
 def test_serve_options_put_a_deployment_replica_on_the_planned_device(cluster) -> None:
-    import socket
-
     from ray import serve
 
     import hetflow.placement as hp
@@ -278,9 +277,7 @@ def test_serve_options_put_a_deployment_replica_on_the_planned_device(cluster) -
             return {"hip": os.environ.get("HIP_VISIBLE_DEVICES"),
                     "node": ray.get_runtime_context().get_node_labels().get("hetflow.io/node")}
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     try:
         handle = serve.run(Where.options(**opts).bind(), name="where", route_prefix=None)
