@@ -56,8 +56,14 @@ def statuses(result) -> dict[str, str]:
 
 
 def test_run_then_resume_an_interrupted_training(cluster: None, tmp_path: Path) -> None:
+    from hetflow.workloads.serve.front import FAST_ENV
+
+    environ = {key: os.environ.get(key) for key in FAST_ENV}
     port = free_port()
     first = run_workflow(workflow_from_dict(spec_dict(tmp_path, port)), progress=False)
+    # joining this module's Ray, the runner leaves the process's environment as it was (Serve's
+    # fast-path settings would reach the next Ray this process starts)
+    assert {key: os.environ.get(key) for key in FAST_ENV} == environ
 
     assert statuses(first) == {"prepare": "ran", "train": "ran", "tune": "off", "export": "ran",
                                "serve": "ran", "load_test": "ran"}

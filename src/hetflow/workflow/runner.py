@@ -107,18 +107,27 @@ def ray_session(spec: WorkflowSpec, address: str | None) -> Iterator[bool]:
 
     from hetflow.workloads.serve.front import FAST_ENV
 
-    for key, value in FAST_ENV.items():  # Serve's direct ingress, for the serve stage
-        os.environ.setdefault(key, value)
     address = address or spec.ray.address
     started = False
+    saved: dict[str, str | None] = {}
     if not ray.is_initialized():
         if address in (None, "local"):
             from hetflow.core.units import parse_bytes
 
+            # Serve's direct ingress for the serve stage: read by the processes of the Ray
+            # started here, so set for its start and given back after (a caller that later
+            # starts another Ray in this process must not inherit it).
+            saved = {key: os.environ.get(key) for key in FAST_ENV}
+            for key, value in FAST_ENV.items():
+                os.environ.setdefault(key, value)
             store = spec.ray.object_store_memory
-            ray.init(address="local", num_cpus=spec.ray.num_cpus, include_dashboard=False,
-                     log_to_driver=False,
-                     object_store_memory=parse_bytes(store) if store else None)
+            try:
+                ray.init(address="local", num_cpus=spec.ray.num_cpus, include_dashboard=False,
+                         log_to_driver=False,
+                         object_store_memory=parse_bytes(store) if store else None)
+            except BaseException:
+                _restore_environ(saved)
+                raise
         else:
             ray.init(address=address, log_to_driver=False)
         started = True
@@ -127,6 +136,15 @@ def ray_session(spec: WorkflowSpec, address: str | None) -> Iterator[bool]:
     finally:
         if started:
             ray.shutdown()
+            _restore_environ(saved)
+
+
+def _restore_environ(saved: dict[str, str | None]) -> None:
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
 
 
 def _prepare_arrays(train: dict[str, Any], cached: str | None,
