@@ -3,9 +3,9 @@
 The head is started by ``hetflow node start --gcs-redis ADDR --gcs-namespace NAME`` (the
 documented recipe, docs/reliability.md) against Debian's ``redis-server`` running outside every
 host. Three controller jobs are submitted from a worker host with ``hetflow submit``: a
-training job (one CPU rank, checkpoints every 40 steps), a sleeping ``python`` job on the other
-host, and a third that must wait in the queue for the second one's CPUs. Mid-run the head host
-loses every process at once (the controller with it) and is started again at the same address.
+training job (one CPU rank, checkpoints every 40 steps), a ``python`` job on the other host
+that holds its CPUs until the test releases it (after the restart), and a third that must wait
+in the queue for the second one's CPUs. Mid-run the head host loses every process at once (the controller with it) and is started again at the same address.
 
 Checked: the controller answers again (``hetflow status`` on a worker host) with every job's
 record; the queued job is still queued and then runs; the jobs that ran on the worker hosts
@@ -33,6 +33,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.hosts,
               pytest.mark.skipif(WHY_NOT is not None, reason=f"no namespace hosts here: {WHY_NOT}")]
 
 SLEEP_JOB = REPO / "tests" / "control" / "sleep_job.py"
+HOLD_JOB = REPO / "tests" / "hosts" / "hold_job.py"
 STEPS = 1500
 ENDED = {"SUCCEEDED", "FAILED", "CANCELLED"}
 
@@ -68,14 +69,16 @@ def test_the_head_restarts_and_the_queue_and_running_jobs_survive(hosts: HostClu
         # namespaces work here but the set-up is incomplete: a failure, not a skip
         pytest.fail(NO_REDIS or "the namespace cluster runs without Redis")
     ckpt = tmp_path / "ckpt"
+    release = tmp_path / "release-the-holder"  # the holder keeps the queued job waiting until then
     files = {
         "train": {"name": "train", "kind": "train", "preemptible": True,
                   "train": {"name": "head-restart", "model": {"kind": "mlp", "hidden": [256, 256]},
                             "train": {"steps": STEPS, "batch_size": 256, "log_every": 10},
                             "checkpoint": {"dir": str(ckpt), "interval": 40},
                             "resources": {"device": "cpu", "cpus_per_rank": 1}}},
-        "sleeper": {"name": "sleeper", "kind": "python", "cpus": 2, "devices": {"count": 0},
-                    "python": {"script": str(SLEEP_JOB), "args": ["30"]}, "work": {"seconds": 30}},
+        "holder": {"name": "holder", "kind": "python", "cpus": 2, "devices": {"count": 0},
+                    "python": {"script": str(HOLD_JOB), "args": [str(release), "600"]},
+                    "work": {"seconds": 30}},
         "queued": {"name": "queued", "kind": "python", "cpus": 2, "devices": {"count": 0},
                    "python": {"script": str(SLEEP_JOB), "args": ["2"]}, "work": {"seconds": 2}},
     }
@@ -84,7 +87,7 @@ def test_the_head_restarts_and_the_queue_and_running_jobs_survive(hosts: HostClu
         paths[key] = tmp_path / f"{key}.yaml"
         paths[key].write_text(yaml.safe_dump(data))
     client = hosts.worker_hosts[0]
-    ids = {key: _submit(hosts, client, paths[key]) for key in ("train", "sleeper")}
+    ids = {key: _submit(hosts, client, paths[key]) for key in ("train", "holder")}
     _wait(lambda: (j := _jobs(hosts, client)) and all(j[i]["status"] == "RUNNING"
                                                        for i in ids.values()), 120,
           "both jobs to run")
@@ -104,9 +107,10 @@ def test_the_head_restarts_and_the_queue_and_running_jobs_survive(hosts: HostClu
     answered_s = time.monotonic() - started
     print(f"head restart: controller answering after {answered_s:.1f} s")
     assert set(ids.values()) <= set(after), after  # every record kept
-    # not lost nor failed: still queued, or on its way (PLACING: its runner reserving devices,
-    # once the sleeper ended), or done; every job must then end SUCCEEDED (below)
-    assert after[ids["queued"]]["status"] in ("QUEUED", "PLACING", "RUNNING", "SUCCEEDED"), after
+    # not lost nor failed: still waiting for the holder's CPUs (PLACING: its runner already
+    # reserving them, which it gets only once the holder ends); every job ends SUCCEEDED (below)
+    assert after[ids["queued"]]["status"] in ("QUEUED", "PLACING"), after
+    release.touch()
 
     ended = _wait(lambda: (j := _jobs(hosts, client)) and all(j[i]["status"] in ENDED
                                                               for i in ids.values()) and j,

@@ -741,9 +741,11 @@ def test_fallback_while_all_replicas_are_down(served, capsys) -> None:
         print(f"\nboth replicas killed under load: {result.line()}; {answered_by_fallback} "
               f"answered by the fallback; two replicas serving again after {recovery_s:.1f}s")
     # Known, not yet fixed: in some runs one request in flight at the moment of the kill comes
-    # back as a closed connection or a 502 (not retried by HAProxy); every other is answered.
+    # back as a closed connection, a cut body (a response the replica had begun to write) or a
+    # 502 (not retried by HAProxy); every other is answered.
     assert result.error_count <= 1 and result.ok >= result.sent - 1, result.errors
-    assert set(result.errors) <= {"ServerDisconnectedError", "502"}, result.errors
+    assert set(result.errors) <= {"ServerDisconnectedError", "ClientPayloadError", "502"}, \
+        result.errors
     assert answered_by_fallback > 0
     assert "degraded" in health_states
 
@@ -768,7 +770,9 @@ def test_autoscaling_adds_a_replica_under_load(served, capsys) -> None:
                            digits_bodies(count=16), rate=30, max_requests=600,
                            max_duration_s=20, timeout_s=30, seed=11)
         scaled_after = None
-        while time.monotonic() - started < 40 and scaled_after is None:
+        # The decision comes within seconds; the new replica's start (a worker process that
+        # imports torch and loads the model) took 47 s on a busy 2-core CI machine.
+        while time.monotonic() - started < 120 and scaled_after is None:
             if running() == 2:
                 scaled_after = time.monotonic() - started
             time.sleep(0.5)
