@@ -149,3 +149,64 @@ def test_the_ported_ray_train_function_resumes_after_a_worker_is_killed(tmp_path
     assert sorted({e for e, _ in ours}) == [0, 1, 2, 3]
     for epoch, loss in ours:  # epochs redone after the resume give the same loss again
         assert loss == pytest.approx(ref[epoch], rel=1e-6)
+
+
+# -- Ray Train's trainer API (hetflow.train.torch.TorchTrainer) --------------------------------
+
+ACCURACY = [0.5, 0.9, 0.2, 0.7, 0.1]  # reported at steps 0..4; a checkpoint with each
+
+
+def _scored(config):
+    ctx = train.get_context()
+    start = 0
+    if (ckpt := train.get_checkpoint()) is not None:
+        with ckpt.as_directory() as d:
+            start = int(Path(d, "step").read_text()) + 1
+    if ctx.world_rank == 0:
+        Path(config["starts"]).open("a").write(f"{ctx.attempt} {start}\n")
+    for step in range(start, len(ACCURACY)):
+        d = Path(config["scratch"], f"{ctx.attempt}-{step}-{ctx.world_rank}")
+        d.mkdir(parents=True)
+        if ctx.world_rank == 0:
+            (d / "step").write_text(str(step))
+        train.report({"step": step, "acc": ACCURACY[step]}, checkpoint=train.Checkpoint.from_directory(d))
+        if step == config["fail_at"] and ctx.attempt == 0:
+            raise ValueError("on purpose")
+    return start
+
+
+def test_torch_trainer_keeps_the_best_checkpoints_resumes_and_fails_as_ray_trains_does(cluster, tmp_path) -> None:
+    from hetflow.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from hetflow.train.torch import TorchTrainer
+
+    starts = tmp_path / "starts.txt"
+    config = {"fail_at": 2, "scratch": str(tmp_path / "s"), "starts": str(starts)}
+    run_config = RunConfig(name="scored", storage_path=str(tmp_path / "store"),
+                           failure_config=FailureConfig(max_failures=1),
+                           checkpoint_config=CheckpointConfig(num_to_keep=2, checkpoint_score_attribute="acc",
+                                                              checkpoint_score_order="max"))
+
+    def trainer() -> TorchTrainer:
+        return TorchTrainer(_scored, train_loop_config=config, run_config=run_config,
+                            scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1}))
+
+    result = trainer().fit()
+    assert result.error is None and result.restarts == 1
+    assert result.path == str(tmp_path / "store" / "scored")
+    assert [m["step"] for m in result.metrics_history] == [0, 1, 2, 3, 4]  # resumed after step 2
+    assert result.metrics == {"step": 4, "acc": 0.1}
+    assert list(result.metrics_dataframe["acc"]) == ACCURACY
+    # the best two by acc (0.9 at step 1, 0.7 at step 3) and the newest (step 4)
+    assert sorted(p.name for p in (tmp_path / "store" / "scored").iterdir()) == [
+        "checkpoint_000002", "checkpoint_000004", "checkpoint_000005"]
+    assert [m["acc"] for _, m in result.best_checkpoints] == [0.1, 0.7, 0.9]  # worst first, as Ray's
+    assert result.checkpoint is not None and result.checkpoint.metrics["step"] == 4
+    # fit() again with the same name and storage: it resumes from the newest checkpoint
+    again = trainer().fit()
+    assert again.return_value == 5 and again.restarts == 0
+    assert starts.read_text().split("\n")[:-1] == ["0 0", "1 3", "0 5"]
+    # more failures than max_failures: fit() raises, with the cause
+    with pytest.raises(train.TrainingFailedError, match="ValueError: on purpose"):
+        TorchTrainer(_scored, train_loop_config=dict(config, fail_at=0, scratch=str(tmp_path / "s2")),
+                     run_config=RunConfig(name="fails", storage_path=str(tmp_path / "store")),
+                     scaling_config=ScalingConfig(num_workers=1)).fit()

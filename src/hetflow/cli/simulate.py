@@ -41,6 +41,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from hetflow.core.errors import InputError
+from hetflow.sim.window import parse_window
 
 SUMMARY_SCHEMA = "hetflow.simulation/v1"
 DEFAULT_POLICIES = "fifo,max_min_fairness,hetflow"
@@ -88,20 +89,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=None, help="seed: job types drawn for duration-only traces (0); "
                    "Gavel's scheduler seed (0); FGD's pod shuffle and ranks (42)")
     p.set_defaults(func=run)
-
-
-def parse_window(text: str | None) -> tuple[int, int] | None:
-    """``"4000:5000"`` -> (4000, 5000)."""
-    if text is None:
-        return None
-    start, colon, stop = text.partition(":")
-    try:
-        window = (int(start), int(stop))
-    except ValueError:
-        window = None
-    if not colon or window is None or window[0] < 0 or window[0] >= window[1]:
-        raise InputError(f"--window {text!r}: write START:STOP with 0 <= START < STOP, e.g. 4000:5000")
-    return window
 
 
 GAVEL_DEFAULT = "fifo,fifo_perf,max_min_fairness,max_min_fairness_perf,finish_time_fairness_perf,hetflow"

@@ -78,7 +78,7 @@ def parse_gavel_cluster(text: str | None) -> dict[str, int]:
 
 
 def run_gavel(args: argparse.Namespace) -> int:
-    from hetflow.cli.simulate import parse_window
+    from hetflow.sim.window import parse_window
     from hetflow.sim.gavel import GAVEL_ALIASES, GAVEL_DEFAULT_POLICIES, load_gavel_jobs, simulate_gavel
 
     if not args.throughputs:

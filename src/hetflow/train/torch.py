@@ -10,11 +10,38 @@ from __future__ import annotations
 
 from typing import Any
 
-from hetflow.workloads.train.api import get_context
+from hetflow.workloads.train.worker import get_context
+from hetflow.workloads.train.trainer import TorchConfig, TorchTrainer
 
 
 def get_device() -> Any:
     return get_context().device
+
+
+def get_devices() -> list[Any]:
+    """The rank's devices: exactly one (hetflow binds each rank to one device)."""
+    return [get_context().device]
+
+
+def enable_reproducibility(seed: int = 0) -> None:
+    """Seed Python, numpy and torch and ask torch for deterministic kernels, as Ray Train's
+    helper of the same name does (slower; for debugging and comparisons)."""
+    import os
+    import random
+
+    import torch
+
+    random.seed(seed)
+    torch.manual_seed(seed)
+    try:
+        import numpy
+
+        numpy.random.seed(seed)
+    except ImportError:  # numpy is optional for a train_func
+        pass
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS's deterministic mode
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = False
 
 
 def prepare_model(model: Any, parallel_strategy: str | None = "ddp", **ddp_kwargs: Any) -> Any:
@@ -80,4 +107,5 @@ def prepare_data_loader(loader: Any, add_dist_sampler: bool = True, move_to_devi
     return _DeviceLoader(loader, ctx.device) if move_to_device else loader
 
 
-__all__ = ["get_device", "prepare_data_loader", "prepare_model"]
+__all__ = ["TorchConfig", "TorchTrainer", "enable_reproducibility", "get_device", "get_devices",
+           "prepare_data_loader", "prepare_model"]

@@ -223,7 +223,89 @@ def load_model_weights(info: CheckpointInfo, model: nn.Module) -> None:
     model.load_state_dict(state["model"])
 
 
+# -- hetflow.train's checkpoints: directories of files (Ray Train's format) --------------------
+
+META_FILE = ".hetflow_checkpoint.json"  # in a committed checkpoint_<n>: its index and metrics
+CHECKPOINT_RE = re.compile(r"^checkpoint_(\d{6})$")
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A directory of files (Ray Train's ``Checkpoint``: ``from_directory``, ``as_directory``,
+    ``to_directory``, ``path``)."""
+
+    path: str
+
+    @classmethod
+    def from_directory(cls, path: str | os.PathLike) -> "Checkpoint":
+        return cls(str(Path(path).absolute()))
+
+    @contextlib.contextmanager
+    def as_directory(self) -> Iterator[str]:
+        yield self.path
+
+    def to_directory(self, path: str | os.PathLike | None = None) -> str:
+        import tempfile
+
+        target = Path(path) if path is not None else Path(tempfile.mkdtemp(prefix="checkpoint-"))
+        shutil.copytree(self.path, target, dirs_exist_ok=True)
+        return str(target)
+
+    @property
+    def metrics(self) -> dict[str, Any]:
+        """The metrics reported with this checkpoint (committed checkpoints only)."""
+        meta = Path(self.path) / META_FILE
+        return json.loads(meta.read_text())["metrics"] if meta.is_file() else {}
+
+    @property
+    def index(self) -> int | None:
+        match = CHECKPOINT_RE.match(Path(self.path).name)
+        return int(match.group(1)) if match else None
+
+
+def committed_checkpoints(root: str | os.PathLike) -> list[Checkpoint]:
+    """Every committed checkpoint under ``root``, oldest first (partial ones are skipped)."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found = sorted((int(m.group(1)), p) for p in root.iterdir()
+                   if (m := CHECKPOINT_RE.match(p.name)) and (p / META_FILE).is_file())
+    return [Checkpoint(str(p)) for _, p in found]
+
+
+def latest_committed(root: str | os.PathLike) -> Checkpoint | None:
+    """The newest committed ``checkpoint_<n>`` under ``root`` (None when there is none)."""
+    found = committed_checkpoints(root)
+    return found[-1] if found else None
+
+
+def ranked_checkpoints(found: list[Checkpoint], score: tuple[str, str] | None) -> list[Checkpoint]:
+    """``found`` worst first: by the metric ``score[0]`` (``score[1]``: "max" - higher is
+    better - or "min"; a checkpoint without that metric ranks worst), else oldest first."""
+    if score is None:
+        return list(found)
+    metric, order = score
+
+    def key(item: tuple[int, Checkpoint]) -> tuple[int, float, int]:
+        value = item[1].metrics.get(metric)
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            return (0, 0.0, item[0])
+        return (1, float(value) if order == "max" else -float(value), item[0])
+    return [c for _, c in sorted(enumerate(found), key=key)]
+
+
+def beyond_keep(found: list[Checkpoint], keep: int, score: tuple[str, str] | None) -> list[Checkpoint]:
+    """The committed checkpoints to remove: all but the best ``keep`` and the newest (the one a
+    restart resumes from), as Ray Train's checkpoint manager does."""
+    if len(found) <= keep:
+        return []
+    newest = found[-1]
+    return [c for c in ranked_checkpoints(found, score)[:-keep] if c != newest]
+
+
 __all__ = [
+    "CHECKPOINT_RE", "META_FILE", "Checkpoint", "beyond_keep", "committed_checkpoints", "latest_committed",
+    "ranked_checkpoints",
     "COMPLETE", "META", "CheckpointInfo", "ModelState", "OptimizerState", "latest_checkpoint",
     "list_checkpoints", "load_checkpoint", "load_model_weights", "partial_dir_name",
     "remove_partials", "save_checkpoint", "step_dir_name",

@@ -129,7 +129,7 @@ class RankGroup:
     The one actor group of hetflow's training paths: ``hetflow.train.run`` (a user's
     ``train_func``), ``hetflow train`` (the built-in models' train function, ``loop.train_func``)
     and the controller's train jobs (``placed``: devices the controller already reserved, which
-    the group does not release). Each actor is a :class:`~hetflow.workloads.train.api.FuncWorker`
+    the group does not release). Each actor is a :class:`~hetflow.workloads.train.worker.FuncWorker`
     that joins the process group, sets the ``hetflow.train`` context and calls the function.
     """
 
@@ -144,7 +144,7 @@ class RankGroup:
 
     def start(self) -> None:
         """Reserve (unless given), create the actors and wait until each has started."""
-        from hetflow.workloads.train.api import FuncWorker
+        from hetflow.workloads.train.worker import FuncWorker
 
         self.placed = self._given or place_layout(self.layout, self.res, f"{self.name}-{self.attempt}")
         self.how = self.placed.how

@@ -140,7 +140,7 @@ def train_func(job: Mapping[str, Any]) -> RankResult:
     sharded DCP checkpoints (``checkpoint.py``; each rank writes its shards in place, where
     ``report(checkpoint=)`` would copy them).
     """
-    from hetflow.workloads.train.api import get_context
+    from hetflow.workloads.train.worker import get_context
 
     config: TrainConfig = job["config"]
     data = job.get("data")
@@ -158,7 +158,7 @@ def train_rank(config: TrainConfig, rank: int, world_size: int, init_method: str
                data: Mapping[str, Any] | None = None) -> RankResult:
     """:func:`train_func` as rank ``rank`` of ``world_size`` processes started by any launcher
     (no Ray: ``torch.multiprocessing`` in the tests), rendezvous at ``init_method``."""
-    from hetflow.workloads.train.api import rank_context
+    from hetflow.workloads.train.worker import rank_context
 
     os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world_size),
                        "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world_size)})
@@ -170,7 +170,7 @@ def train_rank(config: TrainConfig, rank: int, world_size: int, init_method: str
 
 
 def _train(config: TrainConfig, ctx: Any, data: Mapping[str, Any] | None) -> RankResult:
-    from hetflow.workloads.train.api import report
+    from hetflow.workloads.train.worker import report
 
     layout, train = config.layout, config.train
     rank, device, mesh, attempt = ctx.world_rank, ctx.device, ctx.device_mesh, ctx.attempt

@@ -39,7 +39,7 @@ def run_user_trial(sampled: dict[str, Any], setup: UserTrialSetup) -> Any:
 
     from hetflow.core.request import ParallelLayout
     from hetflow.workloads.models.spec import resolve_callable
-    from hetflow.workloads.train import api
+    from hetflow.workloads.train import worker
     from hetflow.workloads.train.loop import select_device
     from hetflow.workloads.tune.placement import bind_planned_device
 
@@ -47,11 +47,11 @@ def run_user_trial(sampled: dict[str, Any], setup: UserTrialSetup) -> Any:
     torch.set_num_threads(setup.threads)
     fn = resolve_callable(setup.trainable)
     device = select_device(setup.device)
-    api._CONTEXT = api.TrainContext(
+    worker._CONTEXT = worker.TrainContext(
         world_rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank=0,
         layout=ParallelLayout(), device=device, backend="", device_mesh=None, attempt=0,
         name=setup.trainable, checkpoint_dir=os.getcwd(), _tune=True)
     try:
         return fn(trial_values(setup, sampled))
     finally:
-        api._CONTEXT = None
+        worker._CONTEXT = None
