@@ -41,7 +41,7 @@ from hetflow.control.hosts import HostView, host_view
 from hetflow.control.jobspec import JobSpec
 from hetflow.control.runner import JobRunner, runner_name
 from hetflow.control.scheduler import ControllerSettings, Launch, LiveScheduler, Plan
-from hetflow.control.state import AttemptReport, JobRecord, JobStore, RayKV, Status
+from hetflow.control.state import AttemptReport, Event, JobRecord, JobStore, RayKV, Status
 from hetflow.core.errors import InputError
 from hetflow.runtime.binding import live_snapshot
 from hetflow.runtime.resources import NODE_LABEL, label_value
@@ -150,7 +150,7 @@ class HetflowController:
             if record.status.finished:
                 raise InputError(f"job {job_id} already ended ({record.status.value}); nothing to cancel")
             if record.status is Status.QUEUED:
-                self._end(record, Status.CANCELLED, now, "cancelled while queued")
+                self._end(record, Event.CANCEL, now, "cancelled while queued")
             else:
                 record.cancel_requested = True
                 record.reason = "cancelling: its runner is stopping it"
@@ -272,9 +272,8 @@ class HetflowController:
                 if report.step is not None and report.step != record.progress_step:
                     record.progress_step, changed = report.step, True
                 if report.phase == "running" and record.status is Status.PLACING:
-                    record.status = Status.RUNNING
-                    record.reason = f"running on {record.held.text() if record.held else '?'}"
-                    record.note(now, "running")
+                    record.move(Event.RUNNING, now,
+                                f"running on {record.held.text() if record.held else '?'}")
                     changed = True
                 if report.phase == "done":
                     self._close(record, report, now)
@@ -304,9 +303,9 @@ class HetflowController:
             record.progress_step = report.end_step
         if outcome == "succeeded":
             record.done_base = spec.total_work
-            self._end(record, Status.SUCCEEDED, now, f"succeeded: {message}")
+            self._end(record, Event.SUCCEED, now, f"succeeded: {message}")
         elif outcome == "cancelled" or record.cancel_requested:
-            self._end(record, Status.CANCELLED, now, f"cancelled: {message}")
+            self._end(record, Event.CANCEL, now, f"cancelled: {message}")
         elif outcome == "preempted":
             record.preemptions += 1
             if report.end_step is not None and spec.work.seconds is None:
@@ -318,7 +317,7 @@ class HetflowController:
         else:
             record.failures += 1
             if report.fatal or record.failures >= spec.max_attempts:
-                self._end(record, Status.FAILED, now, f"failed: {message}")
+                self._end(record, Event.FAIL, now, f"failed: {message}")
             else:
                 self._requeue(record, now, f"queued again after a failure ({record.failures} of "
                                            f"{spec.max_attempts} attempts): {message}")
@@ -332,9 +331,9 @@ class HetflowController:
         why = f"its runner (attempt {record.token}) died without reporting"
         self._end_run(record, now, "lost", None)
         if record.cancel_requested:
-            self._end(record, Status.CANCELLED, now, f"cancelled ({why})")
+            self._end(record, Event.CANCEL, now, f"cancelled ({why})")
         elif record.failures >= spec.max_attempts:
-            self._end(record, Status.FAILED, now, f"failed: {why}, {record.failures} times")
+            self._end(record, Event.FAIL, now, f"failed: {why}, {record.failures} times")
         else:
             self._requeue(record, now, f"queued again: {why}; it resumes from its checkpoint")
         self.dirty = True
@@ -362,28 +361,19 @@ class HetflowController:
             record.done_base = min(spec.total_work, record.done_base + max(0.0, span - restore) * speed)
 
     def _requeue(self, record: JobRecord, now: float, reason: str, restore: bool = True) -> None:
-        record.status = Status.QUEUED
-        record.held = None
+        record.move(Event.REQUEUE, now, reason)
         record.needs_restore = restore
-        record.reason = reason
-        record.note(now, reason)
         self.store.save(record)
 
-    def _end(self, record: JobRecord, status: Status, now: float, reason: str) -> None:
-        record.status = status
-        record.held = None
-        record.finished_at = now
-        record.reason = reason
-        record.note(now, reason)
+    def _end(self, record: JobRecord, event: Event, now: float, reason: str) -> None:
+        record.move(event, now, reason)
         self.store.save(record)
 
     def _apply(self, plan: Plan, now: float, view: HostView) -> None:
         for stop in plan.stops:
             record = self.records[stop.job_id]
             handle = self._runner(stop.job_id)
-            record.status = Status.PREEMPTING
-            record.reason = stop.reason
-            record.note(now, stop.reason)
+            record.move(Event.PREEMPT, now, stop.reason)
             self.store.save(record)
             if handle is not None:
                 handle.stop.remote()
@@ -404,7 +394,7 @@ class HetflowController:
             self.dirty = True
             return
         record.token += 1
-        record.status = Status.PLACING
+        record.move(Event.LAUNCH, now, launch.reason)
         record.held = launch.held
         size = len(launch.held.slots)
         if record.size is not None and size != record.size:
@@ -413,8 +403,6 @@ class HetflowController:
         record.seg_start = now
         if record.first_started_at is None:
             record.first_started_at = now
-        record.reason = launch.reason
-        record.note(now, launch.reason)
         record.runs.append({"token": record.token, "device_type": launch.held.device_type,
                             "devices": [[s.node, s.device] for s in launch.held.slots],
                             "where": launch.held.text(), "size": size,

@@ -63,6 +63,38 @@ class Status(str, Enum):
         return self in (Status.SUCCEEDED, Status.FAILED, Status.CANCELLED)
 
 
+class Event(str, Enum):
+    """What happens to a job; :data:`TRANSITIONS` says which status each one leads to."""
+
+    LAUNCH = "launch"  # the policy placed it: its runner was started
+    RUNNING = "running"  # its runner committed the devices and started the work
+    PREEMPT = "preempt"  # the policy asks it to checkpoint and stop
+    REQUEUE = "requeue"  # back in the queue: preempted, not committed, retried after a failure or a lost runner
+    SUCCEED = "succeed"
+    FAIL = "fail"  # failed for good: a fatal error or its last attempt
+    CANCEL = "cancel"  # cancelled by its user (while queued, or its runner stopped it)
+
+
+_HOLDING = (Status.PLACING, Status.RUNNING, Status.PREEMPTING)
+TRANSITIONS: dict[tuple[Status, Event], Status] = {
+    (Status.QUEUED, Event.LAUNCH): Status.PLACING,
+    (Status.QUEUED, Event.CANCEL): Status.CANCELLED,
+    (Status.PLACING, Event.RUNNING): Status.RUNNING,
+    (Status.PLACING, Event.PREEMPT): Status.PREEMPTING,
+    (Status.RUNNING, Event.PREEMPT): Status.PREEMPTING,
+    **{(held, Event.REQUEUE): Status.QUEUED for held in _HOLDING},
+    **{(held, Event.SUCCEED): Status.SUCCEEDED for held in _HOLDING},
+    **{(held, Event.FAIL): Status.FAILED for held in _HOLDING},
+    **{(held, Event.CANCEL): Status.CANCELLED for held in _HOLDING},
+}
+"""Every status change the controller makes: (status, event) -> the next status. A finished
+job takes no event; anything not here is a bug in the controller (:class:`IllegalTransition`)."""
+
+
+class IllegalTransition(RuntimeError):
+    """The controller tried a status change :data:`TRANSITIONS` does not allow."""
+
+
 @dataclass
 class Slot:
     """One device of an assignment, by name (node indices change when nodes come and go)."""
@@ -137,6 +169,22 @@ class JobRecord:
     runs: list[dict[str, Any]] = field(default_factory=list)  # per attempt: token, devices, times, outcome
     size: int | None = None  # devices of the latest attempt (an elastic job's current size)
     resizes: int = 0  # attempts started at another size than the one before (elastic jobs)
+
+    def move(self, event: Event, when: float, reason: str) -> Status:
+        """The status change of ``event`` (by :data:`TRANSITIONS`), with its reason noted; a
+        job that leaves the devices holds none afterwards, a finished one gets its end time."""
+        target = TRANSITIONS.get((self.status, event))
+        if target is None:
+            raise IllegalTransition(f"job {self.job_id}: {event.value!r} is not allowed while "
+                                    f"{self.status.value}")
+        self.status = target
+        if not target.holds_devices:
+            self.held = None
+        if target.finished:
+            self.finished_at = when
+        self.reason = reason
+        self.note(when, reason)
+        return target
 
     def note(self, when: float, event: str) -> None:
         self.history.append([when, event])
@@ -326,5 +374,5 @@ class JobStore:
         self.kv.put(CONFIG_KEY, json.dumps(config).encode())
 
 
-__all__ = ["AttemptReport", "DirectoryKV", "HeldDevices", "JobRecord", "JobStore", "KeyValue",
-           "RayKV", "Slot", "Status"]
+__all__ = ["TRANSITIONS", "AttemptReport", "DirectoryKV", "Event", "HeldDevices", "IllegalTransition", "JobRecord",
+           "JobStore", "KeyValue", "RayKV", "Slot", "Status"]
