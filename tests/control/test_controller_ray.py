@@ -46,6 +46,7 @@ from tests.ray_cluster import hetflow_cluster
 pytestmark = pytest.mark.ray
 
 SLEEP_JOB = Path(__file__).with_name("sleep_job.py")
+UNTIL_FILE_JOB = Path(__file__).with_name("until_file_job.py")
 ENDED = {"SUCCEEDED", "FAILED", "CANCELLED"}
 
 
@@ -65,6 +66,14 @@ def sleep_spec(name: str, count: int, seconds: float, marker: Path | None = None
     data = {"name": name, "kind": "python", "python": {"script": str(SLEEP_JOB), "args": args},
             "devices": {"count": count, **(devices or {})}, "work": {"seconds": seconds}, **extra}
     return resolve(job_from_dict(data), SLEEP_JOB.parent)
+
+
+def until_spec(name: str, count: int, release: Path, marker: Path) -> JobSpec:
+    """A job on ``count`` devices that runs until ``release`` exists (until_file_job.py)."""
+    data = {"name": name, "kind": "python",
+            "python": {"script": str(UNTIL_FILE_JOB), "args": [str(release), str(marker)]},
+            "devices": {"count": count}, "work": {"seconds": 5}}
+    return resolve(job_from_dict(data), UNTIL_FILE_JOB.parent)
 
 
 def train_job(cluster: Path, name: str, hidden: int, steps: int, interval: int,
@@ -202,15 +211,26 @@ def test_job_that_can_never_fit_is_refused_at_submit(cluster: Path) -> None:
 
 
 def test_controller_killed_and_restarted_loses_and_duplicates_nothing(cluster: Path) -> None:
-    marker = cluster / "ran.txt"
-    specs = [sleep_spec("k1", 2, 5, marker), sleep_spec("k2", 2, 4, marker), sleep_spec("k3", 2, 3, marker)]
+    marker, release = cluster / "ran.txt", cluster / "release-k"
+    # the first two run until released after the restart (a fixed sleep could end before the
+    # test sees both running, on a busy machine); the third waits for their devices
+    specs = [until_spec("k1", 2, release, marker), until_spec("k2", 2, release, marker),
+             sleep_spec("k3", 2, 3, marker)]
     ids = [client.submit(s)["job_id"] for s in specs]
-    wait_for(lambda: sum(jobs_by_id()[i]["status"] == "RUNNING" for i in ids) == 2, 30, "two jobs running")
+    wait_for(lambda: sum(jobs_by_id()[i]["status"] == "RUNNING" for i in ids) == 2, 60, "two jobs running")
     before = client.info()
     ray.kill(ray.get_actor(CONTROLLER_NAME, namespace=NAMESPACE), no_restart=False)
+    def restarted() -> dict | None:
+        try:
+            info = client.info()
+        except Exception:  # noqa: BLE001 - not answering yet
+            return None
+        return info if info["started_at"] > before["started_at"] else None
+
+    after = wait_for(restarted, 60, "the controller to come back")
+    release.touch()
     jobs = wait_for(lambda: all_ended(ids), 90, "every job to end after the restart")
-    after = client.info()
-    assert after["restarted"] and after["started_at"] > before["started_at"]
+    assert after["restarted"]
     assert [jobs[i]["status"] for i in ids] == ["SUCCEEDED"] * 3
     assert all(len(jobs[i]["runs"]) == 1 and jobs[i]["token"] == 1 for i in ids)  # no second attempt
     ran = marker.read_text().split("\n")

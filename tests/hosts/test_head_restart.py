@@ -33,7 +33,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.hosts,
               pytest.mark.skipif(WHY_NOT is not None, reason=f"no namespace hosts here: {WHY_NOT}")]
 
 SLEEP_JOB = REPO / "tests" / "control" / "sleep_job.py"
-HOLD_JOB = REPO / "tests" / "hosts" / "hold_job.py"
+UNTIL_FILE_JOB = REPO / "tests" / "control" / "until_file_job.py"
 STEPS = 1500
 ENDED = {"SUCCEEDED", "FAILED", "CANCELLED"}
 
@@ -77,7 +77,7 @@ def test_the_head_restarts_and_the_queue_and_running_jobs_survive(hosts: HostClu
                             "checkpoint": {"dir": str(ckpt), "interval": 40},
                             "resources": {"device": "cpu", "cpus_per_rank": 1}}},
         "holder": {"name": "holder", "kind": "python", "cpus": 2, "devices": {"count": 0},
-                    "python": {"script": str(HOLD_JOB), "args": [str(release), "600"]},
+                    "python": {"script": str(UNTIL_FILE_JOB), "args": [str(release)]},
                     "work": {"seconds": 30}},
         "queued": {"name": "queued", "kind": "python", "cpus": 2, "devices": {"count": 0},
                    "python": {"script": str(SLEEP_JOB), "args": ["2"]}, "work": {"seconds": 2}},
