@@ -1,0 +1,180 @@
+"""Planning a serving config: each model's replica spec, input, memory and replica groups
+(:func:`plan_models`; trains a missing checkpoint when the config says how), and the plan as
+``hetflow serve --dry-run`` shows it (:func:`describe_plan`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import ray
+
+from hetflow.workloads.serve.config import ServeConfig, fallback_chain
+from hetflow.workloads.serve.front import (
+    FrontPlan,
+    app_prefix,
+    group_prefix,
+)
+from hetflow.workloads.serve.placement import ReplicaGroup
+from hetflow.workloads.serve.protocol import (
+    InputSpec,
+)
+from hetflow.workloads.serve.web import url_of
+
+
+if TYPE_CHECKING:  # torch is imported where a model is built, not by the gateway's replicas
+    from hetflow.workloads.serve.inference import ReplicaSpec
+
+
+@dataclass(frozen=True)
+class ModelPlan:
+    """One model ready to deploy: its replicas' spec and where they go."""
+
+    entry: Any  # ModelServeConfig
+    spec: ReplicaSpec
+    input: InputSpec
+    groups: list[ReplicaGroup]
+    memory_bytes: int
+    generative: bool = False  # its spec's serving output is sequence_logits (a causal LM)
+
+
+def plan_models(config: ServeConfig, dry_run: bool = False,
+                may_train: bool = True) -> dict[str, ModelPlan]:
+    """Checkpoints found (or trained, unless ``dry_run`` or not ``may_train``), input specs
+    and replica groups for every model. Needs a connected Ray (it reads the live hetflow
+    snapshot)."""
+    from hetflow.runtime.binding import live_snapshot
+    from hetflow.workloads.serve.inference import (
+        ReplicaSpec,
+        entry_input_spec,
+        entry_output,
+        estimate_memory_bytes,
+        source_of,
+        train_config_of,
+    )
+    from hetflow.workloads.serve.placement import check_memory, plan_replica_groups
+
+    snapshot = live_snapshot()
+    ray_gpus = float(ray.cluster_resources().get("GPU", 0))
+    plans: dict[str, ModelPlan] = {}
+    for entry in config.models:
+        train = train_config_of(entry)
+        checkpoint = ensure_checkpoint(entry, train, dry_run, may_train) \
+            if train is not None and not entry.safetensors else None
+        memory = check_memory(entry, estimate_memory_bytes(
+            train, entry.precision, entry.torchscript or entry.exported))
+        groups = plan_replica_groups(config.name, entry, snapshot, ray_gpus, memory)
+        # Slots planned for this model hold memory for the next model's plan too.
+        device = "cpu" if groups[0].compute == "cpu" else entry.device
+        spec = ReplicaSpec(entry.name, train.model_dump(mode="json") if train else None,
+                           checkpoint, entry.precision, device, entry.threads_per_replica,
+                           source_of(entry))
+        plans[entry.name] = ModelPlan(entry, spec, entry_input_spec(entry, train), groups,
+                                      memory, entry_output(train) == "sequence_logits")
+        snapshot = _with_groups(snapshot, config.name, entry, groups, memory)
+    _check_fallback_inputs(config, plans)
+    return plans
+
+
+def _with_groups(snapshot: Any, app: str, entry: Any, groups: list[ReplicaGroup],
+                 memory: int) -> Any:
+    """The snapshot with the model's planned replicas allocated (for the next model's plan)."""
+    from dataclasses import replace
+
+    from hetflow.core.topology import Allocation
+
+    allocs = []
+    for group in groups:
+        if group.device is None:
+            continue
+        count = group.num_replicas or group.autoscaling["max_replicas"]
+        for i in range(count):
+            allocs.append(Allocation(f"{group.deployment}-{i}", group.device.node,
+                                     group.device.device, memory,
+                                     exclusive=not entry.share_devices))
+    return replace(snapshot, allocations=snapshot.allocations + tuple(allocs))
+
+
+def _check_fallback_inputs(config: ServeConfig, plans: dict[str, ModelPlan]) -> None:
+    from hetflow.core.errors import InputError
+
+    for entry in config.models:
+        if entry.fallback and plans[entry.fallback].input != plans[entry.name].input:
+            raise InputError(f"model {entry.name}: fallback {entry.fallback} takes different "
+                             f"input ({plans[entry.fallback].input.description}) than "
+                             f"{entry.name} ({plans[entry.name].input.description})")
+
+
+def ensure_checkpoint(entry: Any, train: Any, dry_run: bool = False,
+                      may_train: bool = True) -> str | None:
+    """The checkpoint directory to load (None for random weights); trains first when
+    ``train_if_missing`` and no complete checkpoint exists (not with ``dry_run``; refused
+    when not ``may_train``: Serve's application builder does not train)."""
+    from pathlib import Path
+
+    from hetflow.core.errors import InputError
+    from hetflow.workloads.train.checkpoint import latest_checkpoint
+
+    if entry.weights == "random":
+        return None
+    directory = Path(entry.checkpoint_dir).absolute() if entry.checkpoint_dir else train.checkpoint_dir
+    if latest_checkpoint(directory) is None:
+        if not may_train and not dry_run:
+            raise InputError(f"model {entry.name}: no complete checkpoint in {directory}; "
+                             "train it first (hetflow train, or hetflow serve once with "
+                             "train_if_missing) - Serve's application builder does not train")
+        if not entry.train_if_missing:
+            raise InputError(f"model {entry.name}: no complete checkpoint in {directory}; train "
+                             "it first (hetflow train) or set train_if_missing: true")
+        if dry_run:
+            return str(directory)  # it would be trained first
+        from hetflow.workloads.train.job import run_training
+
+        if entry.checkpoint_dir:
+            train = train.with_overrides(checkpoint={"dir": str(directory)})
+        run_training(train)
+    return str(directory)
+
+
+def describe_plan(config: ServeConfig, plans: dict[str, ModelPlan]) -> dict[str, Any]:
+    """What ``deploy`` would place and start (``hetflow serve --dry-run``)."""
+    fast = set(plans) - via_gateway(plans)
+    return {
+        "front_door": {"url": url_of(config.http.host, config.http.port), "haproxy": None},
+        "applications": [
+            *[{"name": g.deployment, "model": n, "route_prefix": group_prefix(config.name, n, i),
+               "ingress": "ModelServer", "replicas": g.num_replicas,
+               "autoscaling": g.autoscaling, "compute": g.compute,
+               "device": str(g.device) if g.device else None,
+               "path": "direct" if n in fast else "gateway"}
+              for n, mp in plans.items() for i, g in enumerate(mp.groups)],
+            {"name": config.name, "route_prefix": app_prefix(config.name), "ingress": "Gateway",
+             "replicas": config.gateway.replicas}],
+        "models": {n: {"input": mp.input.description, "precision": mp.entry.precision,
+                       "checkpoint": mp.spec.checkpoint, "source": mp.spec.source or None,
+                       "memory_bytes": mp.memory_bytes, "fallback": mp.entry.fallback,
+                       "generative": mp.generative,
+                       "placement": [g.describe() for g in mp.groups]}
+                   for n, mp in plans.items()},
+    }
+
+
+def via_gateway(plans: dict[str, ModelPlan]) -> set[str]:
+    """Models served through the gateway rather than straight to their replicas (see
+    ``FrontPlan.via_gateway``): the autoscaled ones."""
+    return {n for n, mp in plans.items() if mp.entry.autoscaling is not None}
+
+
+def front_plan(config: ServeConfig, plans: dict[str, ModelPlan]) -> FrontPlan:
+    return FrontPlan(
+        app=config.name, host=config.http.host, port=config.http.port,
+        models={n: [g.deployment for g in mp.groups] for n, mp in plans.items()},
+        gateway_app=config.name, request_timeout_s=config.limits.request_timeout_s,
+        retries=config.gateway.retries, max_body_bytes=config.limits.body_bytes,
+        client_timeout_s=config.limits.client_timeout_s,
+        route_prefix=config.http.route_prefix,
+        fallbacks={n: fallback_chain(config, n)[1:] for n in plans},
+        via_gateway=frozenset(via_gateway(plans)))
+
+
+__all__ = ["describe_plan", "ensure_checkpoint", "front_plan", "ModelPlan", "plan_models", "via_gateway"]

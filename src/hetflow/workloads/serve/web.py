@@ -1,0 +1,89 @@
+"""HTTP pieces the replicas and the gateway share: bounded body reads, the client's path,
+JSON and KServe v2 answers, and the names of the front door's actor and URL."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from hetflow.workloads.serve import kserve
+from hetflow.workloads.serve.front import (
+    PATH_HEADER,
+)
+from hetflow.workloads.serve.protocol import (
+    RequestError,
+)
+
+
+JSON = "application/json"
+
+
+# A log line per request costs each replica more CPU than a small model's forward pass.
+QUIET = {"enable_access_log": False}
+
+
+async def read_body(request: Request, limit: int, json_only: bool = True) -> bytes:
+    """The body, refused with 413 over ``limit`` (declared or streamed) and 415 when it is
+    not JSON (``json_only``)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isascii() and declared.isdigit() and int(declared) > limit:
+        raise RequestError(413, f"the body is {declared} bytes, more than the limit of "
+                                f"{limit}; send fewer rows per request")
+    media = request.headers.get("content-type", JSON).split(";")[0].strip().lower()
+    if json_only and media not in (JSON, "", "text/json") and not media.endswith("+json"):
+        raise RequestError(415, f"content-type {media} is not JSON; send application/json")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise RequestError(413, f"the body is more than the limit of {limit} bytes; "
+                                    "send fewer rows per request")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def client_path(request: Request) -> str:
+    """The path the client asked for (the front door rewrites the path to Serve's internal
+    route prefix and keeps the client's in a header). Without the front door (Serve's own
+    proxy, ``builder``), the path under the application's route prefix (Serve's root_path)."""
+    path = request.headers.get(PATH_HEADER)
+    if path is None:
+        path = request.url.path
+        root = (request.scope.get("root_path") or "").rstrip("/")
+        if root and (path == root or path.startswith(root + "/")):
+            path = path[len(root):]
+    return path.rstrip("/") or "/"
+
+
+async def resolve(response: Any) -> Any:
+    return await response
+
+
+def require(method: str, wanted: str, path: str) -> None:
+    if method != wanted:
+        raise RequestError(405, f"{path} takes {wanted}, not {method}")
+
+
+def json_response(status: int, payload: dict[str, Any]) -> Response:
+    return Response(json.dumps(payload), status_code=status, media_type=JSON)
+
+
+def v2_response(model: str, infer: Any, result: dict[str, Any], served_by: str) -> Response:
+    body, headers = kserve.infer_response(model, infer, result, served_by)
+    media = JSON if not headers else "application/octet-stream"
+    return Response(body, status_code=200, headers=headers, media_type=media)
+
+
+def front_name(app: str) -> str:
+    """The Ray actor name of an application's front door (namespace ``serve``)."""
+    return f"hetflow-front-{app}"
+
+
+def url_of(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+__all__ = ["client_path", "front_name", "JSON", "json_response", "QUIET", "read_body", "require", "resolve", "url_of", "v2_response"]
