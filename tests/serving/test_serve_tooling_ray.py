@@ -32,6 +32,12 @@ HETFLOW = str(Path(sys.executable).with_name("hetflow"))
 
 @pytest.fixture(scope="module")
 def cluster():
+    # Serve's own tooling on a plain cluster: without hetflow's direct-ingress settings, even if
+    # an earlier module of this process left them in the environment (the Serve CLI runs below
+    # inherit it; a driver and a cluster that disagree on direct ingress hung `serve run`)
+    from hetflow.workloads.serve.front import FAST_ENV
+
+    saved = {key: os.environ.pop(key) for key in list(FAST_ENV) if key in os.environ}
     dashboard = _free_port()
     info = ray.init(address="local", num_cpus=4, include_dashboard=True,
                     dashboard_host="127.0.0.1", dashboard_port=dashboard,
@@ -40,6 +46,7 @@ def cluster():
     subprocess.run([SERVE, "shutdown", "-a", f"http://{info.dashboard_url}", "-y"],
                    capture_output=True, timeout=60)
     ray.shutdown()
+    os.environ.update(saved)
 
 
 @pytest.fixture(scope="module")
