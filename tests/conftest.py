@@ -79,6 +79,10 @@ def pytest_xdist_make_scheduler(config, log):
         return None
     from xdist.scheduler import LoadScopeScheduling
 
+    # hand the units out in collection order (below: Ray modules first), not xdist's default
+    # of the units with the most tests first (which ran the few-test, long Ray modules last)
+    config.option.loadscopereorder = False
+
     class ModuleGroups(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return group_of(nodeid)
@@ -93,16 +97,7 @@ def pytest_collection_modifyitems(session, config, items):
     first = {}
     for item in items:
         first.setdefault(group_of(item.nodeid), slow(item))
-    items.sort(key=lambda item: (group_of(item.nodeid) not in FIRST_IN_ITS_PROCESS,
-                                 not first[group_of(item.nodeid)]))
-
-
-# Modules that must be the first of their test process. test_serve_tooling_ray drives Serve's own
-# CLI (`serve deploy`, `serve run`) against its cluster; after other Ray modules in the same
-# process, `serve run` hung or its application never showed in `serve.status()` (3 CI runs),
-# while the module alone passed every time. Not understood yet (Serve keeps process-wide state
-# across clusters); until it is, it runs before any other Ray module of its process.
-FIRST_IN_ITS_PROCESS = {"tests/serving/test_serve_tooling_ray.py"}
+    items.sort(key=lambda item: not first[group_of(item.nodeid)])
 
 
 # --- ending the test process --------------------------------------------------------------------

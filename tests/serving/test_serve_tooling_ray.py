@@ -159,11 +159,17 @@ def test_serve_deploy_of_the_written_config_serves_every_endpoint(cluster, servi
     assert set(listing) == {"digits", "small"} and listing["digits"]["fallback"] == ["small"]
 
 
-def test_serve_run_builds_from_the_import_path(cluster, serving_file) -> None:
+def test_serve_run_builds_from_the_import_path(cluster, serving_file, tmp_path) -> None:
     path, port = serving_file
+    # another cluster is recorded on this machine (as `ray start` records the newest one): the
+    # builder runs before `serve run` connects and must join the cluster -a names, not "auto"'s
+    # (which joined another test process's cluster, whose end then took `serve run` down)
+    env = dict(os.environ, RAY_TMPDIR=str(tmp_path / "elsewhere"))
+    Path(env["RAY_TMPDIR"], "ray").mkdir(parents=True)
+    Path(env["RAY_TMPDIR"], "ray", "ray_current_cluster").write_text(f"127.0.0.1:{_free_port()}")
     run = subprocess.run([SERVE, "run", "--non-blocking", "-a", cluster["gcs"], "--name", "built",
                           "--route-prefix", "/built", "hetflow.serve:app", f"config={path}"],
-                         capture_output=True, text=True, timeout=240)
+                         capture_output=True, text=True, timeout=240, env=env)
     assert run.returncode == 0, run.stderr[-3000:]
     _wait_running("built")
     # the same Serve instance (the HTTP options of the first deploy), under its route prefix

@@ -11,7 +11,8 @@ Application). Its args: ``config`` (a serving YAML's path, on the machine that b
 ``serving`` (the serving config inline, as a mapping: what :func:`serve_config_document`
 writes, so the Serve config file is self-contained and builds anywhere on the cluster), and
 ``address`` (the Ray cluster, only for ``serve run IMPORT_PATH``, whose builder runs before
-Serve connects). The application is one Serve application named after the config: the
+Serve connects; by default the builder takes ``serve run``'s own ``--address``, then
+``RAY_ADDRESS``, then ``auto``). The application is one Serve application named after the config: the
 gateway is its ingress and holds the model deployments' handles, placed by hetflow's planner
 like ``hetflow serve``'s, with the same endpoints, protocols, batching, fallback and health.
 
@@ -62,9 +63,23 @@ def app(args: dict[str, Any]) -> Any:
 
     config = config_from_args(args)
     if not ray.is_initialized():  # `serve run IMPORT_PATH` builds before it connects
-        ray.init(address=args.get("address") or config.ray_address
+        ray.init(address=args.get("address") or config.ray_address or _serve_run_address()
                  or os.environ.get("RAY_ADDRESS") or "auto", namespace="serve")
     return build_single_application(config, plan_models(config, may_train=False))
+
+
+def _serve_run_address() -> str | None:
+    """The ``--address`` given to ``serve run`` when this builder runs inside it (Serve's CLI
+    builds the application before it connects, and then keeps whatever Ray the builder
+    joined): without it, ``auto`` would join the newest cluster on this machine, not the one
+    named by ``-a``."""
+    try:
+        import click
+    except ImportError:  # pragma: no cover - Serve's CLI needs click
+        return None
+    context = click.get_current_context(silent=True)
+    address = context.params.get("address") if context is not None else None
+    return address if isinstance(address, str) and address and address != "auto" else None
 
 
 def self_contained(config: Any) -> dict[str, Any]:
