@@ -125,10 +125,11 @@ def all_ended(ids: list[str]) -> dict[str, dict[str, Any]] | None:
 # --- the same policy in the simulator and live --------------------------------------------------
 
 # (name, devices, seconds), submitted in this order at once. With fifo and first fit on the
-# node order a, b: j1 -> a, j2 -> b0, j3 waits (2 devices), j4 -> b1; at 4 s j1 ends and j3
-# takes a; at 6 s j4 ends and j5 takes b1; at 8 s j3 ends and j6 takes a. Events are 2 s apart,
-# far more than the live loop's reaction time, so the order cannot race.
-TRACE = [("j1", 2, 4.0), ("j2", 1, 9.0), ("j3", 2, 4.0), ("j4", 1, 6.0), ("j5", 1, 4.0), ("j6", 2, 2.0)]
+# node order a, b: j1 -> a, j2 -> b0 (to the end), j3 waits (2 devices), j4 -> b1; at 8 s j1
+# ends and j3 takes a; at 12 s j4 ends and j5 takes b1; at 16 s j3 ends and j6 takes a. Events
+# are 4 s apart and j2 outlasts them all, far more than a job's start-up skew on a loaded
+# machine (at 2 s apart, a late start let j2 end before j4 and j5 took b0), so the order cannot race.
+TRACE = [("j1", 2, 8.0), ("j2", 1, 30.0), ("j3", 2, 8.0), ("j4", 1, 12.0), ("j5", 1, 8.0), ("j6", 2, 4.0)]
 
 
 def test_simulator_and_live_controller_agree(cluster: Path) -> None:
@@ -144,7 +145,7 @@ def test_simulator_and_live_controller_agree(cluster: Path) -> None:
                    for name, seg in first_segment.items()}
 
     ids = [client.submit(sleep_spec(name, n, s))["job_id"] for name, n, s in TRACE]
-    jobs = wait_for(lambda: all_ended(ids), 60, "the trace to finish")
+    jobs = wait_for(lambda: all_ended(ids), 120, "the trace to finish")
     live = [jobs[i] for i in ids]
     assert all(j["status"] == "SUCCEEDED" for j in live)
     assert all(len(j["runs"]) == 1 for j in live)  # nothing preempted or retried
