@@ -33,7 +33,8 @@ type actually taken is the last available one), ``fifo_perf``, ``max_min_fairnes
 agnostic: all throughputs 1), ``max_min_fairness_perf`` (LAS with heterogeneity),
 ``finish_time_fairness_perf`` (FTF) - the same cvxpy programs Gavel builds, solved with ECOS
 (CLARABEL when ECOS raises, as the calibration runs did) - and ``hetflow``, this project's
-policy on the same mechanism (:class:`HetflowRounds`).
+policy: the class the live controller runs (``HetflowPolicy``), answering the same mechanism
+through an adapter (:mod:`hetflow.sim.live_gavel`), not an algorithm of its own.
 """
 
 from __future__ import annotations
@@ -41,7 +42,6 @@ from __future__ import annotations
 import ast
 import csv
 import json
-import math
 import random
 import time
 from dataclasses import dataclass, field
@@ -605,14 +605,18 @@ class GavelSimulator:
 
 
 def make_gavel_policy(name: str, seed: int = 0) -> RoundPolicy:
+    """Gavel's reference policies by their names; ``hetflow`` is the live controller's policy
+    class through :mod:`hetflow.sim.live_gavel` (the same code ``hetflow submit`` runs)."""
+    from hetflow.sim.live_gavel import live_gavel_policy
+
     factories: dict[str, Callable[[], RoundPolicy]] = {
         "fifo": lambda: Fifo(perf=False, seed=seed),
         "fifo_perf": lambda: Fifo(perf=True),
         "max_min_fairness": MaxMinFairness,
         "max_min_fairness_perf": MaxMinFairnessPerf,
         "finish_time_fairness_perf": FinishTimeFairnessPerf,
-        "hetflow": lambda: HetflowRounds(),
     }
+    factories.update({name: (lambda name=name: live_gavel_policy(name)) for name in LIVE_POLICIES})
     factories.update({alias: factories[target] for alias, target in GAVEL_ALIASES.items()})
     factory = factories.get(name)
     if factory is None:
@@ -620,8 +624,9 @@ def make_gavel_policy(name: str, seed: int = 0) -> RoundPolicy:
     return factory()
 
 
+LIVE_POLICIES = ("hetflow",)  # registry policies run through the adapter (the live classes)
 GAVEL_POLICIES = ("fifo", "fifo_perf", "max_min_fairness", "max_min_fairness_perf", "finish_time_fairness_perf",
-                  "hetflow")
+                  *LIVE_POLICIES)
 GAVEL_REFERENCE = GAVEL_POLICIES[:-1]
 GAVEL_DEFAULT_POLICIES = GAVEL_POLICIES
 GAVEL_ALIASES = {"las": "max_min_fairness", "las_perf": "max_min_fairness_perf", "ftf": "finish_time_fairness_perf"}
@@ -630,86 +635,3 @@ GAVEL_ALIASES = {"las": "max_min_fairness", "las_perf": "max_min_fairness_perf",
 def simulate_gavel(jobs: Sequence[GavelJob], policy: str, seed: int = 0, cluster: Mapping[str, int] | None = None,
                    progress: Callable[[int, int], None] | None = None) -> GavelRun:
     return GavelSimulator(jobs, make_gavel_policy(policy, seed), cluster, seed=seed, progress=progress).run()
-
-
-class HetflowRounds(RoundPolicy):
-    """hetflow's policy on Gavel's mechanism (the same rounds, micro-tasks and speeds):
-
-    1. **admission** by shortest remaining area first (gang size x remaining time at the job's
-       best speed), as ``hetflow``'s cluster policy, until the admitted gangs fill the GPUs;
-    2. **worker types** for the admitted jobs by an assignment program (HiGHS): maximise
-       sum of gang x (speed on the type / best speed) / sqrt(remaining area), under each type's
-       GPU count - jobs that gain most from a V100 get the V100s, shorter ones first;
-    3. leftovers (fractional answers, jobs not admitted) greedily to the fastest type with room.
-
-    It recomputes every round, so a new job runs at the next round (Gavel's allocation waits
-    for its 1,920 s reset interval) and no worker is held idle. Preemption is free in Gavel's
-    protocol (no restore cost). The program is re-solved when the set of jobs changes; in the
-    rounds between, the jobs keep their types (remaining areas move slowly)."""
-
-    name = "hetflow"
-
-    def __init__(self) -> None:
-        self._last: tuple[frozenset[int], dict[str, list[int]]] | None = None
-
-    def pick(self, sim: GavelSimulator) -> dict[str, list[int]]:
-        key = frozenset(sim.active)
-        if self._last is not None and self._last[0] == key:
-            return {w: list(ids) for w, ids in self._last[1].items()}
-        chosen = self._solve(sim)
-        self._last = (key, chosen)
-        return {w: list(ids) for w, ids in chosen.items()}
-
-    def _solve(self, sim: GavelSimulator) -> dict[str, list[int]]:
-        from scipy.optimize import linprog
-        from scipy.sparse import csr_matrix
-
-        types = list(sim.types)
-        left = dict(sim.cluster)
-        chosen: dict[str, list[int]] = {w: [] for w in types}
-        if not sim.active:
-            return chosen
-        info = []
-        for j, job in sim.active.items():
-            best = max(job.thr.get(w, 0.0) for w in types)
-            info.append((job.scale_factor * sim.remaining(j) / best, j, best))
-        info.sort()
-        capacity = sum(left.values())
-        admitted, used = [], 0
-        for area, j, best in info:
-            sf = sim.active[j].scale_factor
-            if used + sf <= capacity:
-                admitted.append((area, j, best))
-                used += sf
-        n, t = len(admitted), len(types)
-        sf = np.array([sim.active[j].scale_factor for _, j, _ in admitted], dtype=float)
-        rel = np.array([[sim.active[j].thr.get(w, 0.0) / best for w in types] for _, j, best in admitted])
-        urgency = 1.0 / np.sqrt(np.array([max(area, 1e-9) for area, _, _ in admitted]))
-        cost = -(rel * (sf * urgency)[:, None]).ravel()
-        rows = np.concatenate([np.repeat(np.arange(n), t), n + np.tile(np.arange(t), n)])
-        cols = np.concatenate([np.arange(n * t), np.arange(n * t)])
-        vals = np.concatenate([np.ones(n * t), np.repeat(sf, t)])
-        a_ub = csr_matrix((vals, (rows, cols)), shape=(n + t, n * t))
-        b_ub = np.concatenate([np.ones(n), [sim.cluster[w] for w in types]])
-        upper = (rel.ravel() > 0).astype(float)
-        res = linprog(cost, A_ub=a_ub, b_ub=b_ub, bounds=np.column_stack([np.zeros(n * t), upper]), method="highs")
-        placed: set[int] = set()
-        if res.status == 0:
-            x = res.x.reshape(n, t)
-            for i, (_, j, _) in enumerate(admitted):
-                k = int(np.argmax(x[i]))
-                w = types[k]
-                if x[i, k] > 0.5 and left[w] >= sf[i]:
-                    left[w] -= int(sf[i])
-                    chosen[w].append(j)
-                    placed.add(j)
-        for _, j, _ in info:
-            if j in placed:
-                continue
-            job = sim.active[j]
-            fits = [w for w in types if left[w] >= job.scale_factor and job.thr.get(w, 0.0) > 0]
-            if fits:
-                w = max(fits, key=lambda k: job.thr[k])
-                left[w] -= job.scale_factor
-                chosen[w].append(j)
-        return chosen
