@@ -93,8 +93,10 @@ def progress_log() -> Any:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     here = ray.get_runtime_context().get_node_id()
-    return ray.remote(num_cpus=0)(ProgressLog).options(
+    log = ray.remote(num_cpus=0)(ProgressLog).options(
         scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False)).remote()
+    ray.get(log.since.remote(0))  # alive before any rank reports to it
+    return log
 
 
 # -- the driver ---------------------------------------------------------------------------------
