@@ -48,7 +48,8 @@ class HTTPConfig(_Section):
 
     host: str = "127.0.0.1"
     """Address to bind (the replicas' own ports bind it too). The default is loopback only;
-    anything else exposes the models to the network, with no authentication."""
+    anything else exposes the models to the network, and API keys are then required
+    (``auth``)."""
     port: int = Field(8000, ge=1, le=65535)
     """TCP port of the front door."""
     route_prefix: str = Field("/", pattern=r"^/([A-Za-z0-9._~-]+(/[A-Za-z0-9._~-]+)*)?$")
@@ -90,6 +91,22 @@ class GatewayConfig(_Section):
     retries: int = Field(1, ge=0)
     """Extra attempts on the same model when the replica a request was sent to died under it
     (inference is idempotent); then the fallback model is tried."""
+
+
+class AuthConfig(_Section):
+    """API keys at the front door (docs/serving.md, "Gateway"): made with ``hetflow keys
+    create``; clients send ``Authorization: Bearer KEY`` (or ``x-api-key``)."""
+
+    mode: Literal["auto", "keys", "none"] = "auto"
+    """``keys``: every request but health probes needs a key; ``none``: open to anyone who
+    reaches the port; ``auto``: ``keys`` when ``http.host`` is not loopback, else ``none``."""
+    store: str = "file"
+    """Where the keys live: ``file`` (``~/.hetflow/keys``, or ``$HETFLOW_KEYS_DIR``), a
+    directory, or ``cluster`` (the Ray cluster's GCS key-value store, for front doors on any
+    node; ``hetflow keys --address``)."""
+
+    def enabled(self, host: str) -> bool:
+        return self.mode == "keys" or (self.mode == "auto" and not is_loopback(host))
 
 
 class AutoscalingConfig(_Section):
@@ -240,6 +257,10 @@ class ModelServeConfig(_Section):
     """How often Serve checks each replica (a dead one is replaced after it fails)."""
     fallback: str | None = None
     """Model that answers this model's requests while none of its replicas is running."""
+    queue_limit: int | None = Field(None, ge=0)
+    """Requests in flight per running replica past which the front door answers ``503``
+    (``Retry-After: 1``) at once instead of queueing, so admitted requests keep their latency
+    (default: ``max_ongoing_requests``; 0: never refuse)."""
 
     @model_validator(mode="after")
     def _check_model(self) -> "ModelServeConfig":
@@ -287,6 +308,8 @@ class ServeConfig(_Section):
     """Request size and time limits."""
     gateway: GatewayConfig = Field(default_factory=GatewayConfig)
     """The routing front."""
+    auth: AuthConfig = Field(default_factory=AuthConfig)
+    """API keys, per-key limits and quotas."""
     models: list[ModelServeConfig] = Field(min_length=1)
     """The served models (at least one)."""
     default_model: str | None = None

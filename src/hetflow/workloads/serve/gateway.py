@@ -23,6 +23,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from hetflow.workloads.serve import kserve, openai_api
+from hetflow.workloads.serve.access import MODELS_HEADER, TOKENS_HEADER, allowed_models
 from hetflow.workloads.serve.metrics import GatewayMetrics
 from hetflow.workloads.serve.protocol import (
     InputSpec,
@@ -131,7 +132,8 @@ class Gateway:
             if path == "/v1/models" or path.startswith("/v1/models/"):
                 require(request.method, "GET", path)
                 await self._first_poll()
-                return self._models(path[len("/v1/models/"):] if path != "/v1/models" else None)
+                return self._models(path[len("/v1/models/"):] if path != "/v1/models" else None,
+                                    allowed_models(request.headers.get(MODELS_HEADER)))
             raise RequestError(404, f"no endpoint {path}; try POST /v1/models/<name>/predict, "
                                     "GET /v1/models, /health or /metrics")
         except RequestError as exc:
@@ -191,6 +193,7 @@ class Gateway:
                 body, self.table.generative, list(self.table.specs),
                 default_model=next(iter(self.table.generative), None),
                 max_new_tokens=self.table.max_new_tokens)
+            _check_allowed(request, req.model)
         except RequestError as exc:
             self.metrics.answered("-", exc.status)
             return Response(openai_api.error_body(exc.message), status_code=exc.status,
@@ -234,13 +237,18 @@ class Gateway:
                     yield openai_api.chunk(cid, req.model, piece, finish, created)
                 yield openai_api.DONE
 
-            return StreamingResponse(events(), media_type="text/event-stream")
+            # a stream's usage is known only at its end, after the headers: the key is charged
+            # what the request may use (prompt + max_tokens), as OpenAI's own limits count it
+            return StreamingResponse(events(), media_type="text/event-stream",
+                                     headers={TOKENS_HEADER: str(len(req.prompt) + req.max_tokens)})
         out, finish = [], "length"
         async for piece, reason in pieces():
             out.append(piece)
             finish = reason or finish
-        return json_response(200, openai_api.completion(cid, req.model, "".join(out), finish,
-                                                len(req.prompt), generated[0]))
+        response = json_response(200, openai_api.completion(cid, req.model, "".join(out), finish,
+                                                            len(req.prompt), generated[0]))
+        response.headers[TOKENS_HEADER] = str(len(req.prompt) + generated[0])
+        return response
 
     def _front_ready(self) -> bool:
         return bool(self.front.get("ready")) or not self.table.front_door
@@ -272,6 +280,7 @@ class Gateway:
         parsed = parse_predict(body, self.table.specs, path_model=path_model,
                                default_model=self.table.default_model,
                                max_rows=self.table.max_rows)
+        _check_allowed(request, parsed.model)
         # A model's own URL reaches the gateway only as the front door's backup, i.e. while
         # none of the model's replicas is up there: try its fallbacks first, then itself.
         status, payload = await self.predict(
@@ -433,15 +442,26 @@ class Gateway:
         return json_response(200 if ready else 503, {"status": status if ready or status == "down"
                                              else "starting", "ready": ready, "models": models})
 
-    def _models(self, name: str | None) -> Response:
-        if name is not None and name not in self.table.specs:
+    def _models(self, name: str | None, allowed: set[str] | None = None) -> Response:
+        """The listing; with an API key that may use some models only, those (another
+        model's name is answered 404, as if it did not exist)."""
+        visible = sorted(m for m in self.table.specs if allowed is None or m in allowed)
+        if name is not None and name not in visible:
             raise RequestError(404, f"unknown model {name!r}; served models: "
-                                    f"{', '.join(sorted(self.table.specs))}")
-        names = [name] if name is not None else sorted(self.table.specs)
+                                    f"{', '.join(visible)}")
+        names = [name] if name is not None else visible
         listing = {n: {**self.table.describe.get(n, {}), "input": self.table.specs[n].to_dict(),
                        "fallback": self.table.chains[n][1:], **self.model_state(n)}
                    for n in names}
         return json_response(200, listing[name] if name is not None else {"models": listing})
+
+
+def _check_allowed(request: Request, model: str) -> None:
+    """403 when the request's API key may not use ``model`` (the front door sets the list;
+    it checks the model it read too - this is the check on the model the gateway parsed)."""
+    allowed = allowed_models(request.headers.get(MODELS_HEADER))
+    if allowed is not None and model not in allowed:
+        raise RequestError(403, "this API key may not use this model")
 
 
 __all__ = ["Gateway", "RouteTable"]

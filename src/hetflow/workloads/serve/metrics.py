@@ -43,6 +43,9 @@ METRIC_TYPES = {
     "hetflow_serve_request_duration_seconds": "histogram",
     "hetflow_serve_request_batch_size": "histogram",
     "hetflow_serve_replicas_running": "gauge",
+    "hetflow_key_requests_total": "counter",
+    "hetflow_key_tokens_total": "counter",
+    "hetflow_key_refused_total": "counter",
 }
 RENAMED = {
     "hetflow_serve_request_seconds": "hetflow_serve_request_duration_seconds",
@@ -84,6 +87,8 @@ class GatewayMetrics:
         self.latency: dict[str, Histogram] = {}
         self.batch: dict[str, Histogram] = {}
         self.replicas: dict[tuple[str, str], int] = {}
+        # API key name -> requests, tokens, refused since the front door started (set by it)
+        self.keys: dict[str, dict[str, int]] = {}
 
     def answered(self, model: str, code: int) -> None:
         self.requests[(model, code)] += 1
@@ -141,6 +146,11 @@ class GatewayMetrics:
                 buckets = [(floatToGoString(float(le)), n) for le, n in hist.cumulative()]
                 family.add_metric([model], buckets, hist.total)
             yield family
+        for field, help_text in (("requests", "Requests admitted per API key (by its name)."),
+                                 ("tokens", "Tokens counted per API key (by its name)."),
+                                 ("refused", "Requests refused per API key over its rate limits.")):
+            yield _filled(CounterMetricFamily(f"hetflow_key_{field}", help_text, labels=["key"]),
+                          {(k,): v.get(field, 0) for k, v in self.keys.items()})
         yield _filled(GaugeMetricFamily("hetflow_serve_replicas_running",
                                         "Running replicas per deployment (last status poll).",
                                         labels=["model", "deployment"]), self.replicas)
@@ -168,6 +178,7 @@ class GatewayMetrics:
             "batch_requests": {m: _hist_dict(h) for m, h in self.batch.items()},
             "replicas_running": [{"model": m, "deployment": d, "running": v}
                                  for (m, d), v in sorted(self.replicas.items())],
+            "keys": {k: dict(v) for k, v in sorted(self.keys.items())},
         }
 
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 
+from hetflow.workloads.serve.access import AccessPlan
 from hetflow.workloads.serve.config import ServeConfig, fallback_chain
 from hetflow.workloads.serve.front import (
     FrontPlan,
@@ -174,7 +175,11 @@ def front_plan(config: ServeConfig, plans: dict[str, ModelPlan]) -> FrontPlan:
         client_timeout_s=config.limits.client_timeout_s,
         route_prefix=config.http.route_prefix,
         fallbacks={n: fallback_chain(config, n)[1:] for n in plans},
-        via_gateway=frozenset(via_gateway(plans)))
+        via_gateway=frozenset(via_gateway(plans)),
+        access=(AccessPlan(store=config.auth.store, default_model=config.default)
+                if config.auth.enabled(config.http.host) else None),
+        queue_limits={n: (mp.entry.queue_limit if mp.entry.queue_limit is not None
+                          else mp.entry.ongoing_limit) for n, mp in plans.items()})
 
 
 __all__ = ["describe_plan", "ensure_checkpoint", "front_plan", "ModelPlan", "plan_models", "via_gateway"]

@@ -1,0 +1,322 @@
+"""Who may call what, how often: API keys, rate limits, quotas and load shedding in the front
+door's HAProxy, so that a refused request is answered without touching a replica.
+
+Per request, HAProxy (rules from :func:`frontend_rules`, data in map files from
+:func:`map_entries`):
+
+1. takes the key from ``Authorization: Bearer KEY`` or ``x-api-key`` (exactly one such header),
+   hashes it with the store's salt (``sha2(256)``) and looks the hash up in ``keys.map`` (hash ->
+   key name): a lookup by hash, so its time does not depend on how much of a key a caller
+   guessed. No hit: ``401``. ``/health`` and ``/v2/health/*`` stay open (probes);
+2. a key whose quota is spent (``blocked.map``, kept by :class:`UsageMeter`): ``429`` with
+   ``Retry-After`` = seconds to the quota's reset;
+3. the model (from the path, or the JSON body's ``model`` on ``/v1/predict`` and
+   ``/v1/completions``) not allowed for the key (``allow.map``): ``403``. The gateway checks the
+   model it parsed against the same list (``x-hetflow-models``) and filters its listings;
+4. requests per second (``rps.map``; a stick table counting admitted requests per key over a
+   sliding second) and generated tokens per sliding minute (``tpm.map``; the tokens come from
+   the answer's ``x-hetflow-tokens`` header): over either, ``429`` with ``Retry-After``;
+5. the key's name goes to the replicas as ``x-hetflow-key`` (the client's own such headers are
+   dropped first).
+
+Load shedding (:func:`shed_rules`, with or without keys): a model's backend holding
+``queue_limit`` requests per up server answers ``503`` with ``Retry-After: 1`` at once.
+
+The counters live in HAProxy's stick tables; :class:`UsageMeter` (in the front door actor) reads
+them over the admin socket every poll, adds the new counts to the store's per-key usage (day and
+month) and blocks a key whose quota is spent - so a quota can run over by one poll's traffic.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from hetflow.workloads.serve.keys import KeyRecord, KeyStore, period_end, period_key
+
+MAPS = ("keys", "allow", "models", "rps", "tpm", "blocked")
+REQUESTS_TABLE = "st_requests"  # per key: gpc0 admitted, gpc1 refused over a limit; rate of gpc0 per 1 s
+TOKENS_TABLE = "st_tokens"  # per key: gpc0 tokens; its rate per 60 s
+KEY_HEADER = "x-hetflow-key"
+MODELS_HEADER = "x-hetflow-models"
+TOKENS_HEADER = "x-hetflow-tokens"
+TPM_RETRY_S = 10
+
+
+@dataclass(frozen=True)
+class AccessPlan:
+    """What the front door enforces (plain data, in the FrontPlan)."""
+
+    store: str  # key store: "cluster", "file" or a directory
+    default_model: str
+
+
+def _q(message: str) -> str:
+    """A one-line JSON error as an HAProxy ``string`` argument (double-quoted)."""
+    body = '{"error":"' + message.replace("\\", "\\\\").replace('"', "'") + '"}'
+    return '"' + body.replace('"', '\\"') + '"'
+
+
+def frontend_rules(access: AccessPlan, map_dir: str, root: str) -> list[str]:
+    """The ``http-request``/``http-response`` lines of the frontend for ``access``; ``root``:
+    the route prefix without its trailing slash."""
+    m = {name: os.path.join(map_dir, f"{name}.map") for name in MAPS}
+    depth = root.count("/")
+    json_err = "content-type application/json string"
+    lines = [
+        f"    acl open_path path {root}/health {root}/healthz {root}/v2/health/live {root}/v2/health/ready",
+        "    acl one_bearer req.hdr_cnt(authorization) eq 1",
+        "    acl one_api_key req.hdr_cnt(x-api-key) eq 1",
+        '    http-request set-var(txn.tok) req.hdr(authorization),regsub("^Bearer[ ]+","") if one_bearer',
+        "    http-request set-var(txn.tok) req.hdr(x-api-key) if !one_bearer one_api_key",
+        f"    http-request set-var(txn.kname) var(txn.salt),concat(,txn.tok,),sha2(256),hex,lower,"
+        f"map({m['keys']}) if {{ var(txn.tok) -m found }}",
+        "    acl has_key var(txn.kname) -m found",
+        f"    http-request return status 401 {json_err} "
+        + _q("missing, unknown, expired or revoked API key: send Authorization: Bearer KEY "
+             "(hetflow keys create NAME makes one)")
+        + " unless has_key || open_path",
+        # a spent quota: until its reset
+        f"    http-request set-var(txn.reset) var(txn.kname),map({m['blocked']}) if has_key",
+        "    http-request set-var(txn.retry) var(txn.reset),sub(txn.now) if { var(txn.reset) -m found }",
+        f"    http-request return status 429 {json_err} "
+        + _q("this key's quota is spent; it resets at the start of the next UTC day or month "
+             "(Retry-After)")
+        + " hdr Retry-After %[var(txn.retry)] if { var(txn.reset) -m found }",
+        # the model asked for
+        f"    http-request set-var(txn.model) path,field({depth + 4},/) "
+        f"if {{ path_reg ^{re.escape(root)}/v[12]/models/[^/]+ }}",
+        f"    http-request set-var(txn.model) req.body,json_query('$.model') "
+        f"if !{{ var(txn.model) -m found }} {{ path {root}/v1/predict {root}/v1/completions "
+        f"{root}/v1/chat/completions }}",
+        f"    http-request set-var(txn.model) str({access.default_model}) "
+        f"if !{{ var(txn.model) -m found }} {{ path {root}/v1/predict }}",
+        "    http-request set-var(txn.km) var(txn.kname),concat(/,txn.model,) if has_key",
+        "    http-request set-var(txn.kall) var(txn.kname),concat(/*) if has_key",
+        f"    acl model_allowed var(txn.km),map({m['allow']}) -m found",
+        f"    acl all_models var(txn.kall),map({m['allow']}) -m found",
+        f"    http-request return status 403 {json_err} "
+        + _q("this API key may not use this model")
+        + " if has_key { var(txn.model) -m found } !model_allowed !all_models",
+        # rates
+        f"    http-request track-sc0 var(txn.kname) table {REQUESTS_TABLE} if has_key",
+        f"    http-request track-sc1 var(txn.kname) table {TOKENS_TABLE} if has_key",
+        "    http-request set-var(txn.rps_used) sc_gpc_rate(0,0) if has_key",
+        "    http-request set-var(txn.tpm_used) sc_gpc_rate(0,1) if has_key",
+        f"    http-request set-var(txn.rps) var(txn.kname),map({m['rps']},0) if has_key",
+        "    http-request set-var(txn.rps_left) var(txn.rps),sub(txn.rps_used) if has_key",
+        f"    http-request set-var(txn.tpm) var(txn.kname),map({m['tpm']},0) if has_key",
+        "    http-request set-var(txn.tpm_left) var(txn.tpm),sub(txn.tpm_used) if has_key",
+        "    acl over_rps var(txn.rps) -m int gt 0",
+        "    acl over_rps_now var(txn.rps_left) -m int le 0",
+        "    acl over_tpm var(txn.tpm) -m int gt 0",
+        "    acl over_tpm_now var(txn.tpm_left) -m int le 0",
+        "    http-request sc-inc-gpc(1,0) if has_key over_rps over_rps_now || has_key over_tpm over_tpm_now",
+        f"    http-request return status 429 {json_err} "
+        + _q("this API key is over its requests per second; retry after Retry-After seconds")
+        + " hdr Retry-After 1 if has_key over_rps over_rps_now",
+        f"    http-request return status 429 {json_err} "
+        + _q("this API key is over its tokens per minute; retry after Retry-After seconds")
+        + f" hdr Retry-After {TPM_RETRY_S} if has_key over_tpm over_tpm_now",
+    ]
+    return lines
+
+
+def admit_rules(map_dir: str) -> list[str]:
+    """The last lines (after load shedding): count the request against its key, tell the
+    replicas who asked and for which models, count the answer's tokens."""
+    models_map = os.path.join(map_dir, "models.map")
+    return [
+        "    http-request sc-inc-gpc(0,0) if has_key",
+        f"    http-request set-header {KEY_HEADER} %[var(txn.kname)] if has_key",
+        f"    http-request set-var(txn.kmodels) var(txn.kname),map({models_map}) if has_key",
+        f"    http-request set-header {MODELS_HEADER} %[var(txn.kmodels)] if has_key",
+        f"    http-response sc-add-gpc(0,1) res.hdr({TOKENS_HEADER}) "
+        f"if {{ var(txn.kname) -m found }} {{ res.hdr({TOKENS_HEADER}) -m found }}",
+    ]
+
+
+def preamble_rules(access: AccessPlan | None, salt: str) -> list[str]:
+    """First lines of the frontend: the client may not set hetflow's own headers; with keys,
+    the salt and the current rates in variables (read by :func:`frontend_rules`)."""
+    lines = [f"    http-request del-header {KEY_HEADER}", f"    http-request del-header {MODELS_HEADER}"]
+    if access is not None:
+        lines += [f"    http-request set-var(txn.salt) str({salt})",
+                  "    http-request set-var(txn.now) date"]
+    return lines
+
+
+def table_sections() -> list[str]:
+    return [f"backend {REQUESTS_TABLE}",
+            "    stick-table type string len 64 size 100k expire 48h store gpc(2),gpc_rate(1,1s)",
+            f"backend {TOKENS_TABLE}",
+            "    stick-table type string len 64 size 100k expire 48h store gpc(1),gpc_rate(1,60s)"]
+
+
+def shed_rule(backend: str, acl: str, queue_limit: int) -> str:
+    """503 at once when ``backend`` holds ``queue_limit`` requests per server that is up."""
+    return (f"    http-request return status 503 content-type application/json string "
+            + _q(f"the model is at its queue limit ({queue_limit} in flight per replica); "
+                 "retry after Retry-After seconds")
+            + f" hdr Retry-After 1 if is_{acl} METH_POST {{ nbsrv({backend}) -m int gt 0 }} "
+              f"{{ be_conn({backend}),sub(txn.cap_{acl}) -m int ge 0 }}")
+
+
+def shed_capacity(backend: str, acl: str, queue_limit: int) -> str:
+    return f"    http-request set-var(txn.cap_{acl}) nbsrv({backend}),mul({queue_limit}) if is_{acl}"
+
+
+def map_entries(records: dict[str, KeyRecord], salt: str, blocked: dict[str, float],
+                now: float | None = None) -> dict[str, list[tuple[str, str]]]:
+    """Each map's (key, value) lines for the usable keys. ``blocked``: name -> epoch seconds of
+    its quota's reset."""
+    now = time.time() if now is None else now
+    out: dict[str, list[tuple[str, str]]] = {name: [] for name in MAPS}
+    for name, r in sorted(records.items()):
+        if not r.usable(now):
+            continue
+        out["keys"].append((r.hash, name))
+        if r.models:
+            out["allow"] += [(f"{name}/{model}", "1") for model in r.models]
+            out["models"].append((name, ",".join(r.models)))
+        else:
+            out["allow"].append((f"{name}/*", "1"))
+            out["models"].append((name, "*"))
+        if r.rps:
+            out["rps"].append((name, str(r.rps)))
+        if r.tokens_per_min:
+            out["tpm"].append((name, str(r.tokens_per_min)))
+        if name in blocked:
+            out["blocked"].append((name, str(int(blocked[name]))))
+    return out
+
+
+def write_maps(map_dir: str, entries: dict[str, list[tuple[str, str]]]) -> None:
+    """The map files (read by HAProxy at start and at every reload), each written atomically."""
+    os.makedirs(map_dir, mode=0o700, exist_ok=True)
+    for name in MAPS:
+        path = os.path.join(map_dir, f"{name}.map")
+        tmp = path + ".tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.writelines(f"{k} {v}\n" for k, v in entries.get(name, []))
+        os.replace(tmp, path)
+
+
+def apply_maps(admin: Callable[[str], str], map_dir: str,
+               entries: dict[str, list[tuple[str, str]]]) -> None:
+    """Replace the running HAProxy's maps at once (``prepare map`` / ``add map @ver`` /
+    ``commit map``: a request sees the old map or the new one, never half of it)."""
+    for name in MAPS:
+        path = os.path.join(map_dir, f"{name}.map")
+        answer = admin(f"prepare map {path}")
+        found = re.search(r"version(?: created:)? (\d+)", answer)
+        if not found:
+            raise RuntimeError(f"haproxy refused 'prepare map' for {name}: {answer.strip()[:200]}")
+        version = found.group(1)
+        rows = entries.get(name, [])
+        for start in range(0, len(rows), 200):  # one admin call per 200 lines
+            commands = ";".join(f"add map @{version} {path} {k} {v}" for k, v in rows[start:start + 200])
+            admin(commands)
+        answer = admin(f"commit map @{version} {path}")
+        if answer.strip() and "error" in answer.lower():
+            raise RuntimeError(f"haproxy refused 'commit map' for {name}: {answer.strip()[:200]}")
+
+
+_ROW = re.compile(r"key=(\S+) .*?gpc0=(\d+)(?: gpc1=(\d+))?")
+
+
+def read_table(admin: Callable[[str], str], table: str) -> dict[str, tuple[int, int]]:
+    """key name -> (gpc0, gpc1) of a stick table."""
+    out = {}
+    for line in admin(f"show table {table}").splitlines():
+        found = _ROW.search(line)
+        if found:
+            out[found.group(1)] = (int(found.group(2)), int(found.group(3) or 0))
+    return out
+
+
+@dataclass
+class UsageMeter:
+    """Turns HAProxy's per-key counters into durable usage and quota blocks."""
+
+    store: KeyStore
+    last: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # name -> admitted, refused, tokens
+    usage: dict[str, dict[str, dict[str, int]]] = field(default_factory=dict)
+    counted: dict[str, dict[str, int]] = field(default_factory=dict)  # since the front door started
+    dirty: set[str] = field(default_factory=set)
+    saved_at: float = 0.0
+
+    def _usage_of(self, name: str) -> dict[str, dict[str, int]]:
+        if name not in self.usage:
+            self.usage[name] = self.store.usage(name)
+        return self.usage[name]
+
+    def observe(self, admin: Callable[[str], str], now: float | None = None) -> None:
+        """Add the counts since the last call to each key's day and month."""
+        now = time.time() if now is None else now
+        requests = read_table(admin, REQUESTS_TABLE)
+        tokens = read_table(admin, TOKENS_TABLE)
+        for name in set(requests) | set(tokens):
+            admitted, refused = requests.get(name, (0, 0))
+            used = tokens.get(name, (0, 0))[0]
+            before = self.last.get(name, (0, 0, 0))
+            # a counter below its last value: HAProxy restarted (or the entry expired)
+            d_req = admitted - before[0] if admitted >= before[0] else admitted
+            d_ref = refused - before[1] if refused >= before[1] else refused
+            d_tok = used - before[2] if used >= before[2] else used
+            self.last[name] = (admitted, refused, used)
+            seen = self.counted.setdefault(name, {"requests": 0, "tokens": 0, "refused": 0})
+            seen["requests"] += d_req
+            seen["tokens"] += d_tok
+            seen["refused"] += d_ref
+            if not (d_req or d_tok):
+                continue
+            usage = self._usage_of(name)
+            for period in ("day", "month"):
+                slot = usage.setdefault(period_key(period, now), {"requests": 0, "tokens": 0})
+                slot["requests"] += d_req
+                slot["tokens"] += d_tok
+            self.dirty.add(name)
+
+    def blocked(self, records: dict[str, KeyRecord], now: float | None = None) -> dict[str, float]:
+        """name -> reset time, for each usable key whose quota is spent."""
+        now = time.time() if now is None else now
+        out = {}
+        for name, r in records.items():
+            if r.quota is None or not r.usable(now):
+                continue
+            slot = self._usage_of(name).get(period_key(r.quota.period, now), {})
+            if slot.get(r.quota.unit, 0) >= r.quota.limit:
+                out[name] = period_end(r.quota.period, now)
+        return out
+
+    def save(self, every_s: float = 1.0, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        if not self.dirty or now - self.saved_at < every_s:
+            return
+        for name in sorted(self.dirty):
+            usage = self.usage[name]
+            keep = sorted(usage)[-40:]  # the last 40 days/months
+            self.store.put_usage(name, {k: usage[k] for k in keep})
+        self.dirty.clear()
+        self.saved_at = now
+
+    def totals(self) -> dict[str, dict[str, int]]:
+        """name -> requests, tokens, refused since the front door started (for /metrics)."""
+        return {name: dict(v) for name, v in sorted(self.counted.items())}
+
+
+def allowed_models(header: str | None) -> set[str] | None:
+    """The gateway's reading of ``x-hetflow-models``: None = every model."""
+    if header is None or header.strip() == "*":
+        return None
+    return {m for m in header.split(",") if m}
+
+
+__all__ = ["AccessPlan", "KEY_HEADER", "MAPS", "MODELS_HEADER", "TOKENS_HEADER", "UsageMeter", "admit_rules", "allowed_models",
+           "apply_maps", "frontend_rules", "map_entries", "preamble_rules", "read_table",
+           "shed_capacity", "shed_rule", "table_sections", "write_maps"]

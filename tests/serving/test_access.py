@@ -1,0 +1,294 @@
+"""API keys, limits, quotas and load shedding at the front door: the real HAProxy with the
+config hetflow renders, in front of a small HTTP server that stands in for the replicas and the
+gateway (it echoes what it was sent; no Ray). Every request is real HTTP on loopback."""
+
+from __future__ import annotations
+
+import http.client
+import http.server
+import json
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from hetflow.workloads.serve import access as acc
+from hetflow.workloads.serve import keys as K
+from hetflow.workloads.serve.front import FrontPlan, KeyState, Server, admin_call, haproxy_binary, render_config
+from tests.net import free_port
+
+
+class _Backend(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def _answer(self) -> None:
+        n = int(self.headers.get("content-length") or 0)
+        self.rfile.read(n)
+        if self.path.endswith("/slow/predict"):
+            time.sleep(0.6)
+        body = json.dumps({"path": self.path, "key": self.headers.get(acc.KEY_HEADER),
+                           "models": self.headers.get(acc.MODELS_HEADER)}).encode()
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.send_header(acc.TOKENS_HEADER, "40")  # as the gateway's completions answer
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = _answer
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def handle(self) -> None:
+        try:
+            super().handle()
+        except ConnectionError:
+            pass  # HAProxy's health checks hang up without waiting for the answer
+
+
+class Front:
+    """HAProxy + maps for a plan, driven as the front door actor drives them."""
+
+    def __init__(self, root: Path, store: K.KeyStore, queue_limits: dict[str, int]) -> None:
+        self.backend = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Backend)
+        threading.Thread(target=self.backend.serve_forever, daemon=True).start()
+        port = self.backend.server_address[1]
+        self.port = free_port()
+        self.plan = FrontPlan(app="t", host="127.0.0.1", port=self.port,
+                              models={"digits": ["t.digits"], "slow": ["t.slow"]}, gateway_app="t",
+                              request_timeout_s=5, retries=1, max_body_bytes=1 << 20,
+                              access=acc.AccessPlan(store=str(store.where), default_model="digits"),
+                              queue_limits=queue_limits)
+        self.dir = root
+        self.admin = str(root / "admin.sock")
+        self.keys = KeyState(self.plan.access, str(root / "maps"))
+        servers = {"t.digits": [Server("r1", "127.0.0.1", port)],
+                   "t.slow": [Server("r2", "127.0.0.1", port)], "t": [Server("g1", "127.0.0.1", port)]}
+        self.config = render_config(self.plan, servers, self.admin, None, str(root / "maps"), self.keys.salt)
+        (root / "haproxy.cfg").write_text(self.config)
+        self.log = root / "haproxy.log"
+        self.proc = subprocess.Popen([haproxy_binary(), "-W", "-db", "-f", str(root / "haproxy.cfg")],
+                                     stdout=subprocess.DEVNULL, stderr=self.log.open("wb"))
+        deadline = time.monotonic() + 10
+        while not self._up():
+            assert self.proc.poll() is None and time.monotonic() < deadline, self.log.read_text()
+            time.sleep(0.05)
+
+    def _up(self) -> bool:
+        try:
+            socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+            return True
+        except OSError:
+            return False
+
+    def refresh(self) -> None:
+        self.keys.refresh(lambda c: admin_call(self.admin, c))
+
+    def call(self, path: str, headers: dict | list | None = None, body: bytes = b"{}",
+             method: str = "POST") -> tuple[int, dict, bytes]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+        conn.putrequest(method, path, skip_accept_encoding=True)
+        pairs = headers.items() if isinstance(headers, dict) else (headers or [])
+        for name, value in pairs:
+            conn.putheader(name, value)
+        conn.putheader("content-length", str(len(body)))
+        conn.endheaders(body)
+        r = conn.getresponse()
+        out = r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
+        conn.close()
+        return out
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+        self.backend.shutdown()
+        self.backend.server_close()
+
+
+@pytest.fixture()
+def store(tmp_path) -> K.DirectoryKeyStore:
+    return K.DirectoryKeyStore(tmp_path / "store")
+
+
+@pytest.fixture()
+def front(tmp_path, store):
+    store.salt(create=True)
+    made = []
+
+    def start(queue_limits=None) -> Front:
+        f = Front(tmp_path, store, queue_limits or {})
+        made.append(f)
+        return f
+
+    yield start
+    for f in made:
+        f.close()
+
+
+def bearer(key: str) -> dict:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def test_store_keeps_only_salted_hashes_in_private_files(store) -> None:
+    key = K.create_key(store, "team-a", models=["digits"], rps=5)
+    assert key.startswith(K.KEY_PREFIX) and len(key) == len(K.KEY_PREFIX) + 43
+    files = list(store.path.iterdir())
+    assert oct(store.path.stat().st_mode & 0o777) == "0o700"
+    assert all(oct(f.stat().st_mode & 0o777) == "0o600" for f in files)
+    assert not any(key.encode() in f.read_bytes() or key[3:].encode() in f.read_bytes() for f in files)
+    record = store.records()["team-a"]
+    assert record.hash == K.key_hash(store.salt(), key) != K.key_hash("", key)
+    again = K.rotate_key(store, "team-a")
+    assert again != key and store.records()["team-a"].hash == K.key_hash(store.salt(), again)
+    assert store.records()["team-a"].rps == 5  # the policy stays
+    with pytest.raises(K.InputError, match="exists"):
+        K.create_key(store, "team-a")
+    K.revoke_key(store, "team-a")
+    assert not store.records()["team-a"].usable()
+    K.create_key(store, "team-a")  # a revoked name may be made again
+
+
+@pytest.mark.parametrize("text, want", [("1000/day", ("requests", "day", 1000)),
+                                        ("5 requests per month", ("requests", "month", 5)),
+                                        ("50000 tokens/month", ("tokens", "month", 50000))])
+def test_quota_text(text, want) -> None:
+    q = K.parse_quota(text)
+    assert (q.unit, q.period, q.limit) == want
+
+
+def test_quota_period_ends() -> None:
+    t = 1796300000.0  # 2026-12-03 10:53 UTC
+    assert K.period_end("day", t) == 1796342400.0  # 2026-12-04 00:00
+    assert K.period_end("month", t) == 1798761600.0  # 2027-01-01 00:00
+    assert K.period_key("month", t) == "2026-12"
+
+
+def test_keys_are_checked_before_any_replica(front, store) -> None:
+    key = K.create_key(store, "team-a", models=["digits"])
+    f = front()
+    status, _, body = f.call("/v1/models/digits/predict", bearer(key))
+    served = json.loads(body)
+    assert status == 200 and served["key"] == "team-a" and served["models"] == "digits"
+    assert f.call("/v1/models/digits/predict", {"x-api-key": key})[0] == 200
+    bad = [None, {"Authorization": ""}, {"Authorization": "Bearer"}, {"Authorization": f"Basic {key}"},
+           {"Authorization": "Bearer " + key[:-1]}, {"Authorization": "Bearer " + key + "x"},
+           {"Authorization": "Bearer " + "a" * 6000}, {"Authorization": "Bearer k\xe9y\xff"},
+           [("Authorization", f"Bearer {key}"), ("Authorization", f"Bearer {key}")],
+           [("x-api-key", key), ("x-api-key", key)], {"x-api-key": key.upper()}]
+    for headers in bad:
+        status, got, body = f.call("/v1/models/digits/predict", headers)
+        assert status == 401, (headers, status, body)
+        assert got["content-type"] == "application/json" and body.count(b"\n") == 0
+        assert "API key" in json.loads(body)["error"] and key.encode() not in body
+        assert f.call("/v1/models/digits/predict", bearer(key))[0] == 200  # the next good one
+    # health probes stay open; everything else needs a key
+    assert f.call("/health", method="GET", body=b"")[0] == 200
+    assert f.call("/v2/health/ready", method="GET", body=b"")[0] == 200
+    assert f.call("/metrics", method="GET", body=b"")[0] == 401
+    # the client cannot pose as a key, nor widen its models
+    _, _, body = f.call("/v1/models/digits/predict", {**bearer(key), acc.KEY_HEADER: "admin",
+                                                      acc.MODELS_HEADER: "*"})
+    assert json.loads(body)["key"] == "team-a" and json.loads(body)["models"] == "digits"
+    # the key material is in no file the front door wrote
+    for path in f.dir.rglob("*"):
+        if path.is_file():
+            assert key.encode() not in path.read_bytes(), path
+
+
+def test_a_model_the_key_may_not_use_is_403(front, store) -> None:
+    key = K.create_key(store, "team-a", models=["digits"])
+    other = K.create_key(store, "all-models")
+    f = front()
+    for path, body in [("/v1/models/slow/predict", b"{}"), ("/v2/models/slow/infer", b"{}"),
+                       ("/v1/completions", b'{"model": "slow", "prompt": "hi"}'),
+                       ("/v1/predict", b'{"model": "slow", "inputs": []}')]:
+        status, _, answer = f.call(path, bearer(key), body)
+        assert status == 403 and "may not use" in json.loads(answer)["error"], path
+        assert f.call(path, bearer(other), body)[0] == 200, path
+    assert f.call("/v1/predict", bearer(key), b'{"inputs": []}')[0] == 200  # the default model
+    assert f.call("/v1/models/digits/predict", bearer(key))[0] == 200
+
+
+def test_rate_limit_answers_429_with_retry_after(front, store) -> None:
+    key = K.create_key(store, "limited", rps=5)
+    f = front()
+    codes = [f.call("/v1/models/digits/predict", bearer(key)) for _ in range(9)]
+    assert [c[0] for c in codes[:5]] == [200] * 5 and {c[0] for c in codes[5:]} == {429}
+    status, headers, body = codes[-1]
+    assert headers["retry-after"] == "1" and "requests per second" in json.loads(body)["error"]
+    time.sleep(2.1)  # the sliding second has passed
+    assert f.call("/v1/models/digits/predict", bearer(key))[0] == 200
+    f.refresh()
+    assert f.keys.meter.totals()["limited"]["refused"] == 4
+
+
+def test_tokens_per_minute_count_the_answers_tokens(front, store) -> None:
+    key = K.create_key(store, "tpm", tokens_per_min=100)  # each answer says 40 tokens
+    f = front()
+    codes = [f.call("/v1/completions", bearer(key), b'{"model": "digits"}')[0] for _ in range(5)]
+    assert codes == [200, 200, 200, 429, 429]  # 120 tokens counted after the third
+
+
+def test_quota_blocks_until_reset_and_persists(front, store, tmp_path) -> None:
+    key = K.create_key(store, "q", quota=K.parse_quota("3/day"))
+    f = front()
+    assert [f.call("/v1/models/digits/predict", bearer(key))[0] for _ in range(3)] == [200] * 3
+    f.refresh()  # the front door's poll: counts -> usage -> block
+    status, headers, body = f.call("/v1/models/digits/predict", bearer(key))
+    assert status == 429 and "quota" in json.loads(body)["error"]
+    assert 0 < int(headers["retry-after"]) <= 86400
+    f.keys.meter.save(every_s=0)
+    assert store.usage("q")[K.period_key("day")]["requests"] == 3
+    f.close()
+    # a new front door (a restart) reads the usage back: still blocked
+    (tmp_path / "again").mkdir()
+    again = Front(tmp_path / "again", store, {})
+    try:
+        again.refresh()
+        assert again.call("/v1/models/digits/predict", bearer(key))[0] == 429
+    finally:
+        again.close()
+
+
+def test_revoke_rotate_and_expiry_reach_the_running_front_door(front, store) -> None:
+    key = K.create_key(store, "team-a")
+    f = front()
+    assert f.call("/v1/models/digits/predict", bearer(key))[0] == 200
+    new = K.rotate_key(store, "team-a")
+    f.refresh()
+    assert f.call("/v1/models/digits/predict", bearer(key))[0] == 401
+    assert f.call("/v1/models/digits/predict", bearer(new))[0] == 200
+    K.revoke_key(store, "team-a")
+    f.refresh()
+    assert f.call("/v1/models/digits/predict", bearer(new))[0] == 401
+    soon = K.create_key(store, "short", expires=time.time() + 1.0)
+    f.refresh()
+    assert f.call("/v1/models/digits/predict", bearer(soon))[0] == 200
+    time.sleep(1.1)
+    f.refresh()
+    assert f.call("/v1/models/digits/predict", bearer(soon))[0] == 401
+
+
+def test_a_full_model_is_refused_at_once(front, store) -> None:
+    """``queue_limit`` 2 per replica: of 6 concurrent slow requests, 2 run, 4 get 503 fast."""
+    import concurrent.futures as cf
+
+    key = K.create_key(store, "team-a")
+    f = front(queue_limits={"slow": 2})
+
+    def one(_):
+        started = time.perf_counter()
+        status, headers, _ = f.call("/v1/models/slow/predict", bearer(key))
+        return status, time.perf_counter() - started, headers.get("retry-after")
+
+    with cf.ThreadPoolExecutor(6) as pool:
+        results = list(pool.map(one, range(6)))
+    ok = [r for r in results if r[0] == 200]
+    shed = [r for r in results if r[0] == 503]
+    assert len(ok) == 2 and len(shed) == 4, results
+    assert all(r[1] < 0.5 and r[2] == "1" for r in shed)  # answered without waiting for a slot
+    assert f.call("/v1/models/slow/predict", bearer(key))[0] == 200  # room again
