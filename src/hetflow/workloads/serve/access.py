@@ -8,11 +8,12 @@ Per request, HAProxy (rules from :func:`frontend_rules`, data in map files from
    hashes it with the store's salt (``sha2(256)``) and looks the hash up in ``keys.map`` (hash ->
    key name): a lookup by hash, so its time does not depend on how much of a key a caller
    guessed. No hit: ``401``. ``/health`` and ``/v2/health/*`` stay open (probes);
-2. a key whose quota is spent (``blocked.map``, kept by :class:`UsageMeter`): ``429`` with
-   ``Retry-After`` = seconds to the quota's reset;
-3. the model (from the path, or the JSON body's ``model`` on ``/v1/predict`` and
+2. the model (from the path, or the JSON body's ``model`` on ``/v1/predict`` and
    ``/v1/completions``) not allowed for the key (``allow.map``): ``403``. The gateway checks the
    model it parsed against the same list (``x-hetflow-models``) and filters its listings;
+3. a key whose quota is spent (its counter at the threshold in ``quota_req.map`` /
+   ``quota_tok.map``, kept by :class:`UsageMeter`): ``429`` with ``Retry-After`` = seconds to
+   the quota's reset (``reset.map``);
 4. requests per second (``rps.map``; a stick table counting admitted requests per key over a
    sliding second) and generated tokens per sliding minute (``tpm.map``; the tokens come from
    the answer's ``x-hetflow-tokens`` header): over either, ``429`` with ``Retry-After``;
@@ -23,8 +24,9 @@ Load shedding (:func:`shed_rules`, with or without keys): a model's backend hold
 ``queue_limit`` requests per up server answers ``503`` with ``Retry-After: 1`` at once.
 
 The counters live in HAProxy's stick tables; :class:`UsageMeter` (in the front door actor) reads
-them over the admin socket every poll, adds the new counts to the store's per-key usage (day and
-month) and blocks a key whose quota is spent - so a quota can run over by one poll's traffic.
+them over the admin socket every poll and adds the new counts to the store's per-key usage (day
+and month); the quota thresholds it gives HAProxy are exact between polls. A token quota can
+run over by the tokens of the answers in flight when it is reached.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from typing import Any, Callable
 
 from hetflow.workloads.serve.keys import KeyRecord, KeyStore, period_end, period_key
 
-MAPS = ("keys", "allow", "models", "rps", "tpm", "blocked")
+MAPS = ("keys", "allow", "models", "rps", "tpm", "quota_req", "quota_tok", "reset")
 REQUESTS_TABLE = "st_requests"  # per key: gpc0 admitted, gpc1 refused over a limit; rate of gpc0 per 1 s
 TOKENS_TABLE = "st_tokens"  # per key: gpc0 tokens; its rate per 60 s
 KEY_HEADER = "x-hetflow-key"
@@ -79,13 +81,6 @@ def frontend_rules(access: AccessPlan, map_dir: str, root: str) -> list[str]:
         + _q("missing, unknown, expired or revoked API key: send Authorization: Bearer KEY "
              "(hetflow keys create NAME makes one)")
         + " unless has_key || open_path",
-        # a spent quota: until its reset
-        f"    http-request set-var(txn.reset) var(txn.kname),map({m['blocked']}) if has_key",
-        "    http-request set-var(txn.retry) var(txn.reset),sub(txn.now) if { var(txn.reset) -m found }",
-        f"    http-request return status 429 {json_err} "
-        + _q("this key's quota is spent; it resets at the start of the next UTC day or month "
-             "(Retry-After)")
-        + " hdr Retry-After %[var(txn.retry)] if { var(txn.reset) -m found }",
         # the model asked for
         f"    http-request set-var(txn.model) path,field({depth + 4},/) "
         f"if {{ path_reg ^{re.escape(root)}/v[12]/models/[^/]+ }}",
@@ -104,8 +99,23 @@ def frontend_rules(access: AccessPlan, map_dir: str, root: str) -> list[str]:
         # rates
         f"    http-request track-sc0 var(txn.kname) table {REQUESTS_TABLE} if has_key",
         f"    http-request track-sc1 var(txn.kname) table {TOKENS_TABLE} if has_key",
+        "    http-request set-var(txn.req_n) sc_get_gpc(0,0) if has_key",
+        "    http-request set-var(txn.tok_n) sc_get_gpc(0,1) if has_key",
         "    http-request set-var(txn.rps_used) sc_gpc_rate(0,0) if has_key",
         "    http-request set-var(txn.tpm_used) sc_gpc_rate(0,1) if has_key",
+        # a quota: the key's counter may grow up to the threshold the front door computed
+        # (UsageMeter.thresholds), so the front door's poll adds no overshoot
+        f"    http-request set-var(txn.qr) var(txn.kname),map({m['quota_req']}) if has_key",
+        "    http-request set-var(txn.qr_left) var(txn.qr),sub(txn.req_n) if { var(txn.qr) -m found }",
+        f"    http-request set-var(txn.qt) var(txn.kname),map({m['quota_tok']}) if has_key",
+        "    http-request set-var(txn.qt_left) var(txn.qt),sub(txn.tok_n) if { var(txn.qt) -m found }",
+        "    acl quota_spent var(txn.qr_left) -m int le 0",
+        "    acl quota_spent var(txn.qt_left) -m int le 0",
+        f"    http-request set-var(txn.retry) var(txn.kname),map({m['reset']}),sub(txn.now) if quota_spent",
+        f"    http-request return status 429 {json_err} "
+        + _q("this key's quota is spent; it resets at the start of the next UTC day or month "
+             "(Retry-After)")
+        + " hdr Retry-After %[var(txn.retry)] if has_key quota_spent",
         f"    http-request set-var(txn.rps) var(txn.kname),map({m['rps']},0) if has_key",
         "    http-request set-var(txn.rps_left) var(txn.rps),sub(txn.rps_used) if has_key",
         f"    http-request set-var(txn.tpm) var(txn.kname),map({m['tpm']},0) if has_key",
@@ -169,10 +179,11 @@ def shed_capacity(backend: str, acl: str, queue_limit: int) -> str:
     return f"    http-request set-var(txn.cap_{acl}) nbsrv({backend}),mul({queue_limit}) if is_{acl}"
 
 
-def map_entries(records: dict[str, KeyRecord], salt: str, blocked: dict[str, float],
+def map_entries(records: dict[str, KeyRecord], salt: str, thresholds: dict[str, int],
                 now: float | None = None) -> dict[str, list[tuple[str, str]]]:
-    """Each map's (key, value) lines for the usable keys. ``blocked``: name -> epoch seconds of
-    its quota's reset."""
+    """Each map's (key, value) lines for the usable keys. ``thresholds``: name -> the value of
+    its HAProxy counter (requests or tokens, as its quota counts) at which its quota is spent
+    (:meth:`UsageMeter.thresholds`)."""
     now = time.time() if now is None else now
     out: dict[str, list[tuple[str, str]]] = {name: [] for name in MAPS}
     for name, r in sorted(records.items()):
@@ -189,8 +200,10 @@ def map_entries(records: dict[str, KeyRecord], salt: str, blocked: dict[str, flo
             out["rps"].append((name, str(r.rps)))
         if r.tokens_per_min:
             out["tpm"].append((name, str(r.tokens_per_min)))
-        if name in blocked:
-            out["blocked"].append((name, str(int(blocked[name]))))
+        if r.quota is not None:
+            which = "quota_req" if r.quota.unit == "requests" else "quota_tok"
+            out[which].append((name, str(thresholds.get(name, r.quota.limit))))
+            out["reset"].append((name, str(int(period_end(r.quota.period, now)))))
     return out
 
 
@@ -282,17 +295,27 @@ class UsageMeter:
                 slot["tokens"] += d_tok
             self.dirty.add(name)
 
-    def blocked(self, records: dict[str, KeyRecord], now: float | None = None) -> dict[str, float]:
-        """name -> reset time, for each usable key whose quota is spent."""
+    def thresholds(self, records: dict[str, KeyRecord], now: float | None = None,
+                   counters_reset: bool = False) -> dict[str, int]:
+        """name -> the HAProxy counter value at which its quota is spent: the counter now plus
+        what the quota has left (limit - this period's usage, which includes the counter's
+        counts). Between polls it stays the same (both grow together); it moves when HAProxy's
+        counters restart (``counters_reset``: as a new HAProxy process will start them, at 0)
+        or a new period begins."""
         now = time.time() if now is None else now
         out = {}
         for name, r in records.items():
             if r.quota is None or not r.usable(now):
                 continue
-            slot = self._usage_of(name).get(period_key(r.quota.period, now), {})
-            if slot.get(r.quota.unit, 0) >= r.quota.limit:
-                out[name] = period_end(r.quota.period, now)
+            used = self._usage_of(name).get(period_key(r.quota.period, now), {}).get(r.quota.unit, 0)
+            last = self.last.get(name, (0, 0, 0))
+            counter = 0 if counters_reset else (last[0] if r.quota.unit == "requests" else last[2])
+            out[name] = counter + max(0, r.quota.limit - used)
         return out
+
+    def counters_restart(self) -> None:
+        """HAProxy is about to start a new process (its counters start at 0)."""
+        self.last = {}
 
     def save(self, every_s: float = 1.0, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now

@@ -216,11 +216,14 @@ def deploy(config: ServeConfig, *, timeout_s: float = 300.0) -> Served:
     """
     from hetflow.workloads.serve.front import FrontDoor, haproxy_binary
 
+    if config.auth.store != "cluster":
+        _check_keys(config)  # before Ray starts: a missing key is a config to fix, at once
     started = connect_ray(config.ray_address)
     front = None
     try:
         haproxy_binary()  # no binary: one clear line now, not a failed actor later
-        _check_keys(config)
+        if config.auth.store == "cluster":
+            _check_keys(config)
         plans = plan_models(config)
         host = config.http.host
         loopback = is_loopback(host)

@@ -399,9 +399,21 @@ class KeyState:
         self.salt = self.store.salt()
         self.version = self.store.version()
         self.records = self.store.records()
-        self.blocked: dict[str, float] = {}
         self.usable = self._usable(time.time())
-        acc.write_maps(map_dir, acc.map_entries(self.records, self.salt, {}))
+        self.spent: set[str] = set()
+        self.thresholds = self.meter.thresholds(self.records, counters_reset=True)
+        acc.write_maps(map_dir, acc.map_entries(self.records, self.salt, self.thresholds))
+
+    def before_reload(self, admin: Any) -> None:
+        """HAProxy is about to start a new process, with its counters at 0: count what the
+        old one counted, and write the maps (the new process reads them) for counters at 0."""
+        try:
+            self.meter.observe(admin)
+        except OSError:
+            pass  # HAProxy is gone: its counts are lost
+        self.meter.counters_restart()
+        self.thresholds = self.meter.thresholds(self.records, counters_reset=True)
+        acc.write_maps(self.map_dir, acc.map_entries(self.records, self.salt, self.thresholds))
 
     def _usable(self, now: float) -> frozenset[str]:
         return frozenset(n for n, r in self.records.items() if r.usable(now))
@@ -412,6 +424,14 @@ class KeyState:
             return False
         self.salt = salt
         return True
+
+    def _spent(self, name: str, now: float) -> bool:
+        from hetflow.workloads.serve.keys import period_key
+
+        quota = self.records[name].quota
+        assert quota is not None
+        slot = self.meter.usage.get(name, {}).get(period_key(quota.period, now), {})
+        return slot.get(quota.unit, 0) >= quota.limit
 
     def refresh(self, admin: Any, final: bool = False) -> None:
         now = time.time()
@@ -424,12 +444,16 @@ class KeyState:
         if usable != self.usable:
             self.usable, changed = usable, True
         self.meter.observe(admin, now)
-        blocked = self.meter.blocked(self.records, now)
-        if set(blocked) != set(self.blocked):
+        thresholds = self.meter.thresholds(self.records, now)
+        if thresholds != self.thresholds:
             changed = True
-        self.blocked = blocked
+        spent = {n for n, t in thresholds.items() if self._spent(n, now)}
+        if spent - self.spent:
+            final = True  # a spent quota is written at once (it must survive a restart)
+        self.spent = spent
+        self.thresholds = thresholds
         if changed:
-            entries = acc.map_entries(self.records, self.salt, blocked, now)
+            entries = acc.map_entries(self.records, self.salt, thresholds, now)
             acc.write_maps(self.map_dir, entries)
             acc.apply_maps(admin, self.map_dir, entries)
         self.meter.save(every_s=0.0 if final else 1.0)
@@ -526,6 +550,8 @@ class FrontDoor:
         while True:
             if self.proc is not None and self.proc.poll() is not None:
                 self.error = f"haproxy exited ({self.proc.returncode}); restarted"
+                if self.keys is not None:
+                    await asyncio.to_thread(self.keys.before_reload, self._admin)
                 await asyncio.to_thread(self._start)  # the config file holds the last servers
             try:
                 servers = await asyncio.to_thread(read_servers, self.controller, self.apps,
@@ -533,6 +559,8 @@ class FrontDoor:
                 salt_changed = self.keys is not None and await asyncio.to_thread(self.keys.salt_changed)
                 if servers != self.servers or salt_changed:
                     self.servers = servers
+                    if self.keys is not None:
+                        await asyncio.to_thread(self.keys.before_reload, self._admin)
                     self._write(self._render(servers))
                     assert self.proc is not None
                     self.proc.send_signal(signal.SIGUSR2)  # master re-reads the config

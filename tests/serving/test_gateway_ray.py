@@ -1,0 +1,184 @@
+"""The gateway as a user runs it: keys made with ``hetflow keys``, ``hetflow serve`` on its
+embedded default Ray (node IP not pinned), and the unmodified ``openai`` and ``tritonclient``
+clients with and without a key. Auth is on (``auth.mode: keys``) while the front door listens
+on loopback only."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import requests
+import yaml
+
+from tests.net import free_port
+
+pytestmark = pytest.mark.ray
+
+SCRIPT = Path(sys.executable).with_name("hetflow")
+HETFLOW = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "hetflow.cli.main"]
+
+
+def user_env(keys_dir: Path) -> dict[str, str]:
+    # a user's environment: no loopback mode for Ray (the test process's own setting)
+    out = {k: v for k, v in os.environ.items() if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"}
+    out["HETFLOW_KEYS_DIR"] = str(keys_dir)
+    return out
+
+
+def keys(keys_dir: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*HETFLOW, "keys", *args], env=user_env(keys_dir), capture_output=True,
+                          text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gateway")
+    keys_dir = root / "keys"
+    port = free_port()
+    config = root / "serve.yaml"
+    config.write_text(yaml.safe_dump({
+        "name": "gw",
+        "http": {"port": port},
+        "auth": {"mode": "keys"},
+        "models": [
+            {"name": "digits", "weights": "random", "device": "cpu", "replicas": 1,
+             "cpus_per_replica": 0.5, "batching": {"enabled": False},
+             "train": {"model": {"kind": "mlp", "hidden": [16]}}},
+            {"name": "tinygpt", "weights": "random", "device": "cpu", "cpus_per_replica": 0.25,
+             "batching": {"enabled": False},
+             "train": {"model": {"kind": "gpt", "layers": 1, "dim": 32, "heads": 2, "seq_len": 16}}},
+        ],
+    }))
+    # no key yet: the command refuses to start, with one line, before any Ray starts
+    refused = subprocess.run([*HETFLOW, "serve", str(config), "--address", "local"],
+                             env=user_env(keys_dir), capture_output=True, text=True, timeout=120)
+    made = {}
+    for name, flags in [("all", ["--rps", "200"]), ("digits-only", ["--models", "digits"]),
+                        ("quota", ["--quota", "3/day"]), ("revoked", [])]:
+        out = keys(keys_dir, "create", name, *flags)
+        assert out.returncode == 0, out.stderr
+        made[name] = out.stdout.strip()
+    out_path, err_path = root / "serve.out", root / "serve.err"
+    with out_path.open("w") as stdout, err_path.open("w") as stderr:
+        proc = subprocess.Popen([*HETFLOW, "serve", str(config), "--address", "local",
+                                 "--duration", "600"], env=user_env(keys_dir), stdout=stdout,
+                                stderr=stderr)
+    try:
+        deadline = time.monotonic() + 240
+        while "serving gw at" not in out_path.read_text():
+            assert proc.poll() is None, err_path.read_text()[-3000:]
+            assert time.monotonic() < deadline, "hetflow serve did not come up in 240 s"
+            time.sleep(0.5)
+        yield {"url": f"http://127.0.0.1:{port}", "port": port, "keys": made, "dir": keys_dir,
+               "refused": refused, "out": out_path, "err": err_path}
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def test_without_keys_serve_refuses_in_one_line(gateway) -> None:
+    refused = gateway["refused"]
+    assert refused.returncode == 2
+    line = refused.stderr.strip()
+    assert "\n" not in line and "hetflow keys create" in line and "auth: {mode: none}" in line
+
+
+def test_openai_client_needs_a_key(gateway) -> None:
+    import openai
+
+    client = openai.OpenAI(base_url=gateway["url"] + "/v1", api_key=gateway["keys"]["all"], max_retries=0)
+    done = client.completions.create(model="tinygpt", prompt="hello", max_tokens=4, temperature=0)
+    assert done.usage.completion_tokens == 4
+    streamed = list(client.completions.create(model="tinygpt", prompt="hi", max_tokens=3, stream=True))
+    assert streamed and streamed[-1].choices[0].finish_reason == "length"
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=gateway["url"] + "/v1", api_key="hf-wrong", max_retries=0
+                      ).completions.create(model="tinygpt", prompt="hi", max_tokens=2)
+    with pytest.raises(openai.PermissionDeniedError):
+        openai.OpenAI(base_url=gateway["url"] + "/v1", api_key=gateway["keys"]["digits-only"],
+                      max_retries=0).completions.create(model="tinygpt", prompt="hi", max_tokens=2)
+
+
+def test_tritonclient_with_a_key(gateway) -> None:
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+
+    client = httpclient.InferenceServerClient(url=f"127.0.0.1:{gateway['port']}")
+    rows = np.random.default_rng(0).random((2, 64), dtype=np.float32)
+    tensor = httpclient.InferInput("input", list(rows.shape), "FP32")
+    tensor.set_data_from_numpy(rows)
+    auth = {"Authorization": f"Bearer {gateway['keys']['digits-only']}"}
+    answer = client.infer("digits", [tensor], headers=auth)
+    assert answer.as_numpy("predictions").shape == (2,)
+    with pytest.raises(InferenceServerException, match="401|API key"):
+        client.infer("digits", [tensor])
+    assert client.is_server_live()  # health stays open to probes
+
+
+def test_listing_shows_only_the_keys_models(gateway) -> None:
+    url = gateway["url"] + "/v1/models"
+    only = requests.get(url, headers={"x-api-key": gateway["keys"]["digits-only"]}, timeout=30)
+    every = requests.get(url, headers={"x-api-key": gateway["keys"]["all"]}, timeout=30)
+    assert sorted(only.json()["models"]) == ["digits"]
+    assert sorted(every.json()["models"]) == ["digits", "tinygpt"]
+    assert requests.get(url, timeout=30).status_code == 401
+
+
+def test_quota_and_revocation_on_the_running_front_door(gateway) -> None:
+    url = gateway["url"] + "/v1/models/digits/predict"
+    body = {"inputs": [[0.5] * 64]}
+
+    def call(name: str) -> requests.Response:
+        return requests.post(url, json=body, headers={"Authorization": f"Bearer {gateway['keys'][name]}"},
+                             timeout=30)
+
+    assert call("revoked").status_code == 200
+    revoked = keys(gateway["dir"], "revoke", "revoked")
+    assert revoked.returncode == 0, revoked.stderr
+    gone = time.monotonic()
+    while call("revoked").status_code == 200:
+        assert time.monotonic() - gone < 5, "a revoked key still works after 5 s"
+        time.sleep(0.05)
+    assert call("revoked").status_code == 401
+    codes = [call("quota").status_code for _ in range(3)]
+    assert codes == [200, 200, 200]
+    r = call("quota")  # the 4th of 3 a day, at once (HAProxy holds the threshold)
+    assert r.status_code == 429 and int(r.headers["Retry-After"]) > 0
+    deadline = time.monotonic() + 10
+    while True:  # the front door's next poll writes the usage
+        usage = json.loads(keys(gateway["dir"], "usage", "quota", "--json").stdout)["usage"]["quota"]
+        if usage or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert usage and max(c["requests"] for c in usage.values()) == 3
+
+
+def test_key_counters_and_no_key_material_anywhere(gateway) -> None:
+    all_key = gateway["keys"]["all"]
+    r = requests.get(gateway["url"] + "/metrics", headers={"x-api-key": all_key}, timeout=30)
+    assert r.status_code == 200
+    lines = [ln for ln in r.text.splitlines() if ln.startswith('hetflow_key_requests_total{key="all"}')]
+    assert lines and float(lines[0].split()[-1]) >= 1
+    listing = keys(gateway["dir"], "list")
+    texts = [r.text, listing.stdout, listing.stderr, gateway["out"].read_text(), gateway["err"].read_text(),
+             json.dumps(keys(gateway["dir"], "list", "--json").stdout)]
+    bad = requests.post(gateway["url"] + "/v1/models/digits/predict", data=b"{",
+                        headers={"Authorization": f"Bearer {all_key}"}, timeout=30)
+    texts.append(bad.text)
+    for key in gateway["keys"].values():
+        for text in texts:
+            assert key not in text and key[3:] not in text
+    for path in Path(gateway["dir"]).iterdir():
+        assert not any(key.encode() in path.read_bytes() for key in gateway["keys"].values())
