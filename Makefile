@@ -17,7 +17,12 @@ STAMP  := $(VENV)/.installed
 TEST_WORKERS ?= 2
 PARALLEL := $(if $(filter 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
-.PHONY: test test-quick demo venv clean
+.PHONY: test test-quick demo venv clean litellm
+
+# LiteLLM's proxy, the gateway benchmarks/gateway.py compares with, in a venv of its own (its
+# dependencies are not hetflow's): PyPI litellm[proxy], pinned.
+LITELLM_VENV := .venv-litellm
+LITELLM_PIN  ?= litellm[proxy]==1.108.7
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -47,5 +52,11 @@ demo: $(STAMP)
 	@echo "== digits end to end: data -> train -> export -> serve -> load test (examples/digits.yaml) =="
 	$(VENV)/bin/hetflow run examples/digits.yaml
 
+litellm: $(LITELLM_VENV)/bin/litellm
+
+$(LITELLM_VENV)/bin/litellm:
+	$(PYTHON) -m venv $(LITELLM_VENV)
+	$(LITELLM_VENV)/bin/python -m pip install --quiet "$(LITELLM_PIN)"
+
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache
+	rm -rf $(VENV) $(LITELLM_VENV) build dist src/*.egg-info .pytest_cache
