@@ -3,7 +3,7 @@ the same front door open and against LiteLLM's proxy, side by side in one run.
 
     apt-get install -y hey                       # the external load client (Debian)
     make litellm                                 # LiteLLM's proxy in .venv-litellm (PyPI litellm[proxy])
-    .venv/bin/python benchmarks/gateway.py       # about 4 minutes on 2 cores
+    .venv/bin/python benchmarks/gateway.py       # about 5 minutes on 2 cores
     .venv/bin/python benchmarks/gateway.py --quick
 
 One server process with its own local Ray (3 logical CPUs on the 2 cores - each application
@@ -18,7 +18,7 @@ applications of the same models (the digits MLP 64-128-128-10, 2 replicas x 0.5 
 Measured, with `hey` (closed loop; ``-q`` caps each worker's rate):
 
 * ``auth_over_open``: req/s at 16 concurrent, keyed (Bearer ``bench``) over open, median of
-  interleaved rounds;
+  4 interleaved rounds (ABBA order: neither side always runs first);
 * ``limiter_error``: ``limited`` offered 300 req/s for 30 s (``-c 6 -q 50``): |answered 200 per
   second / 100 - 1|;
 * ``overload_p99_ms`` / ``shed_p99_ms``: 3x the measured capacity offered to ``open`` with
@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     if shutil.which("hey") is None:
         print("benchmarks/gateway.py needs `hey`: apt-get install -y hey", file=sys.stderr)
         return 2
-    rounds, seconds, limiter_s = (2, 3.0, 10.0) if args.quick else (3, 6.0, 30.0)
+    rounds, seconds, limiter_s = (2, 3.0, 10.0) if args.quick else (4, 6.0, 30.0)
     work = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
     keys_dir = work / "keys"
     env = {**os.environ, "HETFLOW_KEYS_DIR": str(keys_dir)}
@@ -230,7 +230,8 @@ def main(argv: list[str] | None = None) -> int:
             hey(url + path, predict, 16, 1.5, hdr)
         runs: dict[str, list[float]] = {"open": [], "keyed": []}
         for r in range(rounds):
-            for name, url, hdr in (("open", open_url, {}), ("keyed", keyed_url, auth)):
+            pair = (("open", open_url, {}), ("keyed", keyed_url, auth))
+            for name, url, hdr in (pair if r % 2 == 0 else pair[::-1]):  # ABBA: no side always first
                 got = hey(url + path, predict, 16, seconds, hdr)
                 assert set(got["codes"]) == {200}, (name, got["codes"])
                 runs[name].append(got["rps"])
@@ -277,8 +278,8 @@ def main(argv: list[str] | None = None) -> int:
             both = {"hetflow": [], "litellm": []}
             hey(litellm_url, complete, 16, 1.5, {"Authorization": f"Bearer {master}"})
             for r in range(rounds):
-                for name, url, key in (("hetflow", keyed_url + "/v1/completions", bench_key),
-                                       ("litellm", litellm_url, master)):
+                pair = (("hetflow", keyed_url + "/v1/completions", bench_key), ("litellm", litellm_url, master))
+                for name, url, key in (pair if r % 2 == 0 else pair[::-1]):
                     got = hey(url, complete, 16, seconds, {"Authorization": f"Bearer {key}"})
                     both[name].append(got["rps"])
                     if set(got["codes"]) != {200}:
