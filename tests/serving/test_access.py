@@ -7,6 +7,7 @@ from __future__ import annotations
 import http.client
 import http.server
 import json
+import re
 import socket
 import subprocess
 import threading
@@ -174,11 +175,13 @@ def test_keys_are_checked_before_any_replica(front, store) -> None:
     served = json.loads(body)
     assert status == 200 and served["key"] == "team-a" and served["models"] == "digits"
     assert f.call("/v1/models/digits/predict", {"x-api-key": key})[0] == 200
+    assert f.call("/v1/models/digits/predict", {"Authorization": f"bearer  {key}"})[0] == 200  # RFC 6750: any case
     bad = [None, {"Authorization": ""}, {"Authorization": "Bearer"}, {"Authorization": f"Basic {key}"},
            {"Authorization": "Bearer " + key[:-1]}, {"Authorization": "Bearer " + key + "x"},
            {"Authorization": "Bearer " + "a" * 6000}, {"Authorization": "Bearer k\xe9y\xff"},
            [("Authorization", f"Bearer {key}"), ("Authorization", f"Bearer {key}")],
-           [("x-api-key", key), ("x-api-key", key)], {"x-api-key": key.upper()}]
+           [("x-api-key", key), ("x-api-key", key)], {"x-api-key": key.upper()},
+           {"Authorization": key}]  # the key without its scheme
     for headers in bad:
         status, got, body = f.call("/v1/models/digits/predict", headers)
         assert status == 401, (headers, status, body)
@@ -290,3 +293,36 @@ def test_a_full_model_is_refused_at_once(front, store) -> None:
     assert len(ok) == 2 and len(shed) == 4, results
     assert all(r[1] < 0.5 and r[2] == "1" for r in shed)  # answered without waiting for a slot
     assert f.call("/v1/models/slow/predict", bearer(key))[0] == 200  # room again
+
+
+def test_fuzzed_auth_headers_are_401_and_never_stick(front, store, capsys) -> None:
+    """Random bytes (no CR/LF/NUL, which no HTTP client can send in a header) as
+    ``Authorization`` and ``x-api-key``, alone, twice, or as a right key with bytes added or
+    cut: every answer 401 (a request HAProxy cannot parse at all: 400), never 5xx, and the next
+    good request answered."""
+    from hypothesis import strategies as st
+
+    from tests.fuzzing import fuzz, report
+
+    key = K.create_key(store, "team-a")
+    f = front()
+    value = st.binary(max_size=300).map(lambda b: bytes(c for c in b if c not in b"\r\n\0")
+                                        .decode("latin-1"))
+    edits = st.one_of(value, st.builds(lambda v: key + v, value), st.builds(lambda n: key[:n], st.integers(0, len(key) - 1)),
+                      st.builds(lambda v: v + key, value.filter(lambda v: v.strip() != ""))
+                      ).filter(lambda e: e.strip(" \t") != key  # (the key itself, spaces around it, is right)
+                               and not re.fullmatch(r"(?i)\s*bearer +" + re.escape(key) + r"\s*", e))
+    headers = st.one_of(
+        st.builds(lambda v: [("Authorization", v)], edits),
+        st.builds(lambda v: [("Authorization", "Bearer " + v)], edits),
+        st.builds(lambda v: [("x-api-key", v)], edits),
+        st.builds(lambda v: [("Authorization", f"Bearer {key}"), ("Authorization", v)], edits))
+
+    def check(pairs) -> None:
+        status, _, body = f.call("/v1/models/digits/predict", pairs)
+        assert status in (400, 401), (pairs, status, body)
+        assert key.encode() not in body
+        assert f.call("/v1/models/digits/predict", bearer(key))[0] == 200
+
+    tried = fuzz(check, headers, examples=150)
+    report(capsys, f"fuzz: {tried} auth headers to the front door, every answer 401/400, none stuck")

@@ -71,8 +71,9 @@ def frontend_rules(access: AccessPlan, map_dir: str, root: str) -> list[str]:
     lines = [
         f"    acl open_path path {root}/health {root}/healthz {root}/v2/health/live {root}/v2/health/ready",
         "    acl one_bearer req.hdr_cnt(authorization) eq 1",
+        "    acl bearer_form req.hdr(authorization) -m reg -i \"^bearer +[^ ]\"",
         "    acl one_api_key req.hdr_cnt(x-api-key) eq 1",
-        '    http-request set-var(txn.tok) req.hdr(authorization),regsub("^Bearer[ ]+","") if one_bearer',
+        '    http-request set-var(txn.tok) req.hdr(authorization),regsub("^bearer[ ]+","",i) if one_bearer bearer_form',
         "    http-request set-var(txn.tok) req.hdr(x-api-key) if !one_bearer one_api_key",
         f"    http-request set-var(txn.kname) var(txn.salt),concat(,txn.tok,),sha2(256),hex,lower,"
         f"map({m['keys']}) if {{ var(txn.tok) -m found }}",
