@@ -29,10 +29,12 @@ Measured, with `hey` (closed loop; ``-q`` caps each worker's rate):
   (``litellm --config``: a master key and an ``rpm`` limit on the model) in front of the open
   front door - the same backend; median of interleaved rounds. Needs ``.venv-litellm``
   (``make litellm``); without it the figure is ``nan`` and the line says why;
-* ``revoke_ms``: ``hetflow keys revoke`` returning -> the first 401 for that key.
+* ``revoke_ms``: ``hetflow keys revoke`` returning -> the first 401 for that key;
+* ``timing_gap_us``: median time of a 401 for the right key with its last character changed
+  minus that for an unrelated wrong key (400 alternating requests each, one connection).
 
 Last line: ``RESULT auth_over_open=<x> limiter_error=<x> overload_p99_ms=<x> shed_p99_ms=<x>
-over_litellm=<x> capacity_rps=<x> revoke_ms=<x>``.
+over_litellm=<x> capacity_rps=<x> revoke_ms=<x> timing_gap_us=<x>``.
 """
 
 from __future__ import annotations
@@ -269,6 +271,27 @@ def main(argv: list[str] | None = None) -> int:
         revoke_ms = (time.monotonic() - gone) * 1000
         print(f"revocation: 401 after {revoke_ms:.0f} ms", flush=True)
 
+        # a wrong key vs the right key with its last character changed: the same time (the
+        # lookup is by hash); medians of 400 alternating requests each, one connection
+        import http.client
+
+        conn = http.client.HTTPConnection("127.0.0.1", ports[1], timeout=10)
+        wrong = {"far": "hf-" + "A" * 43, "near": bench_key[:-1] + ("A" if bench_key[-1] != "A" else "B")}
+        times: dict[str, list[float]] = {"far": [], "near": []}
+        for i in range(800):
+            which = ("far", "near")[i % 2]
+            started = time.perf_counter()
+            conn.request("POST", path, body=body, headers={"Authorization": f"Bearer {wrong[which]}",
+                                                           "content-type": "application/json"})
+            answer = conn.getresponse()
+            answer.read()
+            times[which].append(time.perf_counter() - started)
+            assert answer.status == 401
+        conn.close()
+        timing_gap_us = (statistics.median(times["near"]) - statistics.median(times["far"])) * 1e6
+        print(f"wrong key: median {statistics.median(times['far']) * 1e6:.0f} us, right but the last "
+              f"character: {statistics.median(times['near']) * 1e6:.0f} us", flush=True)
+
         # LiteLLM's proxy in front of the open front door vs hetflow's keyed front door
         litellm, litellm_url, master = start_litellm(open_url + "/v1", work)
         if litellm is None:
@@ -300,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
                 server.wait()
     print(f"RESULT auth_over_open={auth_over_open:.3f} limiter_error={limiter_error:.3f} "
           f"overload_p99_ms={overload_p99:.1f} shed_p99_ms={shed_p99:.2f} over_litellm={over_litellm:.2f} "
-          f"capacity_rps={capacity:.0f} revoke_ms={revoke_ms:.0f}")
+          f"capacity_rps={capacity:.0f} revoke_ms={revoke_ms:.0f} timing_gap_us={timing_gap_us:.1f}")
     return 0
 
 
