@@ -67,7 +67,12 @@ def lose_a_replica_host(hosts: HostCluster, tmp: Path) -> dict[str, float]:
     if hey is None:
         raise RuntimeError("hey is not installed: run scripts/system_deps.sh (apt-get install -y hey)")
     port = _free_port()
+    # a non-loopback host: API keys are required (auth.mode auto); the load sends one
+    from hetflow.workloads.serve.keys import DirectoryKeyStore, create_key
+
+    key = create_key(DirectoryKeyStore(tmp / "keys"), "load")
     config = {"name": "hostloss", "http": {"host": hosts.head.address, "port": port},
+              "auth": {"store": str(tmp / "keys")},
               "limits": {"request_timeout_s": 30},
               "models": [{"name": "m", "weights": "random", "device": "cpu", "replicas": 2,
                           "cpus_per_replica": 1.5, "batching": {"enabled": False},
@@ -81,7 +86,8 @@ def lose_a_replica_host(hosts: HostCluster, tmp: Path) -> dict[str, float]:
     url = f"http://{hosts.head.address}:{port}/v1/models/m/predict"
     try:
         load = hosts.popen(hosts.head, [hey, "-z", f"{LOAD_S}s", "-c", "8", "-t", "30", "-m", "POST",
-                                        "-T", "application/json", "-D", str(body), url])
+                                        "-T", "application/json", "-D", str(body),
+                                        "-H", f"Authorization: Bearer {key}", url])
         victim = hosts.worker_hosts[-1]
         before = _replicas_running(hosts, "hostloss.m")
         killed: list[int] = []

@@ -109,3 +109,25 @@ def test_k8s_render_serve_with_a_bad_config_is_one_line(tmp_path, capsys) -> Non
     assert k8s._main(["render", "--cluster", str(CLUSTER), "--serve", str(bad)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "bad.yaml" in err
+
+
+def test_tooling_path_refuses_keys_it_cannot_check(tmp_path) -> None:
+    """serve run / a RayService have no front door: auth.mode keys there is one clear line."""
+    from hetflow.core.errors import InputError
+    from hetflow.workloads.serve.builder import check_tooling_auth
+    from hetflow.workloads.serve.config import serve_config_from_dict
+
+    model = {"name": "m", "weights": "random", "device": "cpu", "train": {"model": {"kind": "mlp", "hidden": [8]}}}
+    keyed = serve_config_from_dict({"auth": {"mode": "keys"}, "models": [model]})
+    with pytest.raises(InputError, match="front door"):
+        check_tooling_auth(keyed)
+    check_tooling_auth(serve_config_from_dict({"http": {"host": "0.0.0.0"}, "models": [model]}))  # auto: none here
+    # the RayService render says it too, as one line, exit 2
+    from hetflow.cli.main import main
+
+    path = tmp_path / "keyed.yaml"
+    path.write_text(yaml.safe_dump({"auth": {"mode": "keys"}, "models": [model]}))
+    root = Path(__file__).resolve().parents[2]
+    code = main(["k8s", "render", "--cluster", str(root / "examples" / "cluster-mixed.yaml"),
+                 "--serve", str(path), "--out", str(tmp_path / "out")])
+    assert code == 2 and not (tmp_path / "out").exists()

@@ -329,8 +329,9 @@ def render_rayservice(cluster: dict[str, Any], serving: Any,
 
     import yaml
 
-    from hetflow.workloads.serve.builder import serve_config_document
+    from hetflow.workloads.serve.builder import check_tooling_auth, serve_config_document
 
+    check_tooling_auth(serving)  # a RayService has no hetflow front door to check keys
     document = serve_config_document(serving, host="0.0.0.0")
     spec = copy.deepcopy(cluster["spec"])
     head = spec["headGroupSpec"]["template"]["spec"]["containers"][0]

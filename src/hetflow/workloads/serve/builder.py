@@ -62,10 +62,22 @@ def app(args: dict[str, Any]) -> Any:
     from hetflow.workloads.serve.app import build_single_application, plan_models
 
     config = config_from_args(args)
+    check_tooling_auth(config)
     if not ray.is_initialized():  # `serve run IMPORT_PATH` builds before it connects
         ray.init(address=args.get("address") or config.ray_address or _serve_run_address()
                  or os.environ.get("RAY_ADDRESS") or "auto", namespace="serve")
     return build_single_application(config, plan_models(config, may_train=False))
+
+
+def check_tooling_auth(config: Any) -> None:
+    """Serve's own tooling path (``serve run``/``serve deploy``, a RayService) has no front
+    door, so no API key would be checked there: an explicit ``auth.mode: keys`` is refused
+    (``auto`` means none on that path; docs/serving.md, Gateway)."""
+    if config.auth.mode == "keys":
+        raise InputError("auth.mode keys needs hetflow's front door (hetflow serve): Serve's own "
+                         "tooling path (serve run / serve deploy / a RayService) has none, so no key "
+                         "would be checked; use hetflow serve, or auth: {mode: none} behind a gateway "
+                         "of your own")
 
 
 def _serve_run_address() -> str | None:
