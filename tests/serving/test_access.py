@@ -28,7 +28,7 @@ class _Backend(http.server.BaseHTTPRequestHandler):
     def _answer(self) -> None:
         n = int(self.headers.get("content-length") or 0)
         self.rfile.read(n)
-        if self.path.endswith("/slow/predict"):
+        if self.path.endswith("/slow-model/predict"):
             time.sleep(0.6)
         body = json.dumps({"path": self.path, "key": self.headers.get(acc.KEY_HEADER),
                            "models": self.headers.get(acc.MODELS_HEADER)}).encode()
@@ -60,7 +60,7 @@ class Front:
         port = self.backend.server_address[1]
         self.port = free_port()
         self.plan = FrontPlan(app="t", host="127.0.0.1", port=self.port,
-                              models={"digits": ["t.digits"], "slow": ["t.slow"]}, gateway_app="t",
+                              models={"digits": ["t.digits"], "slow-model": ["t.slow-model"]}, gateway_app="t",
                               request_timeout_s=5, retries=1, max_body_bytes=1 << 20,
                               access=acc.AccessPlan(store=str(store.where), default_model="digits"),
                               queue_limits=queue_limits)
@@ -68,7 +68,7 @@ class Front:
         self.admin = str(root / "admin.sock")
         self.keys = KeyState(self.plan.access, str(root / "maps"))
         servers = {"t.digits": [Server("r1", "127.0.0.1", port)],
-                   "t.slow": [Server("r2", "127.0.0.1", port)], "t": [Server("g1", "127.0.0.1", port)]}
+                   "t.slow-model": [Server("r2", "127.0.0.1", port)], "t": [Server("g1", "127.0.0.1", port)]}
         self.config = render_config(self.plan, servers, self.admin, None, str(root / "maps"), self.keys.salt)
         (root / "haproxy.cfg").write_text(self.config)
         self.log = root / "haproxy.log"
@@ -206,9 +206,9 @@ def test_a_model_the_key_may_not_use_is_403(front, store) -> None:
     key = K.create_key(store, "team-a", models=["digits"])
     other = K.create_key(store, "all-models")
     f = front()
-    for path, body in [("/v1/models/slow/predict", b"{}"), ("/v2/models/slow/infer", b"{}"),
-                       ("/v1/completions", b'{"model": "slow", "prompt": "hi"}'),
-                       ("/v1/predict", b'{"model": "slow", "inputs": []}')]:
+    for path, body in [("/v1/models/slow-model/predict", b"{}"), ("/v2/models/slow-model/infer", b"{}"),
+                       ("/v1/completions", b'{"model": "slow-model", "prompt": "hi"}'),
+                       ("/v1/predict", b'{"model": "slow-model", "inputs": []}')]:
         status, _, answer = f.call(path, bearer(key), body)
         assert status == 403 and "may not use" in json.loads(answer)["error"], path
         assert f.call(path, bearer(other), body)[0] == 200, path
@@ -279,11 +279,11 @@ def test_a_full_model_is_refused_at_once(front, store) -> None:
     import concurrent.futures as cf
 
     key = K.create_key(store, "team-a")
-    f = front(queue_limits={"slow": 2})
+    f = front(queue_limits={"slow-model": 2})
 
     def one(_):
         started = time.perf_counter()
-        status, headers, _ = f.call("/v1/models/slow/predict", bearer(key))
+        status, headers, _ = f.call("/v1/models/slow-model/predict", bearer(key))
         return status, time.perf_counter() - started, headers.get("retry-after")
 
     with cf.ThreadPoolExecutor(6) as pool:
@@ -292,7 +292,7 @@ def test_a_full_model_is_refused_at_once(front, store) -> None:
     shed = [r for r in results if r[0] == 503]
     assert len(ok) == 2 and len(shed) == 4, results
     assert all(r[1] < 0.5 and r[2] == "1" for r in shed)  # answered without waiting for a slot
-    assert f.call("/v1/models/slow/predict", bearer(key))[0] == 200  # room again
+    assert f.call("/v1/models/slow-model/predict", bearer(key))[0] == 200  # room again
 
 
 def test_fuzzed_auth_headers_are_401_and_never_stick(front, store, capsys) -> None:

@@ -53,6 +53,21 @@ def test_config_is_valid_haproxy(tmp_path) -> None:
         assert check.returncode == 0, check.stdout + check.stderr
 
 
+def test_config_with_keys_and_shedding_is_valid_for_any_model_name(tmp_path) -> None:
+    """Model names may hold '-' and '.', which HAProxy variable names may not."""
+    from dataclasses import replace
+
+    from hetflow.workloads.serve.access import AccessPlan, map_entries, write_maps
+
+    plan = replace(PLAN, models={"digits-int8.v2": ["svc.d"], "placed": ["svc.placed-d0"]},
+                   fallbacks={}, access=AccessPlan(store=str(tmp_path / "keys"), default_model="placed"),
+                   queue_limits={"digits-int8.v2": 16, "placed": 4}, route_prefix="/a/b")
+    write_maps(str(tmp_path / "maps"), map_entries({}, "salt", {}))
+    servers = {"svc.d": [Server("r1", "127.0.0.1", 30001)], "svc": [Server("gw", "127.0.0.1", 30005)]}
+    assert_valid(tmp_path, render_config(plan, servers, str(tmp_path / "admin.sock"), None,
+                                         str(tmp_path / "maps"), "salt"))
+
+
 def test_every_model_backend_has_the_gateway_as_backup() -> None:
     text = render_config(PLAN, SERVERS, "/tmp/x.sock")
     digits = _backend(text, backend_name("digits"))

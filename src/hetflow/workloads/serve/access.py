@@ -167,17 +167,25 @@ def table_sections() -> list[str]:
             "    stick-table type string len 64 size 100k expire 48h store gpc(1),gpc_rate(1,60s)"]
 
 
+def _cap_var(acl: str) -> str:
+    """An HAProxy variable name for ``acl`` (variable names take letters, digits, '_' and '.'
+    only; a model name may hold '-')."""
+    import hashlib
+
+    return "txn.cap_" + hashlib.sha1(acl.encode()).hexdigest()[:12]
+
+
 def shed_rule(backend: str, acl: str, queue_limit: int) -> str:
     """503 at once when ``backend`` holds ``queue_limit`` requests per server that is up."""
     return (f"    http-request return status 503 content-type application/json string "
             + _q(f"the model is at its queue limit ({queue_limit} in flight per replica); "
                  "retry after Retry-After seconds")
             + f" hdr Retry-After 1 if is_{acl} METH_POST {{ nbsrv({backend}) -m int gt 0 }} "
-              f"{{ be_conn({backend}),sub(txn.cap_{acl}) -m int ge 0 }}")
+              f"{{ be_conn({backend}),sub({_cap_var(acl)}) -m int ge 0 }}")
 
 
 def shed_capacity(backend: str, acl: str, queue_limit: int) -> str:
-    return f"    http-request set-var(txn.cap_{acl}) nbsrv({backend}),mul({queue_limit}) if is_{acl}"
+    return f"    http-request set-var({_cap_var(acl)}) nbsrv({backend}),mul({queue_limit}) if is_{acl}"
 
 
 def map_entries(records: dict[str, KeyRecord], salt: str, thresholds: dict[str, int],
