@@ -586,7 +586,8 @@ def test_health_and_metrics(served) -> None:
                      "hetflow_serve_retries": "counter",
                      "hetflow_serve_request_duration_seconds": "histogram",
                      "hetflow_serve_request_batch_size": "histogram",
-                     "hetflow_serve_replicas_running": "gauge"}
+                     "hetflow_serve_replicas_running": "gauge", "hetflow_key_requests": "counter",
+                     "hetflow_key_tokens": "counter", "hetflow_key_refused": "counter"}
     assert sample(values, "hetflow_serve_replicas_running", model="placed",
                   deployment="svc.placed-gpu-node-d0") == 2
     answered = sample(values, "hetflow_serve_requests_total", model="digits", code="200")

@@ -95,7 +95,10 @@ def progress_log() -> Any:
     here = ray.get_runtime_context().get_node_id()
     log = ray.remote(num_cpus=0)(ProgressLog).options(
         scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False)).remote()
-    ray.get(log.since.remote(0))  # alive before any rank reports to it
+    try:  # alive before any rank reports to it; bounded: a slow start must not stop the run
+        ray.get(log.since.remote(0), timeout=60)
+    except ray.exceptions.GetTimeoutError:
+        pass
     return log
 
 
