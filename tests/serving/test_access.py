@@ -18,7 +18,8 @@ import pytest
 
 from hetflow.workloads.serve import access as acc
 from hetflow.workloads.serve import keys as K
-from hetflow.workloads.serve.front import FrontPlan, KeyState, Server, admin_call, haproxy_binary, render_config
+from hetflow.workloads.serve.access import KeyState
+from hetflow.workloads.serve.front import FrontPlan, Server, admin_call, haproxy_binary, render_config
 from tests.net import free_port
 
 

@@ -23,16 +23,14 @@ without Ray, and as the documented alternative for a GCS without fault tolerance
 from __future__ import annotations
 
 import json
-import os
-import tempfile
-import urllib.parse
 from dataclasses import asdict, dataclass, field
 from enum import Enum
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from hetflow.core.errors import InputError
 from hetflow.core.units import format_cpus
+from hetflow.runtime.kv import DirectoryKV, KeyValue
+from hetflow.runtime.kv import RayKV as _RayKV
 
 SCHEMA = "hetflow.job/v1"
 KV_NAMESPACE = "hetflow"
@@ -234,80 +232,11 @@ class AttemptReport:
     at: float = 0.0
 
 
-class KeyValue(Protocol):
-    def get(self, key: str) -> bytes | None: ...
-    def put(self, key: str, value: bytes) -> None: ...
-    def delete(self, key: str) -> None: ...
-    def keys(self, prefix: str) -> list[str]: ...
-
-
-class RayKV:
-    """Ray's GCS key-value store (the process must be connected to the cluster)."""
+class RayKV(_RayKV):
+    """Ray's GCS key-value store, namespace ``hetflow`` (the process must be connected)."""
 
     def __init__(self, namespace: str = KV_NAMESPACE) -> None:
-        self.namespace = namespace
-
-    def get(self, key: str) -> bytes | None:
-        from ray.experimental import internal_kv
-
-        return internal_kv._internal_kv_get(key, namespace=self.namespace)
-
-    def put(self, key: str, value: bytes) -> None:
-        from ray.experimental import internal_kv
-
-        internal_kv._internal_kv_put(key, value, overwrite=True, namespace=self.namespace)
-
-    def delete(self, key: str) -> None:
-        from ray.experimental import internal_kv
-
-        internal_kv._internal_kv_del(key, namespace=self.namespace)
-
-    def keys(self, prefix: str) -> list[str]:
-        from ray.experimental import internal_kv
-
-        found = internal_kv._internal_kv_list(prefix, namespace=self.namespace) or []
-        return sorted(k.decode() if isinstance(k, bytes) else k for k in found)
-
-
-class DirectoryKV:
-    """One file per key under ``root``; a put is write-temp + fsync + rename (atomic on POSIX)."""
-
-    def __init__(self, root: str | Path) -> None:
-        self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
-
-    def _path(self, key: str) -> Path:
-        return self.root / urllib.parse.quote(key, safe="")
-
-    def get(self, key: str) -> bytes | None:
-        try:
-            return self._path(key).read_bytes()
-        except FileNotFoundError:
-            return None
-
-    def put(self, key: str, value: bytes) -> None:
-        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".tmp-")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(value)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self._path(key))
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        dir_fd = os.open(self.root, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)  # the rename itself survives a crash
-        finally:
-            os.close(dir_fd)
-
-    def delete(self, key: str) -> None:
-        self._path(key).unlink(missing_ok=True)
-
-    def keys(self, prefix: str) -> list[str]:
-        names = (urllib.parse.unquote(p.name) for p in self.root.iterdir() if not p.name.startswith(".tmp-"))
-        return sorted(k for k in names if k.startswith(prefix))
+        super().__init__(namespace)
 
 
 class JobStore:

@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from hetflow.workloads.serve.keys import KeyRecord, KeyStore, period_end, period_key
+from hetflow.workloads.serve.keys import KeyRecord, KeyStore, open_store, period_end, period_key
 
 MAPS = ("keys", "allow", "models", "rps", "tpm", "quota_req", "quota_tok", "reset")
 REQUESTS_TABLE = "st_requests"  # per key: gpc0 admitted, gpc1 refused over a limit; rate of gpc0 per 1 s
@@ -177,7 +177,7 @@ def _cap_var(acl: str) -> str:
 
 def shed_rule(backend: str, acl: str, queue_limit: int) -> str:
     """503 at once when ``backend`` holds ``queue_limit`` requests per server that is up."""
-    return (f"    http-request return status 503 content-type application/json string "
+    return ("    http-request return status 503 content-type application/json string "
             + _q(f"the model is at its queue limit ({queue_limit} in flight per replica); "
                  "retry after Retry-After seconds")
             + f" hdr Retry-After 1 if is_{acl} METH_POST {{ nbsrv({backend}) -m int gt 0 }} "
@@ -349,6 +349,75 @@ def allowed_models(header: str | None) -> set[str] | None:
     return {m for m in header.split(",") if m}
 
 
-__all__ = ["AccessPlan", "KEY_HEADER", "MAPS", "MODELS_HEADER", "TOKENS_HEADER", "UsageMeter", "admit_rules", "allowed_models",
+class KeyState:
+    """The front door's API keys: the maps HAProxy reads, kept in step with the key store
+    (a revocation, rotation or expiry reaches HAProxy within a poll), and usage."""
+
+    def __init__(self, plan: AccessPlan, map_dir: str) -> None:
+        self.store = open_store(plan.store)
+        self.map_dir = map_dir
+        self.meter = UsageMeter(self.store)
+        self.salt = self.store.salt()
+        self.version = self.store.version()
+        self.records = self.store.records()
+        self.usable = self._usable(time.time())
+        self.spent: set[str] = set()
+        self.thresholds = self.meter.thresholds(self.records, counters_reset=True)
+        write_maps(map_dir, map_entries(self.records, self.salt, self.thresholds))
+
+    def before_reload(self, admin: Any) -> None:
+        """HAProxy is about to start a new process, with its counters at 0: count what the
+        old one counted, and write the maps (the new process reads them) for counters at 0."""
+        try:
+            self.meter.observe(admin)
+        except OSError:
+            pass  # HAProxy is gone: its counts are lost
+        self.meter.counters_restart()
+        self.thresholds = self.meter.thresholds(self.records, counters_reset=True)
+        write_maps(self.map_dir, map_entries(self.records, self.salt, self.thresholds))
+
+    def _usable(self, now: float) -> frozenset[str]:
+        return frozenset(n for n, r in self.records.items() if r.usable(now))
+
+    def salt_changed(self) -> bool:
+        salt = self.store.salt()
+        if salt == self.salt:
+            return False
+        self.salt = salt
+        return True
+
+    def _spent(self, name: str, now: float) -> bool:
+        quota = self.records[name].quota
+        assert quota is not None
+        slot = self.meter.usage.get(name, {}).get(period_key(quota.period, now), {})
+        return slot.get(quota.unit, 0) >= quota.limit
+
+    def refresh(self, admin: Any, final: bool = False) -> None:
+        now = time.time()
+        changed = False
+        version = self.store.version()
+        if version != self.version:
+            self.version, self.records = version, self.store.records()
+            changed = True
+        usable = self._usable(now)
+        if usable != self.usable:
+            self.usable, changed = usable, True
+        self.meter.observe(admin, now)
+        thresholds = self.meter.thresholds(self.records, now)
+        if thresholds != self.thresholds:
+            changed = True
+        spent = {n for n, t in thresholds.items() if self._spent(n, now)}
+        if spent - self.spent:
+            final = True  # a spent quota is written at once (it must survive a restart)
+        self.spent = spent
+        self.thresholds = thresholds
+        if changed:
+            entries = map_entries(self.records, self.salt, thresholds, now)
+            write_maps(self.map_dir, entries)
+            apply_maps(admin, self.map_dir, entries)
+        self.meter.save(every_s=0.0 if final else 1.0)
+
+
+__all__ = ["AccessPlan", "KEY_HEADER", "KeyState", "MAPS", "MODELS_HEADER", "TOKENS_HEADER", "UsageMeter", "admit_rules", "allowed_models",
            "apply_maps", "frontend_rules", "map_entries", "preamble_rules", "read_table",
            "shed_capacity", "shed_rule", "table_sections", "write_maps"]

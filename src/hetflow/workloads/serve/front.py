@@ -386,79 +386,6 @@ def read_servers(controller: Any, apps: set[str], direct: bool = True,
     return out
 
 
-class KeyState:
-    """The front door's API keys: the maps HAProxy reads, kept in step with the key store
-    (a revocation, rotation or expiry reaches HAProxy within a poll), and usage."""
-
-    def __init__(self, plan: acc.AccessPlan, map_dir: str) -> None:
-        from hetflow.workloads.serve.keys import open_store
-
-        self.store = open_store(plan.store)
-        self.map_dir = map_dir
-        self.meter = acc.UsageMeter(self.store)
-        self.salt = self.store.salt()
-        self.version = self.store.version()
-        self.records = self.store.records()
-        self.usable = self._usable(time.time())
-        self.spent: set[str] = set()
-        self.thresholds = self.meter.thresholds(self.records, counters_reset=True)
-        acc.write_maps(map_dir, acc.map_entries(self.records, self.salt, self.thresholds))
-
-    def before_reload(self, admin: Any) -> None:
-        """HAProxy is about to start a new process, with its counters at 0: count what the
-        old one counted, and write the maps (the new process reads them) for counters at 0."""
-        try:
-            self.meter.observe(admin)
-        except OSError:
-            pass  # HAProxy is gone: its counts are lost
-        self.meter.counters_restart()
-        self.thresholds = self.meter.thresholds(self.records, counters_reset=True)
-        acc.write_maps(self.map_dir, acc.map_entries(self.records, self.salt, self.thresholds))
-
-    def _usable(self, now: float) -> frozenset[str]:
-        return frozenset(n for n, r in self.records.items() if r.usable(now))
-
-    def salt_changed(self) -> bool:
-        salt = self.store.salt()
-        if salt == self.salt:
-            return False
-        self.salt = salt
-        return True
-
-    def _spent(self, name: str, now: float) -> bool:
-        from hetflow.workloads.serve.keys import period_key
-
-        quota = self.records[name].quota
-        assert quota is not None
-        slot = self.meter.usage.get(name, {}).get(period_key(quota.period, now), {})
-        return slot.get(quota.unit, 0) >= quota.limit
-
-    def refresh(self, admin: Any, final: bool = False) -> None:
-        now = time.time()
-        changed = False
-        version = self.store.version()
-        if version != self.version:
-            self.version, self.records = version, self.store.records()
-            changed = True
-        usable = self._usable(now)
-        if usable != self.usable:
-            self.usable, changed = usable, True
-        self.meter.observe(admin, now)
-        thresholds = self.meter.thresholds(self.records, now)
-        if thresholds != self.thresholds:
-            changed = True
-        spent = {n for n, t in thresholds.items() if self._spent(n, now)}
-        if spent - self.spent:
-            final = True  # a spent quota is written at once (it must survive a restart)
-        self.spent = spent
-        self.thresholds = thresholds
-        if changed:
-            entries = acc.map_entries(self.records, self.salt, thresholds, now)
-            acc.write_maps(self.map_dir, entries)
-            acc.apply_maps(admin, self.map_dir, entries)
-        self.meter.save(every_s=0.0 if final else 1.0)
-
-
 class FrontDoor:
     """A Ray actor owning the HAProxy process of one hetflow serving application."""
 
@@ -482,7 +409,7 @@ class FrontDoor:
         self.reports = ReplicaReports()  # replica -> its latest metrics (GatewayMetrics)
         self.errors = write_error_files(plan, self.dir)
         self.map_dir = os.path.join(self.dir, "maps")
-        self.keys = KeyState(plan.access, self.map_dir) if plan.access is not None else None
+        self.keys = acc.KeyState(plan.access, self.map_dir) if plan.access is not None else None
         self._write(self._render({}))
         self._start()
         self._task: asyncio.Task | None = None
@@ -643,7 +570,7 @@ class FrontDoor:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-__all__ = ["FAST_ENV", "admin_call", "FrontDoor", "KeyState", "FrontPlan", "INTERNAL_PREFIX", "Server", "app_prefix",
+__all__ = ["FAST_ENV", "admin_call", "FrontDoor", "FrontPlan", "INTERNAL_PREFIX", "Server", "app_prefix",
            "backend_name", "direct_ingress_enabled", "group_prefix", "error_files", "haproxy_binary", "reachable", "read_servers",
            "render_config",
            "write_error_files"]

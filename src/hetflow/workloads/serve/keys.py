@@ -26,7 +26,6 @@ import json
 import os
 import re
 import secrets
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Literal
@@ -34,6 +33,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from hetflow.core.errors import InputError
+from hetflow.runtime.kv import DirectoryKV, KeyValue, RayKV
 
 KEY_PREFIX = "hf-"
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
@@ -127,95 +127,82 @@ def period_end(period: str, now: float | None = None) -> float:
 
 
 class KeyStore:
-    """Keys, the salt, per-key usage and a version; subclasses say where they live."""
-
-    def _get(self, name: str) -> bytes | None:
-        raise NotImplementedError
-
-    def _put(self, name: str, value: bytes) -> None:
-        raise NotImplementedError
-
-    def _list(self, prefix: str) -> list[str]:
-        raise NotImplementedError
+    """Keys, the salt, per-key usage and a version, in a :class:`~hetflow.runtime.kv.KeyValue`
+    (``key/<name>``, ``usage/<name>``, ``salt``, ``version``)."""
 
     where = "?"
 
-    # -- the interface --
+    def __init__(self, kv: KeyValue) -> None:
+        self.kv = kv
 
     def salt(self, create: bool = False) -> str:
-        found = self._get("salt")
+        found = self.kv.get("salt")
         if found is None:
             if not create:
                 return ""
-            self._put("salt", secrets.token_hex(16).encode())
-            found = self._get("salt")
+            self.kv.put("salt", secrets.token_hex(16).encode())
+            found = self.kv.get("salt")
         assert found is not None
         return found.decode()
 
     def version(self) -> str:
-        found = self._get("version")
+        found = self.kv.get("version")
         return found.decode() if found else ""
 
     def _bump(self) -> None:
-        self._put("version", f"{time.time_ns()}-{secrets.token_hex(4)}".encode())
+        self.kv.put("version", f"{time.time_ns()}-{secrets.token_hex(4)}".encode())
 
     def records(self) -> dict[str, KeyRecord]:
         out = {}
-        for entry in self._list("key/"):
-            raw = self._get(entry)
+        for entry in self.kv.keys("key/"):
+            raw = self.kv.get(entry)
             if raw:
                 record = KeyRecord.model_validate_json(raw)
                 out[record.name] = record
         return out
 
     def put(self, record: KeyRecord) -> None:
-        self._put(f"key/{record.name}", record.model_dump_json().encode())
+        self.kv.put(f"key/{record.name}", record.model_dump_json().encode())
         self._bump()
 
     def usage(self, name: str) -> dict[str, dict[str, int]]:
         """period key (``2026-12-03`` or ``2026-12``) -> {"requests": n, "tokens": n}."""
-        raw = self._get(f"usage/{name}")
+        raw = self.kv.get(f"usage/{name}")
         return json.loads(raw) if raw else {}
 
     def put_usage(self, name: str, usage: dict[str, dict[str, int]]) -> None:
-        self._put(f"usage/{name}", json.dumps(usage, sort_keys=True).encode())
+        self.kv.put(f"usage/{name}", json.dumps(usage, sort_keys=True).encode())
 
 
 class DirectoryKeyStore(KeyStore):
+    """A private directory (0700, files 0600): ``path``, ``$HETFLOW_KEYS_DIR`` or ``~/.hetflow/keys``."""
+
     def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
         self.path = Path(path or os.environ.get(KEYS_DIR_ENV) or Path.home() / ".hetflow" / "keys")
         self.where = str(self.path)
+        super().__init__(DirectoryKV(self.path, private=True))
 
-    def _file(self, name: str) -> Path:
-        return self.path / name.replace("/", "__")
 
-    def _get(self, name: str) -> bytes | None:
-        try:
-            return self._file(name).read_bytes()
-        except FileNotFoundError:
-            return None
+class _ConnectedRayKV(RayKV):
+    """Ray's GCS store that says in one line when this process is not connected."""
 
-    def _put(self, name: str, value: bytes) -> None:
-        self.path.mkdir(parents=True, exist_ok=True, mode=0o700)
-        os.chmod(self.path, 0o700)
-        fd, tmp = tempfile.mkstemp(dir=self.path, prefix=".tmp-")  # mode 0600
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(value)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self._file(name))
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+    def _check(self) -> None:
+        import ray
 
-    def _list(self, prefix: str) -> list[str]:
-        flat = prefix.replace("/", "__")
-        try:
-            return sorted(p.name.replace("__", "/", 1) for p in self.path.iterdir()
-                          if p.name.startswith(flat))
-        except FileNotFoundError:
-            return []
+        if not ray.is_initialized():
+            raise InputError("the cluster key store needs a connected Ray cluster (--address)")
+
+    def get(self, key: str) -> bytes | None:
+        self._check()
+        return super().get(key)
+
+    def put(self, key: str, value: bytes) -> None:
+        self._check()
+        super().put(key, value)
+
+    def keys(self, prefix: str) -> list[str]:
+        self._check()
+        return super().keys(prefix)
 
 
 class ClusterKeyStore(KeyStore):
@@ -223,23 +210,8 @@ class ClusterKeyStore(KeyStore):
 
     where = "the cluster's key-value store"
 
-    def _kv(self) -> Any:
-        import ray
-        from ray.experimental import internal_kv
-
-        if not ray.is_initialized():
-            raise InputError("the cluster key store needs a connected Ray cluster (--address)")
-        return internal_kv
-
-    def _get(self, name: str) -> bytes | None:
-        return self._kv()._internal_kv_get(name, namespace=KV_NAMESPACE)
-
-    def _put(self, name: str, value: bytes) -> None:
-        self._kv()._internal_kv_put(name, value, overwrite=True, namespace=KV_NAMESPACE)
-
-    def _list(self, prefix: str) -> list[str]:
-        return sorted(k.decode() if isinstance(k, bytes) else k
-                      for k in self._kv()._internal_kv_list(prefix, namespace=KV_NAMESPACE))
+    def __init__(self) -> None:
+        super().__init__(_ConnectedRayKV(KV_NAMESPACE))
 
 
 def open_store(spec: str | None) -> KeyStore:
