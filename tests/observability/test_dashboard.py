@@ -25,7 +25,7 @@ from tests.conftest import REPO
 DASHBOARD = REPO / "deploy" / "grafana" / "hetflow-dashboard.json"
 SERIES = re.compile(r"\b(?:ray_)?hetflow_[a-z_]+")
 TAG_USE = re.compile(r"(?:by \(([^)]*)\))|(?:\{([^}]*)\})")
-SERVE_TAGS = {"model", "code", "served_by", "deployment", "le", "key"}
+SERVE_TAGS = {"model", "code", "served_by", "deployment", "le", "key", "upstream"}
 RATE_OF = re.compile(r"\b(?:rate|irate|increase)\(\s*$")
 
 

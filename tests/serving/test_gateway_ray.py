@@ -1,7 +1,8 @@
 """The gateway as a user runs it: keys made with ``hetflow keys``, ``hetflow serve`` on its
 embedded default Ray (node IP not pinned), and the unmodified ``openai`` and ``tritonclient``
 clients with and without a key. Auth is on (``auth.mode: keys``) while the front door listens
-on loopback only."""
+on loopback only. One model is an upstream provider (a stand-in OpenAI-compatible server in this
+process that wants its own key, given to ``hetflow serve`` in an environment variable)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import requests
 import yaml
 
 from tests.net import free_port
+from tests.serving.test_upstream import SECRET, _Provider, _server
 
 pytestmark = pytest.mark.ray
 
@@ -30,6 +32,7 @@ def user_env(keys_dir: Path) -> dict[str, str]:
     # a user's environment: no loopback mode for Ray (the test process's own setting)
     out = {k: v for k, v in os.environ.items() if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"}
     out["HETFLOW_KEYS_DIR"] = str(keys_dir)
+    out["HF_GW_UPSTREAM_KEY"] = SECRET
     return out
 
 
@@ -44,8 +47,12 @@ def gateway(tmp_path_factory):
     keys_dir = root / "keys"
     port = free_port()
     config = root / "serve.yaml"
+    provider = _server(_Provider)
+    _Provider.healthy, _Provider.seen = True, []
     config.write_text(yaml.safe_dump({
         "name": "gw",
+        "upstreams": [{"name": "cloud", "model": "gpt-up", "api_key_env": "HF_GW_UPSTREAM_KEY",
+                       "url": f"http://127.0.0.1:{provider.server_address[1]}/prov/v1"}],
         "http": {"port": port},
         "auth": {"mode": "keys"},
         "models": [
@@ -86,6 +93,8 @@ def gateway(tmp_path_factory):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        provider.shutdown()
+        provider.server_close()
 
 
 def test_without_keys_serve_refuses_in_one_line(gateway) -> None:
@@ -163,6 +172,23 @@ def test_quota_and_revocation_on_the_running_front_door(gateway) -> None:
             break
         time.sleep(0.2)
     assert usage and max(c["requests"] for c in usage.values()) == 3
+
+
+def test_an_upstream_provider_is_a_model_behind_the_same_key(gateway) -> None:
+    import openai
+
+    client = openai.OpenAI(base_url=gateway["url"] + "/v1", api_key=gateway["keys"]["all"], max_retries=0)
+    out = client.chat.completions.create(model="cloud", messages=[{"role": "user", "content": "hi"}])
+    assert out.choices[0].message.content == "from upstream"
+    sent = _Provider.seen[-1]
+    assert sent["body"]["model"] == "gpt-up" and sent["headers"]["authorization"] == f"Bearer {SECRET}"
+    with pytest.raises(openai.PermissionDeniedError):  # a key for digits only may not use it
+        openai.OpenAI(base_url=gateway["url"] + "/v1", api_key=gateway["keys"]["digits-only"],
+                      max_retries=0).chat.completions.create(model="cloud", messages=[])
+    r = requests.get(gateway["url"] + "/metrics", headers={"x-api-key": gateway["keys"]["all"]}, timeout=30)
+    lines = [ln for ln in r.text.splitlines() if ln.startswith('hetflow_upstream_requests_total{upstream="cloud"}')]
+    assert lines and float(lines[0].split()[-1]) >= 1
+    assert SECRET not in r.text and SECRET not in gateway["out"].read_text() + gateway["err"].read_text()
 
 
 def test_key_counters_and_no_key_material_anywhere(gateway) -> None:

@@ -587,7 +587,9 @@ def test_health_and_metrics(served) -> None:
                      "hetflow_serve_request_duration_seconds": "histogram",
                      "hetflow_serve_request_batch_size": "histogram",
                      "hetflow_serve_replicas_running": "gauge", "hetflow_key_requests": "counter",
-                     "hetflow_key_tokens": "counter", "hetflow_key_refused": "counter"}
+                     "hetflow_key_tokens": "counter", "hetflow_key_refused": "counter",
+                     "hetflow_upstream_requests": "counter", "hetflow_upstream_errors": "counter",
+                     "hetflow_upstream_response_duration_seconds": "gauge", "hetflow_upstream_up": "gauge"}
     assert sample(values, "hetflow_serve_replicas_running", model="placed",
                   deployment="svc.placed-gpu-node-d0") == 2
     answered = sample(values, "hetflow_serve_requests_total", model="digits", code="200")

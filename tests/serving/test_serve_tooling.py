@@ -122,6 +122,9 @@ def test_tooling_path_refuses_keys_it_cannot_check(tmp_path) -> None:
     with pytest.raises(InputError, match="front door"):
         check_tooling_auth(keyed)
     check_tooling_auth(serve_config_from_dict({"http": {"host": "0.0.0.0"}, "models": [model]}))  # auto: none here
+    with pytest.raises(InputError, match="upstreams"):  # no front door to route them either
+        check_tooling_auth(serve_config_from_dict(
+            {"models": [model], "upstreams": [{"name": "cloud", "url": "http://127.0.0.1:9/v1"}]}))
     # the RayService render says it too, as one line, exit 2
     from hetflow.cli.main import main
 

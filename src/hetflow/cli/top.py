@@ -125,7 +125,30 @@ def job_rows(view) -> list[dict[str, Any]]:
     return rows
 
 
-def view_to_dict(view) -> dict[str, Any]:
+def upstream_rows(timeout_s: float = 5.0) -> list[dict[str, Any]]:
+    """Every serving application's upstream providers, from its front door's HAProxy counters:
+    requests, errors, mean response ms of the last 1,024, up (health checks passing)."""
+    import ray
+
+    from hetflow.workloads.serve.web import front_name
+
+    prefix = front_name("")
+    rows: list[dict[str, Any]] = []
+    for entry in ray.util.list_named_actors(all_namespaces=True):
+        name, namespace = entry.get("name", ""), entry.get("namespace")
+        if namespace != "serve" or not name.startswith(prefix):
+            continue
+        try:
+            stats = ray.get(ray.get_actor(name, namespace="serve").upstream_stats.remote(),
+                            timeout=timeout_s)
+        except Exception:  # noqa: BLE001 - a front door stopping, or of an older hetflow
+            continue
+        for upstream, st in sorted(stats.items()):
+            rows.append({"app": name[len(prefix):], "upstream": upstream, **st})
+    return rows
+
+
+def view_to_dict(view, upstreams: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The frame as JSON-ready data (``--once --json``)."""
     import dataclasses
 
@@ -134,11 +157,12 @@ def view_to_dict(view) -> dict[str, Any]:
         "cluster": dataclasses.asdict(view.cluster),
         "devices": device_rows(view),
         "jobs": job_rows(view),
+        "upstreams": upstreams or [],
         "hints": [dataclasses.asdict(h) for h in view.hints],
     }
 
 
-def render(view):
+def render(view, upstreams: list[dict[str, Any]] | None = None):
     """The frame as a rich renderable: a summary line, the device table, the job table, hints."""
     from rich.console import Group
     from rich.table import Table
@@ -182,6 +206,15 @@ def render(view):
                          f"{_num(r['achieved_tflops'])}/{_num(r['peak_tflops'])}",
                          "-" if r["effective_ratio"] is None else f"{r['effective_ratio']:.1%}")
         parts.append(jobs)
+    if upstreams:
+        table = Table(title="upstreams", title_justify="left", expand=False)
+        for col, justify in (("app", "left"), ("upstream", "left"), ("state", "left"),
+                             ("requests", "right"), ("errors", "right"), ("mean ms", "right")):
+            table.add_column(col, justify=justify, no_wrap=True)
+        for r in upstreams:
+            table.add_row(r["app"], r["upstream"], r["status"] or ("UP" if r["up"] else "DOWN"),
+                          f"{r['requests']:,}", f"{r['errors']:,}", str(r["response_ms"]))
+        parts.append(table)
     for hint in view.hints:
         parts.append(Text(f"hint: {hint.message}", style="yellow"))
     return Group(*parts)
@@ -192,8 +225,6 @@ def render(view):
 
 def _connect(address: str | None) -> bool:
     """Connect to Ray unless this process already is; True when this call connected."""
-    import os
-
     from hetflow.runtime.session import check_reachable, ray_loopback_mode
 
     ray_loopback_mode(address, default="auto")
@@ -228,12 +259,13 @@ def run(args: argparse.Namespace) -> int:
             metrics.start_metrics(interval_s=args.interval)
         if args.once:
             view = metrics.collect_view(stale_after_s=stale)
+            upstreams = upstream_rows()
             if args.json:
-                print(json.dumps(view_to_dict(view), indent=2, default=str))
+                print(json.dumps(view_to_dict(view, upstreams), indent=2, default=str))
             else:
                 from rich.console import Console
 
-                Console().print(render(view))
+                Console().print(render(view, upstreams))
             return 0
         return _live(args.interval, stale)
     finally:
@@ -251,10 +283,11 @@ def _live(interval: float, stale: float) -> int:
 
     console = Console()
     try:
-        with Live(render(collect_view(stale)), console=console, auto_refresh=False, screen=False) as live:
+        with Live(render(collect_view(stale), upstream_rows()), console=console, auto_refresh=False,
+                  screen=False) as live:
             while True:
                 time.sleep(interval)
-                live.update(render(collect_view(stale)), refresh=True)
+                live.update(render(collect_view(stale), upstream_rows()), refresh=True)
     except KeyboardInterrupt:
         print(file=sys.stderr)
         return 0

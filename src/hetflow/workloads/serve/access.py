@@ -175,13 +175,21 @@ def _cap_var(acl: str) -> str:
     return "txn.cap_" + hashlib.sha1(acl.encode()).hexdigest()[:12]
 
 
-def shed_rule(backend: str, acl: str, queue_limit: int) -> str:
-    """503 at once when ``backend`` holds ``queue_limit`` requests per server that is up."""
+def shed_rule(backend: str, acl: str, queue_limit: int, unless: str | None = None) -> str:
+    """503 at once when ``backend`` holds ``queue_limit`` requests per server that is up
+    (``unless``: an ACL whose requests go elsewhere then, e.g. to an upstream)."""
     return ("    http-request return status 503 content-type application/json string "
             + _q(f"the model is at its queue limit ({queue_limit} in flight per replica); "
                  "retry after Retry-After seconds")
-            + f" hdr Retry-After 1 if is_{acl} METH_POST {{ nbsrv({backend}) -m int gt 0 }} "
-              f"{{ be_conn({backend}),sub({_cap_var(acl)}) -m int ge 0 }}")
+            + f" hdr Retry-After 1 if {over_limit_condition(backend, acl)}"
+            + (f" !{unless}" if unless else ""))
+
+
+def over_limit_condition(backend: str, acl: str) -> str:
+    """True for a request of ``acl`` while ``backend`` holds its queue limit per server up
+    (:func:`shed_capacity` computed the capacity)."""
+    return (f"is_{acl} METH_POST {{ nbsrv({backend}) -m int gt 0 }} "
+            f"{{ be_conn({backend}),sub({_cap_var(acl)}) -m int ge 0 }}")
 
 
 def shed_capacity(backend: str, acl: str, queue_limit: int) -> str:
@@ -419,5 +427,5 @@ class KeyState:
 
 
 __all__ = ["AccessPlan", "KEY_HEADER", "KeyState", "MAPS", "MODELS_HEADER", "TOKENS_HEADER", "UsageMeter", "admit_rules", "allowed_models",
-           "apply_maps", "frontend_rules", "map_entries", "preamble_rules", "read_table",
+           "apply_maps", "frontend_rules", "map_entries", "over_limit_condition", "preamble_rules", "read_table",
            "shed_capacity", "shed_rule", "table_sections", "write_maps"]

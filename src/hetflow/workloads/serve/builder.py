@@ -78,6 +78,10 @@ def check_tooling_auth(config: Any) -> None:
                          "tooling path (serve run / serve deploy / a RayService) has none, so no key "
                          "would be checked; use hetflow serve, or auth: {mode: none} behind a gateway "
                          "of your own")
+    if config.upstreams:
+        raise InputError("upstreams are routed by hetflow's front door (hetflow serve): Serve's own "
+                         "tooling path (serve run / serve deploy / a RayService) has none; use "
+                         "hetflow serve, or drop upstreams (and fallbacks naming them)")
 
 
 def _serve_run_address() -> str | None:

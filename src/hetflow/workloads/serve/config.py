@@ -23,6 +23,7 @@ bf16/fp16 run on GPUs only and int8 on CPUs only.
 
 from __future__ import annotations
 
+import urllib.parse
 from pathlib import Path
 from typing import Any, Literal
 
@@ -297,6 +298,52 @@ class ModelServeConfig(_Section):
         return None if self.memory is None else parse_bytes(self.memory)
 
 
+class UpstreamConfig(_Section):
+    """An external model server the front door routes to: an OpenAI-compatible API (OpenAI,
+    vLLM, LiteLLM, another hetflow) or a KServe v2 server (Triton, KServe, another hetflow).
+    Clients call it by ``name`` like a local model; a local model names it as its
+    ``fallback`` to send it its requests while no local replica is up or the local queue is
+    over its limit."""
+
+    name: str = Field(min_length=1, pattern=NAME_PATTERN)
+    """The model name clients use for it (also what a local model's ``fallback`` names)."""
+    url: str = Field(min_length=1)
+    """Base URL: ``https://api.openai.com/v1`` (OpenAI: the part before ``/chat/completions``)
+    or ``http://triton:8000`` (KServe v2: the part before ``/v2``)."""
+    protocol: Literal["openai", "kserve-v2"] = "openai"
+    """What it speaks; only that protocol's requests are routed to it."""
+    model: str | None = None
+    """Its own name for the model (default: ``name``); the request's model is rewritten to it."""
+    api_key_env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    """Environment variable (of ``hetflow serve``) holding its API key, sent as
+    ``Authorization: Bearer``; the key goes to HAProxy's environment only, never into a file."""
+    timeout_s: float = Field(60.0, gt=0)
+    """Longest wait for its answer."""
+    check_interval_s: float = Field(2.0, gt=0)
+    """Health check period (GET its model list or ``/v2/health/ready``): 3 failures in a row
+    take it out, 2 successes bring it back."""
+    ca_file: str | None = None
+    """CA bundle for an ``https`` URL (default: the system's)."""
+
+    @model_validator(mode="after")
+    def _check_url(self) -> "UpstreamConfig":
+        parsed = urllib.parse.urlsplit(self.url)
+        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+            raise ValueError(f"upstream {self.name}: url must be http(s)://host[:port][/path], "
+                             f"got {self.url!r}")
+        if parsed.query or parsed.fragment:
+            raise ValueError(f"upstream {self.name}: url takes no query or fragment")
+        try:
+            parsed.port
+        except ValueError:
+            raise ValueError(f"upstream {self.name}: bad port in {self.url!r}") from None
+        return self
+
+    @property
+    def upstream_model(self) -> str:
+        return self.model or self.name
+
+
 class ServeConfig(_Section):
     """One serving application: models behind one HTTP endpoint."""
 
@@ -312,6 +359,8 @@ class ServeConfig(_Section):
     """API keys, per-key limits and quotas."""
     models: list[ModelServeConfig] = Field(min_length=1)
     """The served models (at least one)."""
+    upstreams: list[UpstreamConfig] = Field(default_factory=list)
+    """External model servers routed to as models, or as local models' fallbacks."""
     default_model: str | None = None
     """Model of ``POST /v1/predict`` requests that name none (default: the first)."""
     ray_address: str | None = None
@@ -324,6 +373,9 @@ class ServeConfig(_Section):
         if errors:
             raise ValueError("; ".join(errors))
         return self
+
+    def upstream(self, name: str) -> UpstreamConfig | None:
+        return next((u for u in self.upstreams if u.name == name), None)
 
     def model(self, name: str) -> ModelServeConfig:
         for m in self.models:
@@ -391,13 +443,18 @@ def combination_errors(config: ServeConfig) -> list[str]:
     if dupes:
         errors.append(f"model names must be unique; repeated: {', '.join(dupes)}")
     known = set(names)
+    up_names = [u.name for u in config.upstreams]
+    clash = sorted({n for n in up_names if n in known or up_names.count(n) > 1})
+    if clash:
+        errors.append(f"upstream names must be unique and differ from the models'; repeated: "
+                      f"{', '.join(clash)}")
     if config.default_model is not None and config.default_model not in known:
         errors.append(f"default_model {config.default_model!r} is not a model of this file "
                       f"({', '.join(names)})")
     for m in config.models:
-        if m.fallback is not None and m.fallback not in known:
-            errors.append(f"model {m.name}: fallback {m.fallback!r} is not a model of this file "
-                          f"({', '.join(names)})")
+        if m.fallback is not None and m.fallback not in known and m.fallback not in up_names:
+            errors.append(f"model {m.name}: fallback {m.fallback!r} is not a model or upstream "
+                          f"of this file ({', '.join(names + up_names)})")
     errors.extend(_fallback_cycles(config))
     errors.extend(_size_errors("limits.max_body_bytes", config.limits.max_body_bytes))
     return errors
@@ -412,7 +469,7 @@ def _size_errors(key: str, value: int | str) -> list[str]:
 
 
 def _fallback_cycles(config: ServeConfig) -> list[str]:
-    fallback = {m.name: m.fallback for m in config.models}
+    fallback = {m.name: m.fallback for m in config.models}  # an upstream ends a chain
     for start in fallback:
         seen, name = [start], fallback[start]
         while name is not None and name in fallback:
@@ -429,10 +486,18 @@ def is_loopback(host: str) -> bool:
     return host in ("127.0.0.1", "localhost", "::1")
 
 
+def upstream_fallback(config: ServeConfig, name: str) -> str | None:
+    """The upstream at the end of model ``name``'s fallback chain, if one is."""
+    last = config.model(fallback_chain(config, name)[-1]).fallback
+    return last if last is not None and config.upstream(last) is not None else None
+
+
 def fallback_chain(config: ServeConfig, name: str) -> list[str]:
-    """``name`` followed by its fallback, that one's fallback, ... (no repeats)."""
+    """``name`` followed by its fallback, that one's fallback, ... (no repeats; local models
+    only: an upstream at the end is :func:`upstream_fallback`)."""
     chain = [name]
-    while (nxt := config.model(chain[-1]).fallback) is not None and nxt not in chain:
+    while ((nxt := config.model(chain[-1]).fallback) is not None and nxt not in chain
+           and config.upstream(nxt) is None):
         chain.append(nxt)
     return chain
 
@@ -496,6 +561,6 @@ def load_serve_config(path: str | Path) -> ServeConfig:
 __all__ = [
     "AutoscalingConfig", "BatchingConfig", "GatewayConfig", "HTTPConfig", "InputSection",
     "LimitsConfig",
-    "ModelServeConfig", "ServeConfig", "DEFAULT_BATCH_WAIT_TIMEOUT_S", "DEFAULT_MAX_BATCH_SIZE",
-    "fallback_chain", "is_loopback", "load_serve_config", "serve_config_from_dict",
+    "ModelServeConfig", "ServeConfig", "UpstreamConfig", "DEFAULT_BATCH_WAIT_TIMEOUT_S", "DEFAULT_MAX_BATCH_SIZE",
+    "fallback_chain", "is_loopback", "upstream_fallback", "load_serve_config", "serve_config_from_dict",
 ]

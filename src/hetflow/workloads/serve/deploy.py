@@ -216,6 +216,9 @@ def deploy(config: ServeConfig, *, timeout_s: float = 300.0) -> Served:
     """
     from hetflow.workloads.serve.front import FrontDoor, haproxy_binary
 
+    from hetflow.workloads.serve.upstream import upstream_secrets
+
+    upstream_keys = upstream_secrets(config.upstreams, dict(os.environ))  # before Ray, too
     if config.auth.store != "cluster":
         _check_keys(config)  # before Ray starts: a missing key is a config to fix, at once
     started = connect_ray(config.ray_address)
@@ -246,7 +249,7 @@ def deploy(config: ServeConfig, *, timeout_s: float = 300.0) -> Served:
             lifetime="detached",  # it outlives `hetflow serve --detach`, like the Serve apps
             scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False))
         try:
-            front = actor.remote(front_plan(config, plans))
+            front = actor.remote(front_plan(config, plans), upstream_keys=upstream_keys)
             ray.get(front.run.remote(), timeout=60)
         except ray.exceptions.RayActorError as exc:
             raise ServeFailed(f"the front door (HAProxy on {host}:{config.http.port}) did not "

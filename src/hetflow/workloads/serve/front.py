@@ -47,6 +47,7 @@ from typing import Any
 
 from hetflow.core.errors import InputError
 from hetflow.workloads.serve import access as acc
+from hetflow.workloads.serve import upstream as up
 from hetflow.workloads.serve.config import is_loopback
 from hetflow.workloads.serve.metrics import ReplicaReports
 
@@ -109,6 +110,10 @@ class FrontPlan:
     access: acc.AccessPlan | None = None
     # model -> requests in flight per up server past which the front door answers 503 at once
     queue_limits: dict[str, int] = field(default_factory=dict)
+    # external model servers (upstream.py), and local model -> the upstream it falls back to
+    upstreams: tuple[up.UpstreamPlan, ...] = ()
+    upstream_fallbacks: dict[str, str] = field(default_factory=dict)
+    default_model: str | None = None
 
 
 def backend_name(model: str) -> str:
@@ -154,13 +159,17 @@ def write_error_files(plan: FrontPlan, directory: str) -> str:
 
 
 def render_config(plan: FrontPlan, servers: dict[str, list[Server]], admin_socket: str,
-                  errors_dir: str | None = None, map_dir: str | None = None, salt: str = "") -> str:
+                  errors_dir: str | None = None, map_dir: str | None = None, salt: str = "",
+                  lua_path: str | None = None) -> str:
     """The HAProxy config for ``plan`` with ``servers`` (Serve application -> its replicas'
     direct-ingress addresses; the gateway's under ``plan.gateway_app``); ``errors_dir``: where
     :func:`write_error_files` wrote hetflow's error answers (else HAProxy's own pages);
-    ``map_dir`` and ``salt``: the key maps (:mod:`.access`) when ``plan.access`` asks for keys."""
+    ``map_dir`` and ``salt``: the key maps (:mod:`.access`) when ``plan.access`` asks for keys;
+    ``lua_path``: :func:`.upstream.write_lua`'s file when ``plan.upstreams`` has any."""
     if plan.access is not None and map_dir is None:
         raise ValueError("plan.access needs map_dir (the key maps)")
+    if plan.upstreams and lua_path is None:
+        raise ValueError("plan.upstreams needs lua_path (the model rewrite filter)")
     timeout_s = max(1, int(plan.request_timeout_s + 0.999))
     bind = f"[{plan.host}]:{plan.port}" if ":" in plan.host else f"{plan.host}:{plan.port}"
     lines = [
@@ -172,6 +181,7 @@ def render_config(plan: FrontPlan, servers: dict[str, list[Server]], admin_socke
         # fit one is still served, only not repeated by an L7 retry).
         "    nbthread 4",
         "    tune.bufsize 16384",
+        *([f"    lua-load {lua_path}"] if plan.upstreams else []),
         "defaults",
         "    mode http",
         "    option http-keep-alive",
@@ -209,7 +219,12 @@ def render_config(plan: FrontPlan, servers: dict[str, list[Server]], admin_socke
     if plan.access is not None:
         assert map_dir is not None
         lines += acc.frontend_rules(plan.access, map_dir, root)
+    if plan.upstreams:
+        lines += up.model_var_rules(root, plan.default_model)
+        lines += up.protocol_acls(plan.upstreams, root)
+    by_name = {u.name: u for u in plan.upstreams}
     direct = [m for m in sorted(plan.models, key=len, reverse=True) if m not in plan.via_gateway]
+    over_limit = {}
     for model in direct:
         acl = backend_name(model)
         lines.append(f"    acl is_{acl} path_beg {root}/v1/models/{model}/ "
@@ -217,10 +232,18 @@ def render_config(plan: FrontPlan, servers: dict[str, list[Server]], admin_socke
         lines.append(f"    acl is_{acl} path {root}/v1/models/{model} {root}/v2/models/{model}")
         if plan.queue_limits.get(model):
             lines.append(acc.shed_capacity(acl, acl, plan.queue_limits[model]))
-            lines.append(acc.shed_rule(acl, acl, plan.queue_limits[model]))
+            fallback = by_name.get(plan.upstream_fallbacks.get(model, ""))
+            if fallback is not None:  # past the limit, its protocol's requests go upstream
+                over_limit[model] = acc.over_limit_condition(acl, acl)
+                lines.append(acc.shed_rule(acl, acl, plan.queue_limits[model],
+                                           unless=up.protocol_acl_name(fallback)))
+            else:
+                lines.append(acc.shed_rule(acl, acl, plan.queue_limits[model]))
     if plan.access is not None:
         assert map_dir is not None
         lines += acc.admit_rules(map_dir)
+    lines += up.routing_rules(plan.upstreams, plan.upstream_fallbacks, root, backend_name,
+                              over_limit)
     for model in direct:
         acl = backend_name(model)
         lines.append(f"    use_backend {acl} if is_{acl} METH_POST")
@@ -262,6 +285,7 @@ def render_config(plan: FrontPlan, servers: dict[str, list[Server]], admin_socke
               check]
     for s in gateway:
         lines.append(f"    server {s.name} {s.host}:{s.port}")
+    lines += up.backend_sections(plan.upstreams, root)
     if plan.access is not None:
         lines += acc.table_sections()
     return "\n".join(lines) + "\n"
@@ -389,10 +413,13 @@ def read_servers(controller: Any, apps: set[str], direct: bool = True,
 class FrontDoor:
     """A Ray actor owning the HAProxy process of one hetflow serving application."""
 
-    def __init__(self, plan: FrontPlan, poll_s: float = 0.25) -> None:
+    def __init__(self, plan: FrontPlan, poll_s: float = 0.25,
+                 upstream_keys: dict[str, str] | None = None) -> None:
         import ray
 
         self.plan = plan
+        # upstream keys: into HAProxy's environment only (the config names the variables)
+        self.upstream_keys = dict(upstream_keys or {})
         self.poll_s = poll_s
         self.dir = tempfile.mkdtemp(prefix=f"hetflow-front-{_safe(plan.app)}-")
         self.config_path = os.path.join(self.dir, "haproxy.cfg")
@@ -410,13 +437,14 @@ class FrontDoor:
         self.errors = write_error_files(plan, self.dir)
         self.map_dir = os.path.join(self.dir, "maps")
         self.keys = acc.KeyState(plan.access, self.map_dir) if plan.access is not None else None
+        self.lua = up.write_lua(self.dir) if plan.upstreams else None
         self._write(self._render({}))
         self._start()
         self._task: asyncio.Task | None = None
 
     def _render(self, servers: dict[str, list[Server]]) -> str:
         return render_config(self.plan, servers, self.admin, self.errors, self.map_dir,
-                             self.keys.salt if self.keys is not None else "")
+                             self.keys.salt if self.keys is not None else "", self.lua)
 
     # --- process -----------------------------------------------------------------------
 
@@ -434,6 +462,7 @@ class FrontDoor:
         def spawn_and_wait() -> None:
             self.proc = subprocess.Popen(
                 [self.binary, "-W", "-db", "-f", self.config_path],
+                env={**os.environ, **self.upstream_keys},
                 stdout=subprocess.DEVNULL,
                 stderr=open(os.path.join(self.dir, "haproxy.log"), "ab"),
                 preexec_fn=_die_with_parent)
@@ -504,16 +533,9 @@ class FrontDoor:
             text = self._admin("show stat")
         except OSError:
             return {}
-        header: list[str] = []
         out: dict[str, list[str]] = {}
-        for line in text.splitlines():
-            if line.startswith("# "):
-                header = line[2:].split(",")
-                continue
-            if not line or not header:
-                continue
-            row = dict(zip(header, line.split(",")))
-            if row.get("svname") in ("FRONTEND", "BACKEND") or row.get("bck") == "1":
+        for row in up.server_rows(text):
+            if row.get("bck") == "1":
                 continue
             if row.get("status", "").startswith("UP"):
                 out.setdefault(row["pxname"], []).append(row["svname"])
@@ -533,9 +555,23 @@ class FrontDoor:
             serving[model] = next((m for m in chain if models.get(m, 0) > 0), None)
             if serving[model] != model and not gateway_up:
                 serving[model] = None  # the fallback is reached through the gateway
+        upstreams = {u.name: len(up_now) > 0 for u in self.plan.upstreams
+                     for up_now in [up.get(u.backend, [])]}
+        for model, name in self.plan.upstream_fallbacks.items():
+            if serving.get(model) is None and upstreams.get(name):
+                serving[model] = name
         ready = gateway_up > 0 and all(v is not None for v in serving.values())
         return {"ready": ready, "direct_ingress": self.direct, "gateway_up": gateway_up, "up": models, "serving": serving,
+                "upstreams": upstreams,
                 "error": self.error, "haproxy_pid": self.proc.pid if self.proc else None}
+
+    def upstream_stats(self) -> dict[str, dict[str, Any]]:
+        """Per upstream (by its config name): requests, errors, mean response ms, up."""
+        try:
+            stats = up.read_upstream_stats(self._admin("show stat"))
+        except OSError:
+            return {}
+        return {u.name: stats[u.backend] for u in self.plan.upstreams if u.backend in stats}
 
     def report(self, source: str, metrics: Any) -> None:
         """A replica's cumulative metrics (it sends them every half second when they change;
@@ -551,6 +587,8 @@ class FrontDoor:
         total = self.reports.total()
         if self.keys is not None:
             total.keys = self.keys.meter.totals()
+        if self.plan.upstreams:
+            total.upstreams = self.upstream_stats()
         return total
 
     def stop(self) -> None:

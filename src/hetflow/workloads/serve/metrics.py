@@ -19,6 +19,11 @@ Exposed at ``GET /metrics`` (Prometheus text 0.0.4, or OpenMetrics when the scra
 * ``hetflow_serve_request_batch_size{model}`` - histogram, per request, of how many requests
   shared its forward pass (1 = it ran alone): whether batches really form.
 * ``hetflow_serve_replicas_running{model,deployment}`` - gauge, from Serve's status, last poll.
+* ``hetflow_key_{requests,tokens,refused}_total{key}`` - counters per API key (its name).
+* ``hetflow_upstream_requests_total{upstream}``, ``hetflow_upstream_errors_total{upstream}``
+  (connection errors, bad answers and 5xx), ``hetflow_upstream_response_duration_seconds{upstream}`` (mean
+  response time of its last 1,024 requests) and ``hetflow_upstream_up{upstream}`` (1 while
+  its health checks pass) - from the front door's HAProxy counters.
 
 The names before the naming fix: :data:`RENAMED`.
 """
@@ -46,6 +51,10 @@ METRIC_TYPES = {
     "hetflow_key_requests_total": "counter",
     "hetflow_key_tokens_total": "counter",
     "hetflow_key_refused_total": "counter",
+    "hetflow_upstream_requests_total": "counter",
+    "hetflow_upstream_errors_total": "counter",
+    "hetflow_upstream_response_duration_seconds": "gauge",
+    "hetflow_upstream_up": "gauge",
 }
 RENAMED = {
     "hetflow_serve_request_seconds": "hetflow_serve_request_duration_seconds",
@@ -89,6 +98,8 @@ class GatewayMetrics:
         self.replicas: dict[tuple[str, str], int] = {}
         # API key name -> requests, tokens, refused since the front door started (set by it)
         self.keys: dict[str, dict[str, int]] = {}
+        # upstream name -> requests, errors, response_ms, up (set by the front door)
+        self.upstreams: dict[str, dict[str, Any]] = {}
 
     def answered(self, model: str, code: int) -> None:
         self.requests[(model, code)] += 1
@@ -151,6 +162,14 @@ class GatewayMetrics:
                                  ("refused", "Requests refused per API key over its rate limits.")):
             yield _filled(CounterMetricFamily(f"hetflow_key_{field}", help_text, labels=["key"]),
                           {(k,): v.get(field, 0) for k, v in self.keys.items()})
+        for field, family_type, help_text in (
+                ("requests", CounterMetricFamily, "Requests sent to each upstream provider."),
+                ("errors", CounterMetricFamily, "Upstream connection errors, bad answers and 5xx."),
+                ("response_duration_seconds", GaugeMetricFamily, "Mean upstream response time of its last 1,024 requests."),
+                ("up", GaugeMetricFamily, "1 while the upstream's health checks pass.")):
+            yield _filled(family_type(f"hetflow_upstream_{field}", help_text, labels=["upstream"]),
+                          {(k,): (v.get("response_ms", 0) / 1000.0 if field == "response_duration_seconds"
+                                  else float(v.get(field, 0))) for k, v in self.upstreams.items()})
         yield _filled(GaugeMetricFamily("hetflow_serve_replicas_running",
                                         "Running replicas per deployment (last status poll).",
                                         labels=["model", "deployment"]), self.replicas)
@@ -179,6 +198,7 @@ class GatewayMetrics:
             "replicas_running": [{"model": m, "deployment": d, "running": v}
                                  for (m, d), v in sorted(self.replicas.items())],
             "keys": {k: dict(v) for k, v in sorted(self.keys.items())},
+            "upstreams": {k: dict(v) for k, v in sorted(self.upstreams.items())},
         }
 
 

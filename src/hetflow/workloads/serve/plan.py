@@ -10,13 +10,14 @@ from typing import TYPE_CHECKING, Any
 import ray
 
 from hetflow.workloads.serve.access import AccessPlan
-from hetflow.workloads.serve.config import ServeConfig, fallback_chain
+from hetflow.workloads.serve.config import ServeConfig, fallback_chain, upstream_fallback
 from hetflow.workloads.serve.front import (
     FrontPlan,
     app_prefix,
     group_prefix,
 )
 from hetflow.workloads.serve.placement import ReplicaGroup
+from hetflow.workloads.serve.upstream import plan_upstreams
 from hetflow.workloads.serve.protocol import (
     InputSpec,
 )
@@ -100,7 +101,7 @@ def _check_fallback_inputs(config: ServeConfig, plans: dict[str, ModelPlan]) -> 
     from hetflow.core.errors import InputError
 
     for entry in config.models:
-        if entry.fallback and plans[entry.fallback].input != plans[entry.name].input:
+        if entry.fallback in plans and plans[entry.fallback].input != plans[entry.name].input:
             raise InputError(f"model {entry.name}: fallback {entry.fallback} takes different "
                              f"input ({plans[entry.fallback].input.description}) than "
                              f"{entry.name} ({plans[entry.name].input.description})")
@@ -179,7 +180,10 @@ def front_plan(config: ServeConfig, plans: dict[str, ModelPlan]) -> FrontPlan:
         access=(AccessPlan(store=config.auth.store, default_model=config.default)
                 if config.auth.enabled(config.http.host) else None),
         queue_limits={n: (mp.entry.queue_limit if mp.entry.queue_limit is not None
-                          else mp.entry.ongoing_limit) for n, mp in plans.items()})
+                          else mp.entry.ongoing_limit) for n, mp in plans.items()},
+        upstreams=plan_upstreams(config.upstreams),
+        upstream_fallbacks={n: u for n in plans if (u := upstream_fallback(config, n)) is not None},
+        default_model=config.default)
 
 
 __all__ = ["describe_plan", "ensure_checkpoint", "front_plan", "ModelPlan", "plan_models", "via_gateway"]

@@ -1,0 +1,365 @@
+"""Upstream providers: external model servers behind the front door, as models of their own
+or as local models' fallbacks - all inside HAProxy, no Python on the request path.
+
+For each upstream (:class:`UpstreamPlan`, from the config's ``upstreams``) the front door has a
+backend ``u_<name>`` with one server, the upstream's host, and:
+
+* **routing**: a request whose model (path ``/v2/models/NAME/...`` or the body's ``model`` on
+  the OpenAI paths) is the upstream's name goes there; a local model whose ``fallback`` is the
+  upstream sends it its requests while the model has no replica up, and (on the direct
+  ``/v1/models/M`` and ``/v2/models/M`` paths) past its queue limit instead of a 503. Only the
+  upstream's protocol's paths are routed to it (OpenAI: ``/v1/completions``,
+  ``/v1/chat/completions``, ``/v1/embeddings``; KServe v2: ``/v2/models/...``);
+* **rewriting**: the path onto the upstream's base URL; the model to the upstream's own name
+  (the path segment, or the body's top-level ``model`` by a small Lua filter when the body
+  names another); ``Host``; the client's credentials and hetflow's internal headers removed,
+  the upstream's key set as ``Authorization: Bearer`` from an environment variable of HAProxy
+  (the config file holds ``${VAR}``, never the key);
+* **health**: HAProxy checks it every ``check_interval_s`` (OpenAI: ``GET <base>/models``,
+  KServe: ``GET /v2/health/ready``, with the key); 3 failures in a row take it out (requests
+  then get the 503 of "no server"), 2 successes bring it back;
+* **metrics**: HAProxy's per-server counters (requests, errors, the mean response time of the
+  last 1,024, up or down) become ``hetflow_upstream_*`` series and a table in ``hetflow top``.
+
+Upstream answers are not charged to a key's tokens-per-minute (only local replicas report
+tokens); requests are counted and limited as for local models.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import urllib.parse
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+OPENAI_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/embeddings")
+LUA_FILE = "upstream.lua"
+
+
+@dataclass(frozen=True)
+class UpstreamPlan:
+    """What the front door needs to route to one upstream (plain data; no key in it)."""
+
+    name: str
+    protocol: str  # openai | kserve-v2
+    scheme: str
+    host: str
+    port: int
+    base_path: str  # without a trailing slash
+    model: str  # the upstream's own name for it
+    key_env: str | None  # HAProxy's environment variable holding the key (set by the front door)
+    timeout_s: float = 60.0
+    check_interval_s: float = 2.0
+    ca_file: str | None = None
+
+    @property
+    def backend(self) -> str:
+        return backend_name(self.name)
+
+    @property
+    def host_header(self) -> str:
+        default = 443 if self.scheme == "https" else 80
+        return self.host if self.port == default else f"{self.host}:{self.port}"
+
+
+def backend_name(name: str) -> str:
+    return "u_" + "".join(c if c.isalnum() or c in "_-." else "_" for c in name)
+
+
+def key_env_name(name: str) -> str:
+    """The variable in HAProxy's environment for upstream ``name``'s key (letters, digits, _)."""
+    return "HETFLOW_UPSTREAM_KEY_" + hashlib.sha1(name.encode()).hexdigest()[:12].upper()
+
+
+def plan_upstreams(upstreams: list[Any]) -> tuple[UpstreamPlan, ...]:
+    """UpstreamConfig entries -> plans."""
+    out = []
+    for u in upstreams:
+        parts = urllib.parse.urlsplit(u.url)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        out.append(UpstreamPlan(
+            name=u.name, protocol=u.protocol, scheme=parts.scheme, host=parts.hostname or "",
+            port=port, base_path=parts.path.rstrip("/"), model=u.upstream_model,
+            key_env=key_env_name(u.name) if u.api_key_env else None, timeout_s=u.timeout_s,
+            check_interval_s=u.check_interval_s, ca_file=u.ca_file))
+    return tuple(out)
+
+
+def upstream_secrets(upstreams: list[Any], environ: dict[str, str]) -> dict[str, str]:
+    """HAProxy environment variable -> key, read from ``hetflow serve``'s environment; a
+    variable that is not set is one line to fix."""
+    from hetflow.core.errors import InputError
+
+    out = {}
+    for u in upstreams:
+        if not u.api_key_env:
+            continue
+        value = environ.get(u.api_key_env, "")
+        if not value.strip():
+            raise InputError(f"upstream {u.name}: environment variable {u.api_key_env} (its "
+                             f"api_key_env) is not set; export {u.api_key_env}=KEY before "
+                             "hetflow serve, or drop api_key_env for an upstream without a key")
+        if any(c in value for c in '"\r\n\\'):
+            raise InputError(f"upstream {u.name}: the key in {u.api_key_env} holds a quote, "
+                             "backslash or line break; an API key has none")
+        out[key_env_name(u.name)] = value.strip()
+    return out
+
+
+def _hq(text: str) -> str:
+    """An HAProxy double-quoted argument (``$`` escaped: no environment expansion)."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$") + '"'
+
+
+def model_var_rules(root: str, default_model: str | None) -> list[str]:
+    """``txn.model``: the model a request asks for (path segment, else the body's ``model``
+    on the JSON/OpenAI paths, else the default model on ``/v1/predict``); a rule that
+    finds it set leaves it."""
+    depth = root.count("/")
+    lines = [
+        f"    http-request set-var(txn.model) path,field({depth + 4},/) "
+        f"if !{{ var(txn.model) -m found }} {{ path_reg ^{re.escape(root)}/v[12]/models/[^/]+ }}",
+        f"    http-request set-var(txn.model) req.body,json_query('$.model') "
+        f"if !{{ var(txn.model) -m found }} {{ path {root}/v1/predict "
+        + " ".join(root + p for p in OPENAI_PATHS) + " }",
+    ]
+    if default_model:
+        lines.append(f"    http-request set-var(txn.model) str({default_model}) "
+                     f"if !{{ var(txn.model) -m found }} {{ path {root}/v1/predict }}")
+    return lines
+
+
+def protocol_acl_name(up: UpstreamPlan) -> str:
+    return f"proto_{up.backend}"
+
+
+def protocol_acls(ups: tuple[UpstreamPlan, ...], root: str) -> list[str]:
+    """One ACL per upstream: the request is of the upstream's protocol."""
+    lines = []
+    for up in ups:
+        if up.protocol == "openai":
+            lines.append(f"    acl {protocol_acl_name(up)} path " + " ".join(root + p for p in OPENAI_PATHS))
+        else:
+            lines.append(f"    acl {protocol_acl_name(up)} path_beg {root}/v2/models/")
+    return lines
+
+
+def system_ca_file() -> str:
+    """The system's CA bundle (HAProxy's own ``@system-ca`` follows its bundled OpenSSL's
+    directory, which need not be the system's), else certifi's."""
+    import os
+    import ssl
+
+    for path in (ssl.get_default_verify_paths().cafile, "/etc/ssl/certs/ca-certificates.crt",
+                 "/etc/pki/tls/certs/ca-bundle.crt", "/etc/ssl/cert.pem"):
+        if path and os.path.isfile(path):
+            return path
+    import certifi
+
+    return certifi.where()
+
+
+def routing_rules(ups: tuple[UpstreamPlan, ...], fallbacks: dict[str, str], root: str,
+                  local_backend: Any, over_limit: dict[str, str]) -> list[str]:
+    """``use_backend`` lines, before the local models' own: the upstream's name, then each
+    local model whose fallback it is while that model has no server up or is over its queue
+    limit (``over_limit``: model -> an ACL condition that is true past the limit)."""
+    lines = []
+    by_name = {u.name: u for u in ups}
+    for up in ups:
+        lines.append(f"    use_backend {up.backend} if {protocol_acl_name(up)} "
+                     f"{{ var(txn.model) -m str {up.name} }}")
+    for model, name in sorted(fallbacks.items()):
+        up = by_name[name]
+        be = local_backend(model)
+        cond = f"proto_{up.backend} {{ var(txn.model) -m str {model} }}"
+        lines.append(f"    use_backend {up.backend} if {cond} {{ nbsrv({be}) -m int eq 0 }}")
+        if model in over_limit:
+            lines.append(f"    use_backend {up.backend} if {cond} {over_limit[model]}")
+    return lines
+
+
+def backend_sections(ups: tuple[UpstreamPlan, ...], root: str) -> list[str]:
+    lines: list[str] = []
+    for up in ups:
+        if up.protocol == "openai":
+            path = f"    http-request replace-path ^{re.escape(root)}/v1/(.*) {up.base_path}/\\1"
+            check_uri = f"{up.base_path}/models"
+        else:
+            path = (f"    http-request replace-path ^{re.escape(root)}/v2/models/[^/]+(.*) "
+                    f"{up.base_path}/v2/models/{up.model}\\1")
+            check_uri = f"{up.base_path}/v2/health/ready"
+        auth = f'"Bearer ${{{up.key_env}}}"' if up.key_env else None
+        check_headers = f"hdr Host {_hq(up.host_header)}" + (f" hdr Authorization {auth}" if auth else "")
+        tls = ""
+        if up.scheme == "https":
+            ca = up.ca_file or system_ca_file()
+            tls = (f" ssl verify required ca-file {ca} sni str({up.host}) "
+                   f"check-sni {up.host} check-ssl")
+        inter_ms = max(100, int(up.check_interval_s * 1000))
+        # a name is resolved (libc: /etc/hosts, DNS) when HAProxy (re)loads; one that does
+        # not resolve then leaves this server down and the front door still starts
+        dns = "" if _is_ip(up.host) else " init-addr last,libc,none"
+        lines += [
+            f"backend {up.backend}",
+            f"    timeout server {max(1, int(up.timeout_s + 0.999))}s",
+            "    option httpchk",
+            f"    http-check send meth GET uri {check_uri} {check_headers}",
+            "    http-check expect status 200",
+            "    http-reuse safe",
+            "    retries 1",
+            "    filter lua.hetflow_model",
+            f"    http-request set-var(txn.up_model) str({up.model})",
+            # a body the filter cannot rewrite whole (larger than one buffer) is not sent
+            # with another model's name
+            "    http-request set-var(txn.up_blen) req.body_len",
+            "    http-request return status 413 content-type application/json string "
+            + _hq('{"error":"a request body over 16 KiB cannot be renamed to the upstream\'s '
+                  'model; call the upstream by its own name"}')
+            + f" if !{{ var(txn.model) -m str {up.model} }} "
+              "{ req.body_size,sub(txn.up_blen) -m int gt 0 }",
+            path,
+            f"    http-request set-header Host {_hq(up.host_header)}",
+            "    http-request del-header x-api-key",
+            "    http-request del-header x-hetflow-key",
+            "    http-request del-header x-hetflow-models",
+            "    http-request del-header x-hetflow-client-path",
+            (f"    http-request set-header Authorization {auth}" if auth
+             else "    http-request del-header Authorization"),
+            # an upstream does not charge a key's tokens (only local replicas report them)
+            "    http-response del-header x-hetflow-tokens",
+            f"    server {_safe_server(up.name)} {up.host}:{up.port} check inter {inter_ms} "
+            f"fall 3 rise 2{dns}{tls}",
+        ]
+    return lines
+
+
+def _is_ip(host: str) -> bool:
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        return False
+
+
+def _safe_server(name: str) -> str:
+    return "up-" + "".join(c if c.isalnum() or c in "_-." else "_" for c in name)
+
+
+# The body's top-level "model" rewritten to the upstream's name (HAProxy's actions cannot
+# change a body; a filter can, once the whole body is buffered - option http-buffer-request).
+# A body larger than one buffer (tune.bufsize) cannot be rewritten: such a request is refused
+# with 413 before it is sent (rule in the backend, below the filter's variable).
+LUA = r'''
+local function model_span(body)
+  -- the quotes of the top-level "model" string value, or nil
+  local depth, i, n = 0, 1, #body
+  local want_key, key = true, nil
+  while i <= n do
+    local c = body:sub(i, i)
+    if c == '"' then
+      local j = i + 1
+      while j <= n do
+        local d = body:sub(j, j)
+        if d == '\\' then j = j + 2
+        elseif d == '"' then break
+        else j = j + 1 end
+      end
+      if j > n then return nil end
+      if depth == 1 then
+        if want_key then key = body:sub(i + 1, j - 1)
+        elseif key == "model" then return i, j end
+      end
+      i = j + 1
+    else
+      if c == '{' or c == '[' then depth = depth + 1
+      elseif c == '}' or c == ']' then depth = depth - 1
+      elseif depth == 1 and c == ':' then want_key = false
+      elseif depth == 1 and c == ',' then want_key = true; key = nil end
+      i = i + 1
+    end
+  end
+  return nil
+end
+
+HetflowModel = {}
+HetflowModel.id = "hetflow model rewrite"
+HetflowModel.flags = filter.FLT_CFG_FL_HTX
+HetflowModel.__index = HetflowModel
+function HetflowModel:new() return setmetatable({}, HetflowModel) end
+function HetflowModel:start_analyze(txn, chn)
+  if not chn:is_resp() then filter.register_data_filter(self, chn) end
+end
+function HetflowModel:http_headers(txn, msg)
+  if msg.channel:is_resp() then return end
+  local name = txn:get_var("txn.up_model")
+  if name == nil then return end
+  if txn.sf:req_body_len() ~= txn.sf:req_body_size() then return end
+  local body = txn.sf:req_body() or ""
+  local a, b = model_span(body)
+  if a == nil or body:sub(a + 1, b - 1) == name then return end
+  self.body = body:sub(1, a) .. name .. body:sub(b)
+  self.old = #body
+  msg:set_body_len(#self.body)
+end
+function HetflowModel:http_payload(txn, msg)
+  if self.body == nil or msg.channel:is_resp() then return end
+  msg:set(self.body, 0, self.old)
+  self.body = nil
+end
+core.register_filter("hetflow_model", HetflowModel, function(f, args) return f end)
+'''
+
+
+def write_lua(directory: str) -> str:
+    import os
+
+    path = os.path.join(directory, LUA_FILE)
+    with open(path, "w") as f:
+        f.write(LUA)
+    return path
+
+
+def server_rows(show_stat: str) -> Iterator[dict[str, str]]:
+    """HAProxy's ``show stat`` CSV -> one dict per server row (not the FRONTEND/BACKEND sums)."""
+    header: list[str] = []
+    for line in show_stat.splitlines():
+        if line.startswith("# "):
+            header = line[2:].split(",")
+            continue
+        if not line or not header:
+            continue
+        row = dict(zip(header, line.split(",")))
+        if row.get("svname") not in ("FRONTEND", "BACKEND"):
+            yield row
+
+
+def read_upstream_stats(show_stat: str) -> dict[str, dict[str, Any]]:
+    """``show stat`` -> upstream backend -> requests, errors, response_ms, up."""
+    out: dict[str, dict[str, Any]] = {}
+    for row in server_rows(show_stat):
+        if not row.get("pxname", "").startswith("u_"):
+            continue
+
+        def num(key: str) -> int:
+            try:
+                return int(row.get(key) or 0)
+            except ValueError:
+                return 0
+
+        out[row["pxname"]] = {
+            "requests": num("stot"),
+            "errors": num("econ") + num("eresp") + num("hrsp_5xx"),
+            "response_ms": num("rtime"),
+            "up": row.get("status", "").startswith("UP"),
+            "status": row.get("status", ""),
+        }
+    return out
+
+
+__all__ = ["LUA", "OPENAI_PATHS", "UpstreamPlan", "backend_name", "backend_sections", "key_env_name",
+           "model_var_rules", "plan_upstreams", "protocol_acl_name", "protocol_acls", "system_ca_file", "read_upstream_stats", "routing_rules", "server_rows",
+           "upstream_secrets", "write_lua"]
