@@ -441,6 +441,9 @@ class FrontDoor:
         self._write(self._render({}))
         self._start()
         self._task: asyncio.Task | None = None
+        # the watch loop's work and stop() never overlap (stop removes the folder it writes)
+        self._busy = threading.Lock()
+        self._stopped = False
 
     def _render(self, servers: dict[str, list[Server]]) -> str:
         return render_config(self.plan, servers, self.admin, self.errors, self.map_dir,
@@ -503,29 +506,37 @@ class FrontDoor:
             self._task = asyncio.get_running_loop().create_task(self._watch())
 
     async def _watch(self) -> None:
-        while True:
-            if self.proc is not None and self.proc.poll() is not None:
-                self.error = f"haproxy exited ({self.proc.returncode}); restarted"
-                if self.keys is not None:
-                    await asyncio.to_thread(self.keys.before_reload, self._admin)
-                await asyncio.to_thread(self._start)  # the config file holds the last servers
-            try:
-                servers = await asyncio.to_thread(read_servers, self.controller, self.apps,
-                                                self.direct, self.loopback, self.local_ip)
-                salt_changed = self.keys is not None and await asyncio.to_thread(self.keys.salt_changed)
-                if servers != self.servers or salt_changed:
-                    self.servers = servers
-                    if self.keys is not None:
-                        await asyncio.to_thread(self.keys.before_reload, self._admin)
-                    self._write(self._render(servers))
-                    assert self.proc is not None
-                    self.proc.send_signal(signal.SIGUSR2)  # master re-reads the config
-                if self.keys is not None:
-                    await asyncio.to_thread(self.keys.refresh, self._admin)
-                self.error = None
-            except Exception as exc:  # noqa: BLE001 - the controller may be restarting
-                self.error = repr(exc)
+        while not self._stopped:
+            await asyncio.to_thread(self._watch_once)
             await asyncio.sleep(self.poll_s)
+
+    def _watch_once(self) -> None:
+        with self._busy:
+            if not self._stopped:
+                self._step()
+
+    def _step(self) -> None:
+        """One poll (in a thread, under ``_busy``): HAProxy alive, servers and keys current."""
+        if self.proc is not None and self.proc.poll() is not None:
+            self.error = f"haproxy exited ({self.proc.returncode}); restarted"
+            if self.keys is not None:
+                self.keys.before_reload(self._admin)
+            self._start()  # the config file holds the last servers
+        try:
+            servers = read_servers(self.controller, self.apps, self.direct, self.loopback, self.local_ip)
+            salt_changed = self.keys is not None and self.keys.salt_changed()
+            if servers != self.servers or salt_changed:
+                self.servers = servers
+                if self.keys is not None:
+                    self.keys.before_reload(self._admin)
+                self._write(self._render(servers))
+                assert self.proc is not None
+                self.proc.send_signal(signal.SIGUSR2)  # master re-reads the config
+            if self.keys is not None:
+                self.keys.refresh(self._admin)
+            self.error = None
+        except Exception as exc:  # noqa: BLE001 - the controller may be restarting
+            self.error = repr(exc)
 
     def up_servers(self) -> dict[str, list[str]]:
         """HAProxy backend -> its servers that are UP (not backups)."""
@@ -592,6 +603,11 @@ class FrontDoor:
         return total
 
     def stop(self) -> None:
+        self._stopped = True  # the watch loop does no more work ...
+        with self._busy:  # ... once the poll under way (if any) has ended
+            self._stop()
+
+    def _stop(self) -> None:
         if self.keys is not None:
             try:
                 self.keys.refresh(self._admin, final=True)  # the last counts into the store
