@@ -189,6 +189,14 @@ def test_an_upstream_provider_is_a_model_behind_the_same_key(gateway) -> None:
     lines = [ln for ln in r.text.splitlines() if ln.startswith('hetflow_upstream_requests_total{upstream="cloud"}')]
     assert lines and float(lines[0].split()[-1]) >= 1
     assert SECRET not in r.text and SECRET not in gateway["out"].read_text() + gateway["err"].read_text()
+    # `hetflow top` finds the front door on the cluster `hetflow serve` started and shows it
+    top = subprocess.run([*HETFLOW, "top", "--once", "--json", "--no-start"], env=user_env(gateway["dir"]),
+                         capture_output=True, text=True, timeout=120)
+    assert top.returncode == 0, top.stderr
+    rows = json.loads(top.stdout)["upstreams"]
+    cloud = [r for r in rows if r["app"] == "gw" and r["upstream"] == "cloud"]
+    assert cloud and cloud[0]["up"] and cloud[0]["requests"] >= 1 and cloud[0]["errors"] == 0
+    assert SECRET not in top.stdout + top.stderr
 
 
 def test_key_counters_and_no_key_material_anywhere(gateway) -> None:
