@@ -125,27 +125,39 @@ def job_rows(view) -> list[dict[str, Any]]:
     return rows
 
 
-def upstream_rows(timeout_s: float = 5.0) -> list[dict[str, Any]]:
+def upstream_rows(timeout_s: float = 20.0) -> list[dict[str, Any]]:
     """Every serving application's upstream providers, from its front door's HAProxy counters:
-    requests, errors, mean response ms of the last 1,024, up (health checks passing)."""
+    requests, errors, mean response ms of the last 1,024, up (health checks passing).
+
+    All front doors are asked at once; one that does not answer within ``timeout_s`` (a busy
+    node: a new driver's first call to an actor can take seconds) is named on stderr rather
+    than silently left out."""
     import ray
 
     from hetflow.workloads.serve.web import front_name
 
     prefix = front_name("")
-    rows: list[dict[str, Any]] = []
+    calls: dict[Any, str] = {}
     for entry in ray.util.list_named_actors(all_namespaces=True):
         name, namespace = entry.get("name", ""), entry.get("namespace")
         if namespace != "serve" or not name.startswith(prefix):
             continue
         try:
-            stats = ray.get(ray.get_actor(name, namespace="serve").upstream_stats.remote(),
-                            timeout=timeout_s)
+            calls[ray.get_actor(name, namespace="serve").upstream_stats.remote()] = name[len(prefix):]
         except Exception:  # noqa: BLE001 - a front door stopping, or of an older hetflow
             continue
-        for upstream, st in sorted(stats.items()):
-            rows.append({"app": name[len(prefix):], "upstream": upstream, **st})
-    return rows
+    done, pending = ray.wait(list(calls), num_returns=len(calls), timeout=timeout_s) if calls else ([], [])
+    rows: list[dict[str, Any]] = []
+    for ref in done:
+        try:
+            stats = ray.get(ref)
+        except Exception:  # noqa: BLE001 - it stopped while asked
+            continue
+        rows += [{"app": calls[ref], "upstream": u, **st} for u, st in sorted(stats.items())]
+    for ref in pending:
+        print(f"hetflow top: the front door of {calls[ref]!r} did not answer in {timeout_s:.0f} s; "
+              "its upstreams are not shown", file=sys.stderr)
+    return sorted(rows, key=lambda r: (r["app"], r["upstream"]))
 
 
 def view_to_dict(view, upstreams: list[dict[str, Any]] | None = None) -> dict[str, Any]:
