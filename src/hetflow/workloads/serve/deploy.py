@@ -7,14 +7,14 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import ray
 from ray import serve
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from hetflow.core.errors import HetflowError
+from hetflow.core.errors import HetflowError, InputError
 from hetflow.workloads.serve.config import ServeConfig, fallback_chain, is_loopback
 from hetflow.workloads.serve.front import (
     FAST_ENV,
@@ -22,7 +22,13 @@ from hetflow.workloads.serve.front import (
     group_prefix,
 )
 from hetflow.workloads.serve.gateway import Gateway, RouteTable
-from hetflow.workloads.serve.plan import ModelPlan, front_plan, plan_models, via_gateway
+from hetflow.workloads.serve.plan import (
+    ModelPlan,
+    front_plan,
+    plan_llm_pools,
+    plan_models,
+    via_gateway,
+)
 from hetflow.workloads.serve.replica import ModelServer, ServerSettings
 from hetflow.workloads.serve.web import QUIET, front_name, url_of
 
@@ -59,6 +65,8 @@ def route_table(config: ServeConfig, plans: dict[str, ModelPlan],
         apps={} if front_door else {g.deployment: config.name for mp in plans.values()
                                     for g in mp.groups},
         front_door=front_door,
+        openai_models=tuple(m.name for m in config.models if m.engine == "vllm")
+        + tuple(u.name for u in config.upstreams if u.protocol == "openai"),
     )
 
 
@@ -71,6 +79,10 @@ class Served:
     plans: dict[str, ModelPlan]
     started_ray: bool = False
     front: Any = None  # the FrontDoor actor
+    llm_replicas: list[tuple[str, int, str, Any]] = field(default_factory=list)
+    # (model, pool index, actor name, handle) of the engine: vllm models' replicas
+    llm_servers: dict[str, list[tuple[str, str, int, int]]] = field(default_factory=dict)
+    # engine: vllm model -> its replicas' (server name, host, port, weight) at the front door
 
     @property
     def applications(self) -> list[str]:
@@ -121,6 +133,8 @@ class Served:
                 pass
             ray.kill(self.front)
             self.front = None
+        _stop_llm_replicas(self.llm_replicas)
+        self.llm_replicas = []
 
 
 def _model_servers(config: ServeConfig, plans: dict[str, ModelPlan], front_door: bool = True
@@ -223,6 +237,7 @@ def deploy(config: ServeConfig, *, timeout_s: float = 300.0) -> Served:
         _check_keys(config)  # before Ray starts: a missing key is a config to fix, at once
     started = connect_ray(config.ray_address)
     front = None
+    llm_replicas: list[tuple[str, int, str, Any]] = []
     try:
         haproxy_binary()  # no binary: one clear line now, not a failed actor later
         if config.auth.store == "cluster":
@@ -243,19 +258,22 @@ def deploy(config: ServeConfig, *, timeout_s: float = 300.0) -> Served:
                            wait_for_applications_running=False)
         except Exception as exc:  # noqa: BLE001 - Serve raises several kinds; say which
             raise ServeFailed(f"application {config.name} failed to deploy: {exc}") from None
+        llm_servers = _start_llms(config, llm_replicas, timeout_s)
         here = ray.get_runtime_context().get_node_id()
         actor = ray.remote(FrontDoor).options(
             name=front_name(config.name), namespace="serve", num_cpus=0, max_concurrency=64,
             lifetime="detached",  # it outlives `hetflow serve --detach`, like the Serve apps
             scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False))
         try:
-            front = actor.remote(front_plan(config, plans), upstream_keys=upstream_keys)
+            front = actor.remote(front_plan(config, plans, llm_servers),
+                                 upstream_keys=upstream_keys)
             ray.get(front.run.remote(), timeout=60)
         except ray.exceptions.RayActorError as exc:
             raise ServeFailed(f"the front door (HAProxy on {host}:{config.http.port}) did not "
                               f"start: {exc}; is the port free?") from None
         served = Served(config, url_of(host, config.http.port) + config.http.route_prefix.rstrip("/"),
-                        plans, started_ray=started, front=front)
+                        plans, started_ray=started, front=front, llm_replicas=llm_replicas,
+                        llm_servers=llm_servers)
         if not ray.get(front.state.remote(), timeout=30).get("direct_ingress", True):
             log.warning("this Ray cluster runs Serve without direct ingress, so requests take "
                         "Serve's proxy (slower); start Ray with %s in its environment for the "
@@ -264,10 +282,57 @@ def deploy(config: ServeConfig, *, timeout_s: float = 300.0) -> Served:
     except BaseException:
         if front is not None:
             ray.kill(front)
+        _stop_llm_replicas(llm_replicas)
         if started:
             ray.shutdown()
         raise
     return served
+
+
+def _start_llms(config: ServeConfig, out: list[tuple[str, int, str, Any]], timeout_s: float
+                ) -> dict[str, list[tuple[str, str, int, int]]]:
+    """Start every ``engine: vllm`` model's replicas (appended to ``out`` as they start, so a
+    failure stops them) and wait until each engine answers; model -> its front-door servers."""
+    llm_groups = plan_llm_pools(config)
+    if not llm_groups:
+        return {}
+    from hetflow.workloads.serve.llm import INSTALL, start_pools, vllm_available
+
+    if not vllm_available():
+        raise InputError(f"engine: vllm needs vLLM in this environment: {INSTALL}")
+    bind = config.http.host if is_loopback(config.http.host) else "0.0.0.0"
+    for name, groups in llm_groups.items():
+        entry = config.model(name)
+        out.extend((name, p, n, h) for p, n, h in start_pools(config.name, entry, groups, bind))
+    waits = {n: h.wait_ready.remote() for _, _, n, h in out}
+    servers: dict[str, list[tuple[str, str, int, int]]] = {}
+    for model, pool, name, _handle in out:
+        try:
+            host, port = ray.get(waits[name], timeout=timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            raise ServeFailed(f"model {model}: replica {name} (vLLM) not ready in "
+                              f"{timeout_s:.0f} s") from None
+        except (ray.exceptions.RayTaskError, ray.exceptions.RayActorError) as exc:
+            cause = str(getattr(exc, "cause", None) or exc).strip().splitlines()[-1]
+            raise ServeFailed(f"model {model}: replica {name} (vLLM) failed to start: "
+                              f"{cause}") from None
+        weight = config.model(model).effective_pools[pool].weight
+        servers.setdefault(model, []).append(("-".join(name.rsplit(".", 2)[1:]), host, port,
+                                              weight))
+    return servers
+
+
+def _stop_llm_replicas(replicas: list[tuple[str, int, str, Any]]) -> None:
+    for _model, _pool, _name, handle in replicas:
+        try:
+            ray.get(handle.stop.remote(), timeout=30)
+        except Exception:  # noqa: BLE001 - dead already: its engine died with it
+            pass
+        try:
+            ray.kill(handle)
+        except Exception:  # noqa: BLE001
+            pass
+    replicas.clear()
 
 
 def stop(config: ServeConfig) -> list[str]:
@@ -283,6 +348,9 @@ def stop(config: ServeConfig) -> list[str]:
         ray.kill(front)
     except ValueError:
         pass  # no front door
+    from hetflow.workloads.serve.llm import kill_replicas
+
+    kill_replicas(config.name)
     return apps
 
 

@@ -30,6 +30,7 @@ from hetflow.workloads.serve.protocol import (
     PredictRequest,
     RequestError,
     error_body,
+    parse_json,
     parse_predict,
 )
 from hetflow.workloads.serve.replica import MetricsReporter
@@ -58,6 +59,9 @@ class RouteTable:
     # deployment -> its Serve application (absent: the application of the deployment's name)
     apps: dict[str, str] = field(default_factory=dict)
     front_door: bool = True  # False under Serve's own tooling: every request comes here
+    # model names the front door routes on the OpenAI paths elsewhere (engine: vllm pools,
+    # OpenAI upstreams): listed by GET /v1/models in OpenAI's shape beside hetflow's own
+    openai_models: tuple[str, ...] = ()
 
     def app_of(self, deployment: str) -> str:
         return self.apps.get(deployment, deployment)
@@ -122,6 +126,9 @@ class Gateway:
             if path == "/v1/completions":
                 require(request.method, "POST", path)
                 return await self._completions(request)
+            if path in ("/v1/chat/completions", "/v1/embeddings"):
+                require(request.method, "POST", path)
+                return await self._openai_elsewhere(request, path)
             if path == "/metrics":
                 require(request.method, "GET", path)
                 merged = await self._merged_metrics()
@@ -183,6 +190,30 @@ class Gateway:
             return v2_response(model, infer, payload, payload["served_by"])
         raise RequestError(404, f"no endpoint {path}")
 
+    async def _openai_elsewhere(self, request: Request, path: str) -> Response:
+        """The front door routes these paths by the body's model to LLM pools and OpenAI
+        upstreams; what reaches here names none of them: an OpenAI-shaped 404 / 400."""
+        try:
+            doc = parse_json(await read_body(request, self.table.max_body_bytes))
+        except RequestError as exc:
+            self.metrics.answered("-", exc.status)
+            return Response(openai_api.error_body(exc.message), status_code=exc.status,
+                            media_type=JSON)
+        model = doc.get("model") if isinstance(doc, dict) else None
+        served = sorted(self.table.openai_models)
+        if not isinstance(model, str):
+            message, status = "'model' must be a string (a served model's name)", 400
+        elif model in self.table.specs:
+            message, status = (f"model {model} is hetflow's own model; {path} serves LLMs "
+                               f"(engine: vllm) and OpenAI upstreams"
+                               + (": " + ", ".join(served) if served else ""), 400)
+        else:
+            message, status = (f"unknown model {model!r}; models on {path}: "
+                               f"{', '.join(served) or 'none (add an engine: vllm model)'}", 404)
+        self.metrics.answered("-", status)
+        return Response(openai_api.error_body(message, "model"), status_code=status,
+                        media_type=JSON)
+
     async def _completions(self, request: Request) -> Response:
         """OpenAI ``POST /v1/completions`` (:mod:`.openai_api`), from the model or its
         fallback; ``stream: true`` -> server-sent events, a token at a time."""
@@ -190,7 +221,8 @@ class Gateway:
         try:
             body = await read_body(request, self.table.max_body_bytes)
             req = openai_api.parse_completion(
-                body, self.table.generative, list(self.table.specs),
+                body, self.table.generative,
+                list(self.table.specs) + list(self.table.openai_models),
                 default_model=next(iter(self.table.generative), None),
                 max_new_tokens=self.table.max_new_tokens)
             _check_allowed(request, req.model)
@@ -446,14 +478,26 @@ class Gateway:
         """The listing; with an API key that may use some models only, those (another
         model's name is answered 404, as if it did not exist)."""
         visible = sorted(m for m in self.table.specs if allowed is None or m in allowed)
+        others = sorted(m for m in self.table.openai_models
+                        if (allowed is None or m in allowed) and m not in self.table.specs)
+        if name is not None and name in others:  # OpenAI's model object
+            return json_response(200, _openai_model(name))
         if name is not None and name not in visible:
             raise RequestError(404, f"unknown model {name!r}; served models: "
-                                    f"{', '.join(visible)}")
+                                    f"{', '.join(visible + others)}")
         names = [name] if name is not None else visible
         listing = {n: {**self.table.describe.get(n, {}), "input": self.table.specs[n].to_dict(),
                        "fallback": self.table.chains[n][1:], **self.model_state(n)}
                    for n in names}
-        return json_response(200, listing[name] if name is not None else {"models": listing})
+        if name is not None:
+            return json_response(200, listing[name])
+        # hetflow's listing under "models"; OpenAI's (client.models.list()) under "data"
+        return json_response(200, {"models": listing, "object": "list",
+                                   "data": [_openai_model(n) for n in sorted(visible + others)]})
+
+
+def _openai_model(name: str) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": 0, "owned_by": "hetflow"}
 
 
 def _check_allowed(request: Request, model: str) -> None:

@@ -9,14 +9,22 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 
+from hetflow.core.errors import InputError
+from hetflow.core.units import parse_bytes
 from hetflow.workloads.serve.access import AccessPlan
-from hetflow.workloads.serve.config import ServeConfig, fallback_chain, upstream_fallback
+from hetflow.workloads.serve.config import (
+    ModelServeConfig,
+    ServeConfig,
+    fallback_chain,
+    upstream_fallback,
+)
 from hetflow.workloads.serve.front import (
     FrontPlan,
     app_prefix,
     group_prefix,
 )
-from hetflow.workloads.serve.placement import ReplicaGroup
+from hetflow.workloads.serve.llm import DEFAULT_GPU_MEMORY
+from hetflow.workloads.serve.placement import ReplicaGroup, plan_replica_groups
 from hetflow.workloads.serve.upstream import plan_upstreams
 from hetflow.workloads.serve.protocol import (
     InputSpec,
@@ -60,6 +68,8 @@ def plan_models(config: ServeConfig, dry_run: bool = False,
     ray_gpus = float(ray.cluster_resources().get("GPU", 0))
     plans: dict[str, ModelPlan] = {}
     for entry in config.models:
+        if entry.engine == "vllm":  # planned and started by llm.py (plan_llm_pools)
+            continue
         train = train_config_of(entry)
         checkpoint = ensure_checkpoint(entry, train, dry_run, may_train) \
             if train is not None and not entry.safetensors else None
@@ -167,7 +177,50 @@ def via_gateway(plans: dict[str, ModelPlan]) -> set[str]:
     return {n for n, mp in plans.items() if mp.entry.autoscaling is not None}
 
 
-def front_plan(config: ServeConfig, plans: dict[str, ModelPlan]) -> FrontPlan:
+def plan_pools(app: str, entry: Any, snapshot: Any, ray_gpus: float
+               ) -> list[tuple[int, ReplicaGroup]]:
+    """``(pool index, ReplicaGroup)`` for every pool of an ``engine: vllm`` entry, planned on
+    the live snapshot like hetflow's own replicas (one device per replica, exclusive unless
+    the pool shares). Raises InputError / Unschedulable."""
+    out = []
+    for i, pool in enumerate(entry.effective_pools):
+        engine = entry.vllm.merged(pool.engine)
+        if pool.device == "gpu" and engine.tensor_parallel_size > 1:
+            raise InputError(f"model {entry.name}: pool {i + 1}: tensor_parallel_size > 1 "
+                             "is not planned by hetflow yet; run one device per replica "
+                             "(more replicas) for now")
+        shadow = ModelServeConfig.model_construct(
+            name=f"{entry.name}-p{i}", device=pool.device, vendor=pool.vendor,
+            accelerator=pool.accelerator, replicas=pool.replicas, autoscaling=None,
+            cpus_per_replica=pool.cpus_per_replica, share_devices=pool.share_devices,
+            precision="fp32", gpu_fraction=1.0, strategy="pack")
+        memory = parse_bytes(pool.memory) if pool.memory is not None else DEFAULT_GPU_MEMORY
+        for group in plan_replica_groups(app, shadow, snapshot, ray_gpus, memory):
+            out.append((i, group))
+    return out
+
+
+def plan_llm_pools(config: ServeConfig) -> dict[str, list[tuple[int, ReplicaGroup]]]:
+    """``engine: vllm`` models -> their pools' replica groups on the live snapshot."""
+    from hetflow.runtime.binding import live_snapshot
+
+    llms = [m for m in config.models if m.engine == "vllm"]
+    if not llms:
+        return {}
+    snapshot = live_snapshot()
+    ray_gpus = float(ray.cluster_resources().get("GPU", 0))
+    return {m.name: plan_pools(config.name, m, snapshot, ray_gpus) for m in llms}
+
+
+def front_plan(config: ServeConfig, plans: dict[str, ModelPlan],
+               llm_servers: dict[str, list[tuple[str, str, int, int]]] | None = None
+               ) -> FrontPlan:
+    """The front door's plan; ``llm_servers``: ``engine: vllm`` model -> its replicas'
+    (name, host, port, weight)."""
+    from hetflow.workloads.serve.upstream import llm_backend
+
+    llms = tuple(llm_backend(name, servers, config.limits.request_timeout_s)
+                 for name, servers in sorted((llm_servers or {}).items()))
     return FrontPlan(
         app=config.name, host=config.http.host, port=config.http.port,
         models={n: [g.deployment for g in mp.groups] for n, mp in plans.items()},
@@ -181,9 +234,10 @@ def front_plan(config: ServeConfig, plans: dict[str, ModelPlan]) -> FrontPlan:
                 if config.auth.enabled(config.http.host) else None),
         queue_limits={n: (mp.entry.queue_limit if mp.entry.queue_limit is not None
                           else mp.entry.ongoing_limit) for n, mp in plans.items()},
-        upstreams=plan_upstreams(config.upstreams),
+        upstreams=llms + plan_upstreams(config.upstreams),
         upstream_fallbacks={n: u for n in plans if (u := upstream_fallback(config, n)) is not None},
         default_model=config.default)
 
 
-__all__ = ["describe_plan", "ensure_checkpoint", "front_plan", "ModelPlan", "plan_models", "via_gateway"]
+__all__ = ["describe_plan", "ensure_checkpoint", "front_plan", "ModelPlan", "plan_llm_pools",
+           "plan_models", "via_gateway"]

@@ -52,6 +52,13 @@ class UpstreamPlan:
     timeout_s: float = 60.0
     check_interval_s: float = 2.0
     ca_file: str | None = None
+    # hetflow's own LLM replicas (llm.py): (server name, host, port, weight) each; the backend
+    # then balances by least outstanding requests, weighted by the pools' capacities
+    servers: tuple[tuple[str, str, int, int], ...] = ()
+
+    @property
+    def local(self) -> bool:
+        return bool(self.servers)
 
     @property
     def backend(self) -> str:
@@ -70,6 +77,14 @@ def backend_name(name: str) -> str:
 def key_env_name(name: str) -> str:
     """The variable in HAProxy's environment for upstream ``name``'s key (letters, digits, _)."""
     return "HETFLOW_UPSTREAM_KEY_" + hashlib.sha1(name.encode()).hexdigest()[:12].upper()
+
+
+def llm_backend(name: str, servers: list[tuple[str, str, int, int]], timeout_s: float
+                ) -> UpstreamPlan:
+    """The front door's plan for an ``engine: vllm`` model: its replicas' vLLM servers."""
+    return UpstreamPlan(name=name, protocol="openai", scheme="http", host="", port=0,
+                        base_path="/v1", model=name, key_env=None, timeout_s=timeout_s,
+                        check_interval_s=1.0, servers=tuple(servers))
 
 
 def plan_upstreams(upstreams: list[Any]) -> tuple[UpstreamPlan, ...]:
@@ -183,6 +198,9 @@ def routing_rules(ups: tuple[UpstreamPlan, ...], fallbacks: dict[str, str], root
 def backend_sections(ups: tuple[UpstreamPlan, ...], root: str) -> list[str]:
     lines: list[str] = []
     for up in ups:
+        if up.local:
+            lines += _llm_backend_section(up, root)
+            continue
         if up.protocol == "openai":
             path = f"    http-request replace-path ^{re.escape(root)}/v1/(.*) {up.base_path}/\\1"
             check_uri = f"{up.base_path}/models"
@@ -233,6 +251,34 @@ def backend_sections(ups: tuple[UpstreamPlan, ...], root: str) -> list[str]:
             f"fall 3 rise 2{dns}{tls}",
         ]
     return lines
+
+
+def _llm_backend_section(up: UpstreamPlan, root: str) -> list[str]:
+    """hetflow's vLLM replicas: the client's own path and model (the served name), least
+    outstanding requests weighted by pool capacity, health from vLLM's ``/health``."""
+    lines = [
+        f"backend {up.backend}",
+        "    balance leastconn",
+        f"    timeout server {max(1, int(up.timeout_s + 0.999))}s",
+        "    option httpchk",
+        "    http-check send meth GET uri /health",
+        "    http-check expect status 200",
+        "    http-reuse safe",
+        "    retries 1",
+        "    option redispatch",
+        f"    http-request replace-path ^{re.escape(root)}/v1/(.*) /v1/\\1" if root else "",
+        "    http-request del-header x-api-key",
+        "    http-request del-header x-hetflow-key",
+        "    http-request del-header x-hetflow-models",
+        "    http-request del-header x-hetflow-client-path",
+        "    http-request del-header Authorization",
+        "    http-response del-header x-hetflow-tokens",
+    ]
+    inter_ms = max(100, int(up.check_interval_s * 1000))
+    for name, host, port, weight in up.servers:
+        lines.append(f"    server {_safe_server(name)} {host}:{port} weight {weight} check "
+                     f"inter {inter_ms} fall 2 rise 1")
+    return [line for line in lines if line]
 
 
 def _is_ip(host: str) -> bool:
@@ -350,16 +396,33 @@ def read_upstream_stats(show_stat: str) -> dict[str, dict[str, Any]]:
             except ValueError:
                 return 0
 
-        out[row["pxname"]] = {
+        server = {
             "requests": num("stot"),
             "errors": num("econ") + num("eresp") + num("hrsp_5xx"),
             "response_ms": num("rtime"),
             "up": row.get("status", "").startswith("UP"),
             "status": row.get("status", ""),
+            "in_flight": num("scur"),
         }
+        entry = out.get(row["pxname"])
+        if entry is None:
+            out[row["pxname"]] = {**server, "servers": {row["svname"]: server}}
+            continue
+        # several servers (an LLM model's replicas): sums, up when any is, the mean time
+        # weighted by requests
+        total = entry["requests"] + server["requests"]
+        entry["response_ms"] = (round((entry["response_ms"] * entry["requests"]
+                                       + server["response_ms"] * server["requests"]) / total)
+                                if total else 0)
+        entry["requests"] = total
+        entry["errors"] += server["errors"]
+        entry["in_flight"] += server["in_flight"]
+        entry["up"] = entry["up"] or server["up"]
+        entry["status"] = "UP" if entry["up"] else server["status"]
+        entry["servers"][row["svname"]] = server
     return out
 
 
-__all__ = ["LUA", "OPENAI_PATHS", "UpstreamPlan", "backend_name", "backend_sections", "key_env_name",
+__all__ = ["LUA", "OPENAI_PATHS", "UpstreamPlan", "backend_name", "backend_sections", "key_env_name", "llm_backend",
            "model_var_rules", "plan_upstreams", "protocol_acl_name", "protocol_acls", "system_ca_file", "read_upstream_stats", "routing_rules", "server_rows",
            "upstream_secrets", "write_lua"]

