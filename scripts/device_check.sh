@@ -20,7 +20,9 @@
 #  3. tests    tests/accelerators and tests/core with the real vendor library present (hermetic?),
 #              and tests/serving/test_precision.py with HETFLOW_TEST_DEVICE=gpu (bf16/fp16 on GPU)
 #  4. train    scripts/gpu_check.sh: the GPT in bf16 with nccl on Ray's own GPUs (a local Ray)
-#  5. node     `hetflow node start`: this host as a hetflow node (devices as hetflow resources)
+#  5. userserve `hetflow serve examples/serve_digits.yaml` as a user runs it: the embedded default
+#              Ray (node IP not pinned), ready on /health, a prediction over HTTP, SIGTERM stops it
+#  5b. node    `hetflow node start`: this host as a hetflow node (devices as hetflow resources)
 #  6. workflow `hetflow run examples/digits_gpu.yaml --address auto`: train on a GPU rank bound by
 #              hetflow, export bf16, two bf16 replicas sharing the GPU, a load test
 #  7. serving  benchmarks/serving.py --quick (hetflow vs plain Ray Serve fastest/default, with
@@ -141,14 +143,52 @@ r = json.load(open(sys.argv[1]))
 trials = r.get("trials", [])
 for t in trials:
     print(f"  {t.get('trial_id')}: {t.get('status')} {t.get('epochs')} epochs, device "
-          f"{t.get('device')}, visible {t.get('visible_devices')!r}, units {t.get('device_units')}")
+          f"{t.get('device')}, visible {t.get('visible_devices')!r}, units {t.get('device_units')}, "
+          f"torch {t.get('torch_device')}")
 best = r.get("best") or {}
 print(f"best {best.get('value')} ({best.get('trial_id')}); {len(trials)} trials; "
       f"placement {r.get('placement')}")
-on_gpu = [t for t in trials if str(t.get("device", "")).startswith("cuda")]
+on_gpu = [t for t in trials if str(t.get("torch_device", "")).startswith("cuda")]
 sys.exit(0 if trials and len(on_gpu) == len([t for t in trials if t.get("epochs")]) else 1)
 PY
     return $(( rc | $? ))
+}
+
+user_serve() {
+    local log pid rc=1
+    log=$(mktemp)
+    "$PYTHON" -c "from ray.util import get_node_ip_address as g; print('node IP Ray picks here:', g())"
+    hetflow serve examples/serve_digits.yaml > "$log" 2>&1 &
+    pid=$!
+    LOG="$log" "$PYTHON" - <<'PY'
+import json, os, sys, time, urllib.request
+t0 = time.monotonic()
+healthy = None
+while time.monotonic() - t0 < 150:  # the CLI's own "ready:" line, and when /health first says 200
+    if healthy is None:
+        try:
+            with urllib.request.urlopen("http://127.0.0.1:8000/health", timeout=2) as r:
+                healthy = time.monotonic() - t0 if r.status == 200 else None
+        except OSError:
+            pass
+    if "ready: serving" in open(os.environ["LOG"]).read():
+        break
+    time.sleep(0.5)
+else:
+    sys.exit(f"no ready line in 150 s (/health 200 after {healthy} s)")
+print(f"ready line after {time.monotonic() - t0:.1f} s; /health 200 after {healthy} s")
+body = json.dumps({"inputs": [[0.0] * 64, [1.0] * 64]}).encode()
+req = urllib.request.Request("http://127.0.0.1:8000/v1/models/digits/predict", body,
+                             {"Content-Type": "application/json"})
+with urllib.request.urlopen(req, timeout=30) as r:
+    print("predict", r.status, r.read()[:200].decode())
+with urllib.request.urlopen("http://127.0.0.1:8000/v1/models", timeout=30) as r:
+    print("models", r.read()[:600].decode())
+PY
+    rc=$?
+    kill -TERM "$pid"; wait "$pid"; echo "hetflow serve exited $? (SIGTERM)"
+    cat "$log"
+    return $rc
 }
 
 node() {
@@ -168,6 +208,7 @@ step record 40 bash -c "$(declare -f record); PYTHON=$PYTHON REC=$REC record"
 step inventory 40 bash -c "$(declare -f inventory); REC=$REC inventory"
 step tests 120 bash -c "$(declare -f unit_tests); PYTHON=$PYTHON unit_tests"
 step train 150 env PYTHON="$PYTHON" STEPS=200 scripts/gpu_check.sh
+step userserve 180 bash -c "$(declare -f user_serve); PYTHON=$PYTHON user_serve"
 step node 60 bash -c "$(declare -f node); node"
 step workflow 180 bash -c "$(declare -f workflow); OUT=$OUT REC=$REC workflow"
 step serving 300 "$PYTHON" benchmarks/serving.py ${SERVING_ARGS:---quick}

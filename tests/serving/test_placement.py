@@ -6,14 +6,17 @@ a local cluster with a fake accelerator node and checks what each replica sees.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
+from hetflow.accelerators.catalog import default_catalog
 from hetflow.accelerators.synthetic import synthetic_node
 from hetflow.core.errors import Unschedulable
 from hetflow.core.topology import ClusterSnapshot
 from hetflow.core.units import parse_bytes
 from hetflow.workloads.serve.config import serve_config_from_dict
-from hetflow.workloads.serve.placement import plan_replica_groups
+from hetflow.workloads.serve.placement import plan_replica_groups, ray_gpu_share
 
 GIB20 = parse_bytes("20GiB")
 
@@ -78,6 +81,33 @@ def test_cpu_int8_and_plain_ray_gpus(snapshot) -> None:
     assert auto[0].compute == "cpu"
     with pytest.raises(Unschedulable, match="no hetflow GPU node"):
         plan_replica_groups("app", entry(device="gpu"), empty, 0, GIB20)
+
+
+def test_replicas_share_plain_ray_gpus_by_memory() -> None:
+    """Ray's own GPUs (no hetflow node): the share comes from memory over the GPU's catalog
+    memory (found on a lent H200: two 1 GiB replicas each asked a whole GPU and one never
+    started); unknown GPU types, share_devices: false or gpu_fraction keep their meaning."""
+    one_gib = parse_bytes("1GiB")
+    h200 = {"GPU": 1.0, "accelerator_type:H200": 1.0}
+    share = ray_gpu_share(entry(device="gpu", replicas=2), one_gib, h200)
+    assert 0 < share <= 0.01  # 1 GiB of 141 GB
+    mixed = {"GPU": 2.0, "accelerator_type:H200": 1.0, "accelerator_type:A10": 1.0}
+    a10 = default_catalog().lookup("A10").memory_bytes  # the smaller GPU decides
+    assert ray_gpu_share(entry(device="gpu"), parse_bytes("12GiB"), mixed) == math.ceil(100 * parse_bytes("12GiB") / a10) / 100
+    assert ray_gpu_share(entry(device="gpu"), parse_bytes("12GiB"), mixed) == 0.5  # not H200-sized (0.09)
+    assert ray_gpu_share(entry(device="gpu"), one_gib, {"GPU": 1.0, "accelerator_type:XYZ-9": 1.0}) == 1.0
+    assert ray_gpu_share(entry(device="gpu"), one_gib, {"GPU": 1.0}) == 1.0
+    assert ray_gpu_share(entry(device="gpu", share_devices=False), one_gib, h200) == 1.0
+    assert ray_gpu_share(entry(device="gpu", gpu_fraction=0.3), one_gib, h200) == 0.3
+    assert ray_gpu_share(entry(device="gpu"), parse_bytes("500GiB"), h200) == 1.0
+
+
+def test_more_whole_plain_ray_gpus_than_the_cluster_has_cannot_fit() -> None:
+    empty = ClusterSnapshot(nodes=())
+    with pytest.raises(Unschedulable, match="2 replicas x 1 GPU each do not fit in the cluster's 1 Ray GPUs"):
+        plan_replica_groups("app", entry(device="gpu", replicas=2, share_devices=False), empty, 1, GIB20)
+    ok = plan_replica_groups("app", entry(device="gpu", replicas=2, gpu_fraction=0.5), empty, 1, GIB20)
+    assert ok[0].num_replicas == 2 and ok[0].ray_actor_options["num_gpus"] == 0.5
 
 
 def test_vendor_constraint_without_matching_devices_falls_back_to_cpu(snapshot) -> None:

@@ -105,7 +105,8 @@ def summary(result: Any) -> dict[str, Any]:
         "plot": str(result.plot_path) if result.plot_path else None,
         "trials": [{"trial_id": t.trial_id, "status": t.status, "epochs": t.epochs,
                     "best": t.best, "params": t.params, "device": t.device,
-                    "device_units": t.device_units, "visible_devices": t.visible_devices}
+                    "device_units": t.device_units, "visible_devices": t.visible_devices,
+                    "torch_device": t.torch_device}
                    for t in result.trials],
         "trial_epochs": result.trial_epochs,
         "wall_s": result.wall_s,

@@ -106,7 +106,14 @@ def plan_replica_groups(app: str, entry: ModelServeConfig, snapshot: ClusterSnap
         assert snapshot is not None
         return _planned_groups(base, entry, snapshot, memory_bytes)
     if wants_gpu and ray_gpus > 0:
-        options = {"num_cpus": entry.cpus_per_replica, "num_gpus": entry.gpu_fraction}
+        share = ray_gpu_share(entry, memory_bytes)
+        replicas = entry.fixed_replicas or (entry.autoscaling.min_replicas if entry.autoscaling else 1)
+        if replicas * share > ray_gpus + 1e-9:
+            raise Unschedulable(
+                f"model {entry.name}: {replicas} replicas x {share:g} GPU each do not fit in "
+                f"the cluster's {ray_gpus:g} Ray GPUs; lower replicas, set memory (replicas "
+                "then share a GPU by it) or gpu_fraction, or use device: cpu")
+        options = {"num_cpus": entry.cpus_per_replica, "num_gpus": share}
         return [_single_group(base, entry, options, "gpu")]
     if entry.device == "gpu":
         raise Unschedulable(f"model {entry.name}: device: gpu, but the cluster has no hetflow "
@@ -116,6 +123,37 @@ def plan_replica_groups(app: str, entry: ModelServeConfig, snapshot: ClusterSnap
     options = {"num_cpus": entry.cpus_per_replica,
                "runtime_env": {"env_vars": visibility_env(Vendor.CPU, [])}}
     return [_single_group(base, entry, options, "cpu")]
+
+
+def ray_gpu_share(entry: ModelServeConfig, memory_bytes: int,
+                  resources: dict[str, float] | None = None) -> float:
+    """``num_gpus`` per replica on Ray's own GPUs: ``gpu_fraction`` when given; else, with
+    ``share_devices``, the replica's memory over the smallest memory of the GPUs Ray names
+    (``accelerator_type:<model>`` resources, looked up in the catalog), rounded up to 1/100;
+    a whole GPU when the memory of any of them is unknown."""
+    if entry.gpu_fraction is not None:
+        return float(entry.gpu_fraction)
+    if not entry.share_devices or memory_bytes <= 0:
+        return 1.0
+    import math
+
+    import ray
+
+    from hetflow.accelerators.catalog import default_catalog
+
+    if resources is None:
+        resources = ray.cluster_resources() if ray.is_initialized() else {}
+    catalog = default_catalog()
+    sizes = []
+    for key in resources:
+        if key.startswith("accelerator_type:"):
+            spec = catalog.find(key.split(":", 1)[1])
+            if spec is None or not spec.memory_bytes:
+                return 1.0
+            sizes.append(spec.memory_bytes)
+    if not sizes:
+        return 1.0
+    return min(1.0, math.ceil(100 * memory_bytes / min(sizes)) / 100)
 
 
 def _single_group(base: str, entry: ModelServeConfig, options: dict[str, Any],

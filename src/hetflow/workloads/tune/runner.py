@@ -70,6 +70,7 @@ class TrialSummary:
     device: str = ""  # where it ran: node:device, ray-gpu:<ids> or cpu (last attempt)
     device_units: float = 0.0  # its share of the hetflow device resource (MiB)
     visible_devices: str = ""  # CUDA_VISIBLE_DEVICES inside the trial
+    torch_device: str = ""  # the torch device it trained on (cuda:0, cpu, ...)
 
     def points(self, metric: str) -> list[tuple[int, float]]:
         return [(int(r["epoch"]), float(r[metric])) for r in self.curve if metric in r]
@@ -457,7 +458,8 @@ def _placement_fields(row: dict[str, Any]) -> dict[str, Any]:
     visible = row.get("visible_devices", "")
     return {"device": str(row.get("device", "")),
             "device_units": float(_plain(row.get("device_units", 0.0)) or 0.0),
-            "visible_devices": "" if _missing(visible) else str(visible)}
+            "visible_devices": "" if _missing(visible) else str(visible),
+            "torch_device": "" if _missing(row.get("torch_device", "")) else str(row.get("torch_device"))}
 
 
 def _plain(value: Any) -> Any:

@@ -106,6 +106,7 @@ def run_trial(sampled: dict[str, Any], setup: TrialSetup,
                    "resumed_from": start_epoch, "device": bound.where,
                    "device_units": bound.units, "host": socket.gethostname(),
                    "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+                   "torch_device": str(device),
                    "started_at": started_at, "reported_at": time.time()}
         with tempfile.TemporaryDirectory(prefix="hetflow-trial-") as tmp:
             steps = (epoch + 1) * order.steps_per_epoch
