@@ -253,13 +253,17 @@ def backend_sections(ups: tuple[UpstreamPlan, ...], root: str) -> list[str]:
     return lines
 
 
+LLM_MIN_TIMEOUT_S = 600  # the least time an LLM replica gets to answer (or between streamed tokens)
+
+
 def _llm_backend_section(up: UpstreamPlan, root: str) -> list[str]:
     """hetflow's vLLM replicas: the client's own path and model (the served name), least
     outstanding requests weighted by pool capacity, health from vLLM's ``/health``."""
     lines = [
         f"backend {up.backend}",
         "    balance leastconn",
-        f"    timeout server {max(1, int(up.timeout_s + 0.999))}s",
+        # a whole (not streamed) answer of a long generation takes minutes on a slow device
+        f"    timeout server {max(LLM_MIN_TIMEOUT_S, int(up.timeout_s + 0.999))}s",
         "    option httpchk",
         "    http-check send meth GET uri /health",
         "    http-check expect status 200",

@@ -1,0 +1,118 @@
+"""``engine: vllm`` models without starting an engine: config rules (one line each), pools
+planned on the devices hetflow's planner picks (with the vendor's visibility variables), the
+front door's backend for a model's replicas (weights by pool), the engine's command line, and
+per-upstream stats summed over an LLM model's replicas. tests/serving/test_llm_ray.py starts
+real vLLM engines."""
+
+from __future__ import annotations
+
+import pytest
+
+from hetflow.accelerators.synthetic import synthetic_node
+from hetflow.core.errors import InputError, Unschedulable
+from hetflow.core.topology import ClusterSnapshot
+from hetflow.workloads.serve.config import serve_config_from_dict
+from hetflow.workloads.serve.llm import VLLMEngine, engine_argv, engine_env
+from hetflow.workloads.serve.plan import plan_pools
+from hetflow.workloads.serve.upstream import backend_sections, llm_backend, read_upstream_stats
+
+
+def llm(**fields):
+    doc = {"name": "chat", "engine": "vllm", "vllm": {"model": "org/some-model"}, **fields}
+    return serve_config_from_dict({"name": "app", "models": [doc]}).models[0]
+
+
+@pytest.mark.parametrize("fields, words", [
+    ({"vllm": None}, "engine: vllm needs vllm:"),
+    ({"train": {"model": {"kind": "mlp", "hidden": [8]}}}, "drop train"),
+    ({"fallback": "other"}, "take no fallback"),
+    ({"autoscaling": {"min_replicas": 1, "max_replicas": 2}}, "fixed replicas per pool"),
+    ({"pools": [{"device": "cpu", "vendor": "amd"}]}, "pool 1: vendor/accelerator need device: gpu"),
+    ({"pools": [{"engine": {"dtype": "int3"}}]}, "pool 1 engine.dtype"),
+    ({"vllm": {"model": "m", "tensor_parallel_size": 0}}, "tensor_parallel_size"),
+])
+def test_bad_llm_entries_are_one_line(fields, words) -> None:
+    with pytest.raises(InputError) as err:
+        llm(**fields)
+    text = str(err.value)
+    assert words in text and "\n" not in text.strip()
+
+
+def test_vllm_fields_belong_to_engine_vllm() -> None:
+    doc = {"name": "m", "train": {"model": {"kind": "mlp", "hidden": [8]}}, "vllm": {"model": "x"}}
+    with pytest.raises(InputError, match="add engine: vllm"):
+        serve_config_from_dict({"models": [doc]})
+
+
+def test_pools_go_to_the_devices_the_planner_picks_with_the_vendors_variables() -> None:
+    snapshot = ClusterSnapshot(nodes=(synthetic_node("2x H100-SXM", "nv"),
+                                      synthetic_node("2x MI300X", "amd")))
+    entry = llm(pools=[{"device": "gpu", "vendor": "nvidia", "replicas": 2, "weight": 3},
+                       {"device": "gpu", "accelerator": "MI300X", "replicas": 1,
+                        "engine": {"dtype": "float16"}},
+                       {"device": "cpu", "replicas": 1, "cpus_per_replica": 2}])
+    groups = plan_pools("app", entry, snapshot, 0)
+    by_pool: dict[int, list] = {}
+    for pool, group in groups:
+        by_pool.setdefault(pool, []).append(group)
+    nvidia = by_pool[0]
+    assert sorted((g.device.node, g.device.device) for g in nvidia) == [("nv", 0), ("nv", 1)]
+    assert all(g.env["CUDA_VISIBLE_DEVICES"] == str(g.device.device) for g in nvidia)
+    assert all(g.env["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"] == "1" for g in nvidia)
+    (amd,) = by_pool[1]
+    assert amd.device.node == "amd" and amd.env["HIP_VISIBLE_DEVICES"] == str(amd.device.device)
+    (cpu,) = by_pool[2]
+    assert cpu.compute == "cpu" and cpu.ray_actor_options["num_cpus"] == 2
+    assert cpu.ray_actor_options["runtime_env"]["env_vars"]["CUDA_VISIBLE_DEVICES"] == ""
+    # an engine replica holds its device alone: the whole of it is reserved
+    units = {next(iter(g.ray_actor_options["resources"].values())) for g in nvidia}
+    assert len(units) == 1 and units.pop() > 0
+    assert entry.vllm.merged(entry.pools[1].engine).dtype == "float16"
+
+
+def test_pools_that_do_not_fit_or_need_tensor_parallel_groups_say_so() -> None:
+    snapshot = ClusterSnapshot(nodes=(synthetic_node("2x H100-SXM", "nv"),))
+    with pytest.raises(Unschedulable):
+        plan_pools("app", llm(pools=[{"device": "gpu", "vendor": "amd"}]), snapshot, 0)
+    with pytest.raises(InputError, match="tensor_parallel_size > 1"):
+        plan_pools("app", llm(pools=[{"device": "gpu", "engine": {"tensor_parallel_size": 2}}]),
+                   snapshot, 0)
+
+
+def test_the_front_door_balances_a_models_replicas_by_pool_weight() -> None:
+    plan = llm_backend("chat", [("p0-r0", "127.0.0.1", 8001, 3), ("p1-r0", "10.0.0.2", 8002, 1)], 30)
+    text = "\n".join(backend_sections((plan,), ""))
+    assert "balance leastconn" in text and "uri /health" in text
+    assert "timeout server 600s" in text  # not the 30 s of a predict: generations take minutes
+    assert f"backend {plan.backend}" in text
+    assert "server up-p0-r0 127.0.0.1:8001 weight 3 check" in text
+    assert "server up-p1-r0 10.0.0.2:8002 weight 1 check" in text
+    assert "del-header Authorization" in text  # a client's hetflow key never reaches an engine
+
+
+def test_engine_command_line_and_environment() -> None:
+    engine = VLLMEngine(model="/m", dtype="float32", max_model_len=512, enforce_eager=True,
+                        kv_cache_gib=2, args={"seed": 3, "disable_log_stats": True, "x": False})
+    argv = engine_argv(engine, "chat", "127.0.0.1", 9000)
+    assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    joined = " ".join(argv)
+    for part in ("--model /m", "--served-model-name chat", "--port 9000", "--max-model-len 512",
+                 "--enforce-eager", "--seed 3", "--disable-log-stats"):
+        assert part in joined
+    assert "--x" not in argv
+    cpu = engine_env(engine, "cpu", {"CUDA_VISIBLE_DEVICES": ""}, threads=2)
+    assert cpu["VLLM_CPU_KVCACHE_SPACE"] == "2" and cpu["OMP_NUM_THREADS"] == "2"
+    gpu = engine_env(engine, "gpu", {"CUDA_VISIBLE_DEVICES": "3"})
+    assert gpu["CUDA_VISIBLE_DEVICES"] == "3" and "VLLM_CPU_KVCACHE_SPACE" not in gpu
+
+
+def test_upstream_stats_sum_a_models_replicas() -> None:
+    header = "# pxname,svname,scur,stot,econ,eresp,hrsp_5xx,rtime,status,\n"
+    backend = llm_backend("chat", [], 30).backend
+    rows = [f"{backend},p0-r0,2,30,0,0,1,10,UP,", f"{backend},p1-r0,0,10,0,0,0,30,DOWN,",
+            f"{backend},BACKEND,2,40,0,0,1,15,UP,"]
+    stats = read_upstream_stats(header + "\n".join(rows) + "\n")
+    chat = stats[backend]
+    assert chat["requests"] == 40 and chat["errors"] == 1 and chat["in_flight"] == 2
+    assert chat["up"] and chat["response_ms"] == 15  # (10*30 + 30*10) / 40
+    assert set(chat["servers"]) == {"p0-r0", "p1-r0"} and not chat["servers"]["p1-r0"]["up"]

@@ -1,0 +1,225 @@
+"""An LLM on vLLM as a user serves it: ``hetflow serve`` (embedded default Ray, node IP not
+pinned) of one ``engine: vllm`` model over two pools of CPU replicas with different engine
+settings and weights, keys on, and the unmodified ``openai`` client: streamed and whole chat
+completions and completions with usage, both pools answering, keys and bad input, a client
+that leaves mid-stream, and nothing left running after the stop.
+
+The model is a tiny Llama made here (a tokenizer trained on a few lines, random weights:
+``load_format: dummy``), so nothing is downloaded. Needs vLLM (``make llm``; ``make test``
+installs it)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import requests
+import yaml
+
+from tests.net import free_port
+
+pytestmark = [
+    pytest.mark.ray,
+    pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
+                       reason="vLLM is not installed: make llm (pip install -e '.[llm]')"),
+]
+
+SCRIPT = Path(sys.executable).with_name("hetflow")
+HETFLOW = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "hetflow.cli.main"]
+SERVER_LINE = re.compile(r"^\s+(p(\d+)-r\d+): ([\d.]+):(\d+) weight (\d+)$", re.M)
+
+
+def user_env(keys_dir: Path) -> dict[str, str]:
+    out = {k: v for k, v in os.environ.items() if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"}
+    out["HETFLOW_KEYS_DIR"] = str(keys_dir)
+    return out
+
+
+@pytest.fixture(scope="module")
+def llm(tmp_path_factory):
+    from hetflow.workloads.serve.llm import build_tiny_llama
+
+    root = tmp_path_factory.mktemp("llm")
+    model = build_tiny_llama(root / "tiny")
+    keys_dir = root / "keys"
+    made = {}
+    for name, flags in [("all", []), ("other", ["--models", "digits"])]:
+        out = subprocess.run([*HETFLOW, "keys", "create", name, *flags], env=user_env(keys_dir),
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        made[name] = out.stdout.strip()
+    port = free_port()
+    config = root / "serve.yaml"
+    config.write_text(yaml.safe_dump({
+        "name": "llmt", "http": {"port": port}, "auth": {"mode": "keys"},
+        "models": [{
+            "name": "tiny", "engine": "vllm",
+            "vllm": {"model": str(model), "load_format": "dummy", "dtype": "float32",
+                     "max_model_len": 256, "max_num_seqs": 8, "enforce_eager": True},
+            "pools": [{"device": "cpu", "replicas": 1, "cpus_per_replica": 0.5, "weight": 1},
+                      {"device": "cpu", "replicas": 1, "cpus_per_replica": 0.5, "weight": 3,
+                       "engine": {"max_num_seqs": 4}}],
+        }],
+    }))
+    out_path, err_path = root / "serve.out", root / "serve.err"
+    with out_path.open("w") as stdout, err_path.open("w") as stderr:
+        proc = subprocess.Popen([*HETFLOW, "serve", str(config), "--duration", "900"],
+                                env=user_env(keys_dir), stdout=stdout, stderr=stderr)
+    state = {"proc": proc, "url": f"http://127.0.0.1:{port}", "keys": made, "model": str(model),
+             "out": out_path, "err": err_path, "dir": keys_dir}
+    try:
+        deadline = time.monotonic() + 420
+        while "serving llmt at" not in out_path.read_text():
+            assert proc.poll() is None, err_path.read_text()[-3000:]
+            assert time.monotonic() < deadline, "hetflow serve did not come up in 420 s"
+            time.sleep(0.5)
+        state["engines"] = [(name, int(pool), host, int(p), int(w))
+                            for name, pool, host, p, w in SERVER_LINE.findall(out_path.read_text())]
+        yield state
+    finally:
+        stop(proc)
+
+
+def stop(proc: subprocess.Popen) -> int:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
+
+
+def client(llm, key: str = "all"):
+    import openai
+
+    return openai.OpenAI(base_url=llm["url"] + "/v1", api_key=llm["keys"][key], max_retries=0,
+                         timeout=120)
+
+
+def engine_metric(llm, name: str) -> dict[str, float]:
+    """A counter or gauge summed per engine (server name -> value), from vLLM's own /metrics."""
+    out = {}
+    for server, _pool, host, port, _w in llm["engines"]:
+        text = requests.get(f"http://{host}:{port}/metrics", timeout=30).text
+        out[server] = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                          if line.startswith(name + "{") or line.startswith(name + " "))
+    return out
+
+
+def test_two_pools_one_name_and_a_streamed_chat(llm) -> None:
+    assert sorted((pool, w) for _s, pool, _h, _p, w in llm["engines"]) == [(0, 1), (1, 3)]
+    c = client(llm)
+    chunks = list(c.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hello, how are you?"}],
+        max_tokens=12, stream=True, stream_options={"include_usage": True}))
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert text and chunks[-1].usage.completion_tokens == 12 and chunks[-1].usage.prompt_tokens > 0
+    whole = c.chat.completions.create(model="tiny", max_tokens=5, temperature=0.7, top_p=0.9,
+                                      messages=[{"role": "system", "content": "be brief"},
+                                                {"role": "user", "content": "the quick brown fox"}])
+    assert whole.choices[0].message.role == "assistant"
+    assert whole.usage.completion_tokens == 5 and whole.usage.total_tokens > 5
+    done = c.completions.create(model="tiny", prompt="0 1 2 3", max_tokens=4, seed=1)
+    assert done.usage.completion_tokens == 4 and done.choices[0].text is not None
+    assert "tiny" in [m.id for m in c.models.list()]
+
+
+def test_both_pools_answer_under_load(llm) -> None:
+    before = engine_metric(llm, "vllm:request_success_total")
+    c = client(llm)
+
+    def one(i: int) -> int:
+        return c.completions.create(model="tiny", prompt=f"request {i}", max_tokens=24,
+                                    extra_body={"ignore_eos": True}).usage.completion_tokens
+
+    with ThreadPoolExecutor(12) as pool:  # enough at once that both pools hold requests
+        assert list(pool.map(one, range(48))) == [24] * 48
+    after = engine_metric(llm, "vllm:request_success_total")
+    served = {s: after[s] - before[s] for s in after}
+    by_weight = {w: served[s] for s, _p, _h, _port, w in llm["engines"]}
+    assert sum(served.values()) == 48
+    # least outstanding requests per unit of weight: with 12 at once neither pool is left out
+    # (which one serves more depends on the engines' speed too: the weight-3 pool runs at most
+    # 4 sequences at a time, so its queue grows and it gets fewer new requests)
+    assert by_weight[1] > 0 and by_weight[3] > 0, served
+
+
+def test_keys_guard_the_llm_like_any_model(llm) -> None:
+    import openai
+
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=llm["url"] + "/v1", api_key="hf-nope", max_retries=0
+                      ).chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}])
+    with pytest.raises(openai.PermissionDeniedError):
+        client(llm, "other").chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=2)
+    listed = requests.get(llm["url"] + "/v1/models", timeout=30,
+                          headers={"Authorization": f"Bearer {llm['keys']['other']}"}).json()
+    assert "tiny" not in [m["id"] for m in listed.get("data", [])]
+
+
+def test_bad_requests_are_4xx_and_the_next_one_is_served(llm) -> None:
+    import openai
+
+    c = client(llm)
+    with pytest.raises(openai.NotFoundError):
+        c.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
+    with pytest.raises(openai.BadRequestError):  # over the context length (256)
+        c.completions.create(model="tiny", prompt="the quick brown fox " * 200, max_tokens=4)
+    with pytest.raises(openai.BadRequestError):  # max_tokens past the context
+        c.completions.create(model="tiny", prompt="hi", max_tokens=100_000)
+    auth = {"Authorization": f"Bearer {llm['keys']['all']}"}
+    for body in ({"model": "tiny", "messages": "not a list"},
+                 {"model": "tiny", "messages": [{"role": "user"}], "max_tokens": -1},
+                 {"model": "tiny", "prompt": "x", "temperature": "hot"}):
+        path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+        r = requests.post(llm["url"] + path, json=body, headers=auth, timeout=60)
+        assert 400 <= r.status_code < 500, (body, r.status_code, r.text[:200])
+    r = requests.post(llm["url"] + "/v1/chat/completions", data=b"{not json", headers=auth, timeout=60)
+    assert 400 <= r.status_code < 500
+    ok = c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=3)
+    assert ok.usage.completion_tokens == 3
+
+
+def test_a_client_that_leaves_mid_stream_stops_its_generation(llm) -> None:
+    before = sum(engine_metric(llm, "vllm:generation_tokens_total").values())
+    r = requests.post(llm["url"] + "/v1/completions", stream=True, timeout=60,
+                      headers={"Authorization": f"Bearer {llm['keys']['all']}"},
+                      json={"model": "tiny", "prompt": "count", "max_tokens": 240, "stream": True,
+                            "ignore_eos": True})
+    assert r.status_code == 200
+    lines = r.iter_lines()
+    got = [next(lines) for _ in range(3)]
+    assert got[0].startswith(b"data: ")
+    r.close()  # the client goes away after a few tokens
+    time.sleep(4)  # far longer than the rest would take to generate
+    made = sum(engine_metric(llm, "vllm:generation_tokens_total").values()) - before
+    assert 0 < made < 200, made
+    assert sum(engine_metric(llm, "vllm:num_requests_running").values()) == 0
+
+
+def test_the_stop_leaves_no_engine_running(llm) -> None:
+    assert stop(llm["proc"]) == 0, llm["err"].read_text()[-2000:]
+    for _s, _p, host, port, _w in llm["engines"]:
+        with pytest.raises(requests.ConnectionError):
+            requests.get(f"http://{host}:{port}/health", timeout=5)
+    left = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if llm["model"] in cmd and "vllm" in cmd:
+                left.append(cmd[:120])
+    assert not left
