@@ -160,10 +160,11 @@ class HostCluster:
         with socket.socket() as probe:
             probe.bind((f"{self.prefix}.254", 0))
             port = probe.getsockname()[1]
+        self._redis_dir = tempfile.mkdtemp(prefix=f"hetflow-redis-{self.tag}-")
         self.redis = subprocess.Popen(
             [binary, "--bind", f"{self.prefix}.254", "--port", str(port), "--save", "",
              "--appendonly", "no", "--protected-mode", "no", "--daemonize", "no",
-             "--dir", tempfile.mkdtemp(prefix=f"hetflow-redis-{self.tag}-")],
+             "--dir", self._redis_dir],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.redis_address = f"{self.prefix}.254:{port}"
         deadline = time.monotonic() + 20
@@ -322,5 +323,6 @@ class HostCluster:
             self.redis.kill()
             self.redis.wait(10)
             self.redis = None
+            shutil.rmtree(self._redis_dir, ignore_errors=True)
         _ip("link", "del", self.bridge, check=False)
         shutil.rmtree(f"/tmp/hetflow-hosts-{self.tag}", ignore_errors=True)

@@ -26,6 +26,7 @@ COUNTS = {
     "hetflow_cluster_queue_length", "hetflow_job_devices_held", "hetflow_serve_replicas_running",
     "hetflow_serve_request_batch_size", "hetflow_job_samples_per_second",
     "hetflow_upstream_up",  # a 0/1 state, as Prometheus's own `up`
+    "hetflow_llm_replicas_answering", "hetflow_llm_requests_running", "hetflow_llm_requests_waiting",
 }
 SCALED = re.compile(r"_(?:k|m|g|t|p|kilo|mega|giga|tera|milli|micro|nano)(?:flops|bytes|seconds|watts)\b"
                     r"|_(?:kib|mib|gib|kb|mb|gb|ms|us|ns|percent)\b")

@@ -116,3 +116,59 @@ def test_upstream_stats_sum_a_models_replicas() -> None:
     assert chat["requests"] == 40 and chat["errors"] == 1 and chat["in_flight"] == 2
     assert chat["up"] and chat["response_ms"] == 15  # (10*30 + 30*10) / 40
     assert set(chat["servers"]) == {"p0-r0", "p1-r0"} and not chat["servers"]["p1-r0"]["up"]
+
+
+VLLM_METRICS = """\
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="chat"} 3.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="chat"} 1.0
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="chat"} 0.25
+# TYPE vllm:generation_tokens counter
+vllm:generation_tokens_total{engine="0",model_name="chat"} 1200.0
+# TYPE vllm:prompt_tokens counter
+vllm:prompt_tokens_total{engine="0",model_name="chat"} 300.0
+# TYPE vllm:time_to_first_token_seconds histogram
+vllm:time_to_first_token_seconds_bucket{engine="0",le="0.1",model_name="chat"} 9.0
+vllm:time_to_first_token_seconds_bucket{engine="0",le="+Inf",model_name="chat"} 10.0
+vllm:time_to_first_token_seconds_count{engine="0",model_name="chat"} 10.0
+vllm:time_to_first_token_seconds_sum{engine="0",model_name="chat"} 0.5
+# TYPE vllm:request_time_per_output_token_seconds histogram
+vllm:request_time_per_output_token_seconds_count{engine="0",model_name="chat"} 10.0
+vllm:request_time_per_output_token_seconds_sum{engine="0",model_name="chat"} 0.04
+"""
+
+
+def test_engine_metrics_become_per_pool_stats() -> None:
+    from hetflow.workloads.serve.llm import pool_stats, read_engine_metrics
+
+    one = read_engine_metrics(VLLM_METRICS)
+    assert one["running"] == 3 and one["waiting"] == 1 and one["kv_cache"] == 0.25
+    assert one["generation_tokens"] == 1200 and one["ttft_count"] == 10 and one["tpot_sum"] == 0.04
+    fuller = {**one, "kv_cache": 0.75}
+    servers = [("p0-r0", "h", 1, 3), ("p0-r1", "h", 2, 3), ("p1-r0", "h", 3, 1)]
+    pools = pool_stats(servers, {"p0-r0": one, "p0-r1": fuller, "p1-r0": None})
+    assert pools[0]["replicas"] == 2 and pools[0]["answering"] == 2
+    assert pools[0]["running"] == 6 and pools[0]["generation_tokens"] == 2400
+    assert pools[0]["kv_cache"] == 0.75  # the fullest engine's
+    assert pools[1]["replicas"] == 1 and pools[1]["answering"] == 0 and pools[1]["running"] == 0
+
+
+def test_pool_stats_are_prometheus_families() -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from hetflow.workloads.serve.llm import pool_stats, read_engine_metrics
+    from hetflow.workloads.serve.metrics import GatewayMetrics
+
+    m = GatewayMetrics()
+    m.llm_pools = {"chat": pool_stats([("p0-r0", "h", 1, 1)], {"p0-r0": read_engine_metrics(VLLM_METRICS)})}
+    body, _ = m.render()
+    samples = {(s.name, s.labels.get("pool")): s.value
+               for f in text_string_to_metric_families(body.decode()) for s in f.samples
+               if s.labels.get("model") == "chat"}
+    assert samples[("hetflow_llm_generation_tokens_total", "0")] == 1200
+    assert samples[("hetflow_llm_kv_cache_usage_ratio", "0")] == 0.25
+    assert samples[("hetflow_llm_first_token_duration_seconds_count", "0")] == 10
+    assert samples[("hetflow_llm_first_token_duration_seconds_sum", "0")] == 0.5

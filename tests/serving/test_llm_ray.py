@@ -51,7 +51,7 @@ def llm(tmp_path_factory):
     model = build_tiny_llama(root / "tiny")
     keys_dir = root / "keys"
     made = {}
-    for name, flags in [("all", []), ("other", ["--models", "digits"])]:
+    for name, flags in [("all", []), ("other", ["--models", "digits"]), ("tpm", ["--tokens-per-min", "30"])]:
         out = subprocess.run([*HETFLOW, "keys", "create", name, *flags], env=user_env(keys_dir),
                              capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr
@@ -154,6 +154,30 @@ def test_both_pools_answer_under_load(llm) -> None:
     assert by_weight[1] > 0 and by_weight[3] > 0, served
 
 
+def test_each_pool_in_metrics_and_top(llm) -> None:
+    import json
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    auth = {"Authorization": f"Bearer {llm['keys']['all']}"}
+    text = requests.get(llm["url"] + "/metrics", headers=auth, timeout=60).text
+    got = {(s.name, s.labels.get("pool")): s.value for f in text_string_to_metric_families(text)
+           for s in f.samples if s.labels.get("model") == "tiny"}
+    engines = engine_metric(llm, "vllm:generation_tokens_total")
+    for server, pool, _h, _p, _w in llm["engines"]:
+        assert got[("hetflow_llm_replicas_answering", str(pool))] == 1
+        # the pool's counter is its engine's (read a moment before or after this one)
+        assert 0 < got[("hetflow_llm_generation_tokens_total", str(pool))] <= engines[server]
+        assert got[("hetflow_llm_first_token_duration_seconds_count", str(pool))] > 0
+    top = subprocess.run([*HETFLOW, "top", "--once", "--json", "--no-start"], env=user_env(llm["dir"]),
+                         capture_output=True, text=True, timeout=120)
+    assert top.returncode == 0, top.stderr
+    rows = [r for r in json.loads(top.stdout)["llm_pools"] if r["app"] == "llmt" and r["model"] == "tiny"]
+    assert sorted(r["pool"] for r in rows) == [0, 1]
+    assert all(r["answering"] == 1 and r["generation_tokens"] > 0 and r["ttft_ms"] > 0 for r in rows)
+    assert llm["keys"]["all"] not in top.stdout + top.stderr
+
+
 def test_keys_guard_the_llm_like_any_model(llm) -> None:
     import openai
 
@@ -166,6 +190,29 @@ def test_keys_guard_the_llm_like_any_model(llm) -> None:
     listed = requests.get(llm["url"] + "/v1/models", timeout=30,
                           headers={"Authorization": f"Bearer {llm['keys']['other']}"}).json()
     assert "tiny" not in [m["id"] for m in listed.get("data", [])]
+
+
+def test_a_keys_tokens_per_minute_counts_the_engines_usage(llm) -> None:
+    import openai
+
+    c = client(llm, "tpm")
+    used = []
+    with pytest.raises(openai.RateLimitError):
+        for _ in range(6):  # 30 tokens a minute: the usage of a few answers spends it
+            out = c.completions.create(model="tiny", prompt="0 1 2", max_tokens=10,
+                                       extra_body={"ignore_eos": True})
+            used.append(out.usage.total_tokens)
+    assert 30 <= sum(used) < 30 + used[-1] + 1, used  # refused once the answers' usage passed 30
+    auth = {"Authorization": f"Bearer {llm['keys']['all']}"}
+    deadline = time.monotonic() + 10
+    while True:  # the front door reads HAProxy's counters on its next poll
+        text = requests.get(llm["url"] + "/metrics", headers=auth, timeout=60).text
+        line = [ln for ln in text.splitlines() if ln.startswith('hetflow_key_tokens_total{key="tpm"}')]
+        counted = float(line[0].split()[-1]) if line else None
+        if counted == sum(used) or time.monotonic() > deadline:
+            break
+        time.sleep(0.25)
+    assert counted == sum(used)
 
 
 def test_bad_requests_are_4xx_and_the_next_one_is_served(llm) -> None:

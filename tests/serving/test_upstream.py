@@ -95,6 +95,16 @@ class _Provider(http.server.BaseHTTPRequestHandler):
                                 "body": body, "raw": raw})
         if self.headers.get("authorization") != f"Bearer {SECRET}":
             return self._send(401, {"error": "bad upstream key"})
+        if self.path == "/prov/v1/chat/completions" and body.get("stream"):
+            chunk = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": body.get("model"),
+                     "choices": [{"index": 0, "delta": {"content": "from upstream"}, "finish_reason": "stop"}]}
+            data = f"data: {json.dumps(chunk)}\n\ndata: [DONE]\n\n".encode()
+            self.send_response(200)
+            self.send_header("content-type", "text/event-stream")
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            return None
         if self.path == "/prov/v1/chat/completions":
             return self._send(200, {
                 "id": "c1", "object": "chat.completion", "created": 1, "model": body.get("model"),
@@ -236,8 +246,12 @@ def test_the_openai_client_calls_an_upstream_by_name_and_the_provider_sees_its_o
     assert seen["headers"]["authorization"] == f"Bearer {SECRET}"  # not the client's key
     assert seen["headers"]["host"] == f"127.0.0.1:{front.provider.server_address[1]}"
     assert not any(h.startswith("x-hetflow") for h in seen["headers"])
-    front.call("/v1/chat/completions", {"model": "cloud", "messages": []})
-    assert "x-hetflow-tokens" not in front.last_headers  # a provider charges no hetflow key
+    # the answer's usage is what a key is charged (the provider's own header is dropped) ...
+    front.call("/v1/chat/completions", {"model": "cloud", "messages": [], "max_tokens": 7})
+    assert front.last_headers.get("x-hetflow-tokens") == "5"
+    # ... and a streamed answer, whose usage comes last, is charged its max_tokens up front
+    front.call("/v1/chat/completions", {"model": "cloud", "messages": [], "max_tokens": 7, "stream": True})
+    assert front.last_headers.get("x-hetflow-tokens") == "7"
 
 
 def test_the_key_is_never_in_the_config_file(front):

@@ -8,6 +8,7 @@ importing torch is paid once for many layouts. Each job rendezvouses through its
 from __future__ import annotations
 
 import queue as queue_module
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass
@@ -72,4 +73,5 @@ def run_worlds(jobs: list[TrainConfig], timeout_s: float = 240) -> list[JobOutco
             if p.is_alive():
                 p.kill()
         queue.close()
+        shutil.rmtree(tmp, ignore_errors=True)
     return [outcomes.get(i, JobOutcome({}, -1, -1, None, "not run")) for i in range(len(jobs))]

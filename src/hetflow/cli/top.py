@@ -125,13 +125,10 @@ def job_rows(view) -> list[dict[str, Any]]:
     return rows
 
 
-def upstream_rows(timeout_s: float = 20.0) -> list[dict[str, Any]]:
-    """Every serving application's upstream providers, from its front door's HAProxy counters:
-    requests, errors, mean response ms of the last 1,024, up (health checks passing).
-
-    All front doors are asked at once; one that does not answer within ``timeout_s`` (a busy
-    node: a new driver's first call to an actor can take seconds) is named on stderr rather
-    than silently left out."""
+def _ask_front_doors(method: str, timeout_s: float) -> dict[str, Any]:
+    """Every serving application's front door asked ``method`` at once: app -> its answer.
+    One that does not answer within ``timeout_s`` (a busy node: a new driver's first call to an
+    actor can take seconds) is named on stderr rather than silently left out."""
     import ray
 
     from hetflow.workloads.serve.web import front_name
@@ -143,24 +140,52 @@ def upstream_rows(timeout_s: float = 20.0) -> list[dict[str, Any]]:
         if namespace != "serve" or not name.startswith(prefix):
             continue
         try:
-            calls[ray.get_actor(name, namespace="serve").upstream_stats.remote()] = name[len(prefix):]
+            calls[getattr(ray.get_actor(name, namespace="serve"), method).remote()] = name[len(prefix):]
         except Exception:  # noqa: BLE001 - a front door stopping, or of an older hetflow
             continue
     done, pending = ray.wait(list(calls), num_returns=len(calls), timeout=timeout_s) if calls else ([], [])
-    rows: list[dict[str, Any]] = []
+    out: dict[str, Any] = {}
     for ref in done:
         try:
-            stats = ray.get(ref)
-        except Exception:  # noqa: BLE001 - it stopped while asked
+            out[calls[ref]] = ray.get(ref)
+        except Exception:  # noqa: BLE001 - it stopped while asked, or has no such method
             continue
-        rows += [{"app": calls[ref], "upstream": u, **st} for u, st in sorted(stats.items())]
     for ref in pending:
         print(f"hetflow top: the front door of {calls[ref]!r} did not answer in {timeout_s:.0f} s; "
-              "its upstreams are not shown", file=sys.stderr)
+              "its upstreams and LLM pools are not shown", file=sys.stderr)
+    return out
+
+
+def upstream_rows(timeout_s: float = 20.0) -> list[dict[str, Any]]:
+    """Every serving application's upstream providers, from its front door's HAProxy counters:
+    requests, errors, mean response ms of the last 1,024, up (health checks passing)."""
+    rows = [{"app": app, "upstream": u, **st}
+            for app, stats in _ask_front_doors("upstream_stats", timeout_s).items()
+            for u, st in sorted(stats.items())]
     return sorted(rows, key=lambda r: (r["app"], r["upstream"]))
 
 
-def view_to_dict(view, upstreams: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def llm_rows(timeout_s: float = 20.0) -> list[dict[str, Any]]:
+    """Every ``engine: vllm`` model's pools, from its engines' own metrics: replicas answering,
+    requests running and waiting, KV-cache use, tokens/s, mean TTFT and TPOT (ms)."""
+    rows = []
+    for app, models in _ask_front_doors("llm_stats", timeout_s).items():
+        for model, pools in sorted(models.items()):
+            for pool, st in sorted(pools.items()):
+                rows.append({
+                    "app": app, "model": model, "pool": int(pool),
+                    "replicas": int(st["replicas"]), "answering": int(st["answering"]),
+                    "running": int(st["running"]), "waiting": int(st["waiting"]),
+                    "kv_cache": st["kv_cache"], "tokens_per_s": st["tokens_per_s"],
+                    "generation_tokens": int(st["generation_tokens"]),
+                    "ttft_ms": 1000 * st["ttft_sum"] / st["ttft_count"] if st["ttft_count"] else None,
+                    "tpot_ms": 1000 * st["tpot_sum"] / st["tpot_count"] if st["tpot_count"] else None,
+                })
+    return rows
+
+
+def view_to_dict(view, upstreams: list[dict[str, Any]] | None = None,
+                 llm: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The frame as JSON-ready data (``--once --json``)."""
     import dataclasses
 
@@ -170,11 +195,13 @@ def view_to_dict(view, upstreams: list[dict[str, Any]] | None = None) -> dict[st
         "devices": device_rows(view),
         "jobs": job_rows(view),
         "upstreams": upstreams or [],
+        "llm_pools": llm or [],
         "hints": [dataclasses.asdict(h) for h in view.hints],
     }
 
 
-def render(view, upstreams: list[dict[str, Any]] | None = None):
+def render(view, upstreams: list[dict[str, Any]] | None = None,
+           llm: list[dict[str, Any]] | None = None):
     """The frame as a rich renderable: a summary line, the device table, the job table, hints."""
     from rich.console import Group
     from rich.table import Table
@@ -227,6 +254,17 @@ def render(view, upstreams: list[dict[str, Any]] | None = None):
             table.add_row(r["app"], r["upstream"], r["status"] or ("UP" if r["up"] else "DOWN"),
                           f"{r['requests']:,}", f"{r['errors']:,}", str(r["response_ms"]))
         parts.append(table)
+    if llm:
+        table = Table(title="llm pools", title_justify="left", expand=False)
+        for col in ("app", "model", "pool", "up", "running", "waiting", "kv cache", "tok/s",
+                    "ttft ms", "tpot ms"):
+            table.add_column(col, justify="left" if col in ("app", "model") else "right", no_wrap=True)
+        for r in llm:
+            table.add_row(r["app"], r["model"], str(r["pool"]), f"{r['answering']}/{r['replicas']}",
+                          str(r["running"]), str(r["waiting"]), f"{r['kv_cache']:.0%}",
+                          f"{r['tokens_per_s']:.1f}", _num(r["ttft_ms"], "{:.1f}"),
+                          _num(r["tpot_ms"], "{:.2f}"))
+        parts.append(table)
     for hint in view.hints:
         parts.append(Text(f"hint: {hint.message}", style="yellow"))
     return Group(*parts)
@@ -271,13 +309,13 @@ def run(args: argparse.Namespace) -> int:
             metrics.start_metrics(interval_s=args.interval)
         if args.once:
             view = metrics.collect_view(stale_after_s=stale)
-            upstreams = upstream_rows()
+            upstreams, llm = upstream_rows(), llm_rows()
             if args.json:
-                print(json.dumps(view_to_dict(view, upstreams), indent=2, default=str))
+                print(json.dumps(view_to_dict(view, upstreams, llm), indent=2, default=str))
             else:
                 from rich.console import Console
 
-                Console().print(render(view, upstreams))
+                Console().print(render(view, upstreams, llm))
             return 0
         return _live(args.interval, stale)
     finally:
@@ -295,11 +333,11 @@ def _live(interval: float, stale: float) -> int:
 
     console = Console()
     try:
-        with Live(render(collect_view(stale), upstream_rows()), console=console, auto_refresh=False,
+        with Live(render(collect_view(stale), upstream_rows(), llm_rows()), console=console, auto_refresh=False,
                   screen=False) as live:
             while True:
                 time.sleep(interval)
-                live.update(render(collect_view(stale), upstream_rows()), refresh=True)
+                live.update(render(collect_view(stale), upstream_rows(), llm_rows()), refresh=True)
     except KeyboardInterrupt:
         print(file=sys.stderr)
         return 0

@@ -437,6 +437,9 @@ class FrontDoor:
         self.errors = write_error_files(plan, self.dir)
         self.map_dir = os.path.join(self.dir, "maps")
         self.keys = acc.KeyState(plan.access, self.map_dir) if plan.access is not None else None
+        from hetflow.workloads.serve.llm import PoolMeter
+
+        self.pools = PoolMeter()  # engine: vllm models' replicas, read from their own /metrics
         self.lua = up.write_lua(self.dir) if plan.upstreams else None
         self._write(self._render({}))
         self._start()
@@ -600,7 +603,13 @@ class FrontDoor:
             total.keys = self.keys.meter.totals()
         if self.plan.upstreams:
             total.upstreams = self.upstream_stats()
+            total.llm_pools = self.llm_stats()
         return total
+
+    def llm_stats(self) -> dict[str, dict[int, dict[str, float]]]:
+        """Per ``engine: vllm`` model and pool, from its engines' own metrics: replicas,
+        answering, running, waiting, KV-cache use, tokens (counters and tokens/s), TTFT/TPOT."""
+        return self.pools.read({u.name: list(u.servers) for u in self.plan.upstreams if u.local})
 
     def stop(self) -> None:
         self._stopped = True  # the watch loop does no more work ...

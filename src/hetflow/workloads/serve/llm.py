@@ -300,6 +300,103 @@ def kill_replicas(app: str) -> list[str]:
     return names
 
 
+# --- the engines' own metrics, per pool ---
+
+# vLLM's Prometheus series (V1 engine) -> the field they become; several label sets are summed
+ENGINE_SERIES = {
+    "vllm:num_requests_running": "running",
+    "vllm:num_requests_waiting": "waiting",
+    "vllm:kv_cache_usage_perc": "kv_cache",
+    "vllm:generation_tokens_total": "generation_tokens",
+    "vllm:prompt_tokens_total": "prompt_tokens",
+    "vllm:time_to_first_token_seconds_sum": "ttft_sum",
+    "vllm:time_to_first_token_seconds_count": "ttft_count",
+    "vllm:request_time_per_output_token_seconds_sum": "tpot_sum",
+    "vllm:request_time_per_output_token_seconds_count": "tpot_count",
+}
+
+
+def read_engine_metrics(text: str) -> dict[str, float]:
+    """vLLM's ``/metrics`` text -> :data:`ENGINE_SERIES` fields (0 where a series is absent)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = dict.fromkeys(ENGINE_SERIES.values(), 0.0)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            field = ENGINE_SERIES.get(sample.name)
+            if field is not None:
+                out[field] += float(sample.value)
+    return out
+
+
+def scrape_engine(host: str, port: int, timeout_s: float = 2.0) -> dict[str, float] | None:
+    """One engine's metrics, or None when it does not answer."""
+    try:
+        with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=timeout_s) as r:
+            return read_engine_metrics(r.read().decode(errors="replace"))
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+
+
+def pool_index(server: str) -> int:
+    """A replica's front-door server name (``p<pool>-r<replica>``) -> its pool."""
+    return int(server.split("-", 1)[0][1:])
+
+
+def pool_stats(servers: list[tuple[str, str, int, int]],
+               scraped: dict[str, dict[str, float] | None]) -> dict[int, dict[str, float]]:
+    """Per pool, over its replicas: replicas, answering, running, waiting, KV-cache use (the
+    fullest replica's), generation and prompt tokens (counters), TTFT and TPOT sums and counts."""
+    out: dict[int, dict[str, float]] = {}
+    for name, _host, _port, _weight in servers:
+        pool = out.setdefault(pool_index(name), {"replicas": 0, "answering": 0,
+                                                 **dict.fromkeys(ENGINE_SERIES.values(), 0.0)})
+        pool["replicas"] += 1
+        stats = scraped.get(name)
+        if stats is None:
+            continue
+        pool["answering"] += 1
+        for field, value in stats.items():
+            pool[field] = max(pool[field], value) if field == "kv_cache" else pool[field] + value
+    return out
+
+
+class PoolMeter:
+    """Per-pool engine stats with tokens/s from the last reading (kept by the front door)."""
+
+    def __init__(self) -> None:
+        # (model, pool) -> (time, generated tokens, tokens/s) of the last reading
+        self.last: dict[tuple[str, int], tuple[float | None, float, float]] = {}
+
+    def read(self, models: dict[str, list[tuple[str, str, int, int]]]
+             ) -> dict[str, dict[int, dict[str, float]]]:
+        from concurrent.futures import ThreadPoolExecutor
+
+        flat = [(m, s) for m, servers in models.items() for s in servers]
+        if not flat:
+            return {}
+        with ThreadPoolExecutor(min(16, len(flat))) as ex:
+            got = list(ex.map(lambda ms: scrape_engine(ms[1][1], ms[1][2]), flat))
+        scraped: dict[str, dict[str, dict[str, float] | None]] = {}
+        for (model, server), stats in zip(flat, got):
+            scraped.setdefault(model, {})[server[0]] = stats
+        now = time.monotonic()
+        out = {}
+        for model, servers in models.items():
+            pools = pool_stats(servers, scraped.get(model, {}))
+            for pool, st in pools.items():
+                # generated tokens/s since the reading one second or more before (a quicker
+                # second look gets the rate already computed)
+                then, tokens, rate = self.last.get((model, pool), (None, 0.0, 0.0))
+                if then is None or now - then >= 1.0:
+                    if then is not None:
+                        rate = max(0.0, (st["generation_tokens"] - tokens) / (now - then))
+                    self.last[(model, pool)] = (now, st["generation_tokens"], rate)
+                st["tokens_per_s"] = rate
+            out[model] = pools
+        return out
+
+
 # --- a tiny Llama made here (no download): the tests' and benchmarks' model ---
 
 _CORPUS = [

@@ -24,6 +24,10 @@ Exposed at ``GET /metrics`` (Prometheus text 0.0.4, or OpenMetrics when the scra
   (connection errors, bad answers and 5xx), ``hetflow_upstream_response_duration_seconds{upstream}`` (mean
   response time of its last 1,024 requests) and ``hetflow_upstream_up{upstream}`` (1 while
   its health checks pass) - from the front door's HAProxy counters.
+* ``hetflow_llm_{replicas_answering,requests_running,requests_waiting,kv_cache_usage_ratio}{model,pool}``
+  (gauges), ``hetflow_llm_{generation,prompt}_tokens_total{model,pool}`` (counters) and
+  ``hetflow_llm_{first_token,output_token}_duration_seconds{model,pool}`` (summaries:
+  sum and count) - an ``engine: vllm`` model's pools, from their engines' own ``/metrics``.
 
 The names before the naming fix: :data:`RENAMED`.
 """
@@ -35,7 +39,13 @@ from collections import defaultdict
 from typing import Any, Iterator
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+    SummaryMetricFamily,
+)
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.utils import floatToGoString
 
@@ -55,6 +65,14 @@ METRIC_TYPES = {
     "hetflow_upstream_errors_total": "counter",
     "hetflow_upstream_response_duration_seconds": "gauge",
     "hetflow_upstream_up": "gauge",
+    "hetflow_llm_replicas_answering": "gauge",
+    "hetflow_llm_requests_running": "gauge",
+    "hetflow_llm_requests_waiting": "gauge",
+    "hetflow_llm_kv_cache_usage_ratio": "gauge",
+    "hetflow_llm_generation_tokens_total": "counter",
+    "hetflow_llm_prompt_tokens_total": "counter",
+    "hetflow_llm_first_token_duration_seconds": "summary",
+    "hetflow_llm_output_token_duration_seconds": "summary",
 }
 RENAMED = {
     "hetflow_serve_request_seconds": "hetflow_serve_request_duration_seconds",
@@ -100,6 +118,8 @@ class GatewayMetrics:
         self.keys: dict[str, dict[str, int]] = {}
         # upstream name -> requests, errors, response_ms, up (set by the front door)
         self.upstreams: dict[str, dict[str, Any]] = {}
+        # engine: vllm model -> pool -> its engines' stats (llm.pool_stats; set by the front door)
+        self.llm_pools: dict[str, dict[int, dict[str, float]]] = {}
 
     def answered(self, model: str, code: int) -> None:
         self.requests[(model, code)] += 1
@@ -170,6 +190,27 @@ class GatewayMetrics:
             yield _filled(family_type(f"hetflow_upstream_{field}", help_text, labels=["upstream"]),
                           {(k,): (v.get("response_ms", 0) / 1000.0 if field == "response_duration_seconds"
                                   else float(v.get(field, 0))) for k, v in self.upstreams.items()})
+        pools = {(m, str(p)): st for m, by_pool in self.llm_pools.items() for p, st in by_pool.items()}
+        for name, field, help_text in (
+                ("replicas_answering", "answering", "LLM replicas whose engine answered the last look."),
+                ("requests_running", "running", "Requests the pool's engines are generating for."),
+                ("requests_waiting", "waiting", "Requests waiting in the pool's engines."),
+                ("kv_cache_usage_ratio", "kv_cache", "KV-cache use of the pool's fullest engine, 0..1.")):
+            yield _filled(GaugeMetricFamily(f"hetflow_llm_{name}", help_text, labels=["model", "pool"]),
+                          {k: float(st.get(field, 0)) for k, st in pools.items()})
+        for name, field, help_text in (
+                ("generation_tokens", "generation_tokens", "Tokens the pool's engines generated."),
+                ("prompt_tokens", "prompt_tokens", "Prompt tokens the pool's engines read.")):
+            yield _filled(CounterMetricFamily(f"hetflow_llm_{name}", help_text, labels=["model", "pool"]),
+                          {k: float(st.get(field, 0)) for k, st in pools.items()})
+        for name, prefix, help_text in (
+                ("first_token_duration_seconds", "ttft", "Time to first token in the pool's engines."),
+                ("output_token_duration_seconds", "tpot", "Time per output token in the pool's engines.")):
+            family = SummaryMetricFamily(f"hetflow_llm_{name}", help_text, labels=["model", "pool"])
+            for key, st in sorted(pools.items()):
+                family.add_metric(list(key), count_value=st.get(f"{prefix}_count", 0),
+                                  sum_value=st.get(f"{prefix}_sum", 0.0))
+            yield family
         yield _filled(GaugeMetricFamily("hetflow_serve_replicas_running",
                                         "Running replicas per deployment (last status poll).",
                                         labels=["model", "deployment"]), self.replicas)
@@ -199,6 +240,8 @@ class GatewayMetrics:
                                  for (m, d), v in sorted(self.replicas.items())],
             "keys": {k: dict(v) for k, v in sorted(self.keys.items())},
             "upstreams": {k: dict(v) for k, v in sorted(self.upstreams.items())},
+            "llm_pools": {m: {str(p): dict(st) for p, st in sorted(by_pool.items())}
+                          for m, by_pool in sorted(self.llm_pools.items())},
         }
 
 

@@ -245,12 +245,30 @@ def backend_sections(ups: tuple[UpstreamPlan, ...], root: str) -> list[str]:
             "    http-request del-header x-hetflow-client-path",
             (f"    http-request set-header Authorization {auth}" if auth
              else "    http-request del-header Authorization"),
-            # an upstream does not charge a key's tokens (only local replicas report them)
-            "    http-response del-header x-hetflow-tokens",
+            *(openai_token_rules(up.timeout_s) if up.protocol == "openai"
+              else ["    http-response del-header x-hetflow-tokens"]),
             f"    server {_safe_server(up.name)} {up.host}:{up.port} check inter {inter_ms} "
             f"fall 3 rise 2{dns}{tls}",
         ]
     return lines
+
+
+def openai_token_rules(timeout_s: float) -> list[str]:
+    """An OpenAI-protocol answer's tokens, for the key's tokens-per-minute and quota (the
+    frontend adds ``x-hetflow-tokens`` to the key's counter): ``usage.total_tokens`` of a
+    whole JSON answer (HAProxy waits for its body, up to one buffer); a streamed answer, or a
+    body whose usage is past the buffer, is charged the request's ``max_tokens`` up front.
+    Whatever the server itself says in the header is dropped first."""
+    json = "{ res.hdr(content-type) -m beg -i application/json }"
+    return [
+        "    http-request set-var(txn.max_tokens) req.body,json_query('$.max_tokens')",
+        "    http-response del-header x-hetflow-tokens",
+        f"    http-response wait-for-body time {max(1, int(timeout_s + 0.999))}s if {json}",
+        f"    http-response set-var(txn.used) res.body,json_query('$.usage.total_tokens') if {json}",
+        "    http-response set-header x-hetflow-tokens %[var(txn.used)] if { var(txn.used) -m found }",
+        "    http-response set-header x-hetflow-tokens %[var(txn.max_tokens)] "
+        "if !{ var(txn.used) -m found } { var(txn.max_tokens) -m found } { status 200 }",
+    ]
 
 
 LLM_MIN_TIMEOUT_S = 600  # the least time an LLM replica gets to answer (or between streamed tokens)
@@ -276,7 +294,7 @@ def _llm_backend_section(up: UpstreamPlan, root: str) -> list[str]:
         "    http-request del-header x-hetflow-models",
         "    http-request del-header x-hetflow-client-path",
         "    http-request del-header Authorization",
-        "    http-response del-header x-hetflow-tokens",
+        *openai_token_rules(max(LLM_MIN_TIMEOUT_S, up.timeout_s)),
     ]
     inter_ms = max(100, int(up.check_interval_s * 1000))
     for name, host, port, weight in up.servers:
