@@ -8,27 +8,30 @@ own load tool (``vllm bench serve``: random dataset, fixed input/output lengths,
 
 The model is a tiny Llama made here (hetflow.workloads.serve.llm.build_tiny_llama: a
 tokenizer trained on a few lines, random weights via ``load_format: dummy``): no download.
-Both servers run the same engine arguments (float32, max model len 512, max 8 sequences,
-eager) with the same CPU share (one OpenMP thread each), at the same time (one idles while
-the other is measured), in interleaved rounds (ABBA order, so neither side always runs
+All servers run the same engine arguments (float32, max model len 512, max 8 sequences, eager)
+with the same CPU share (one OpenMP thread each), at the same time (the others idle while one
+is measured), in interleaved rounds (order reversed every other round, so no side always runs
 first):
 
 * ``vllm``: ``python -m vllm.entrypoints.openai.api_server`` started by this script;
 * ``hetflow``: ``hetflow serve`` (embedded default Ray) of one ``engine: vllm`` model, one
   CPU pool of one replica; requests go through the front door (HAProxy: routing by the
   body's model, health checks, least-outstanding balancing) to a replica that is the same
-  vLLM server process.
+  vLLM server process;
+* ``rayllm``: Ray Serve LLM (``ray.serve.llm.build_openai_app``) in CPU mode (one CPU bundle,
+  no ``accelerator_type``) on a local Ray of its own (its state in the benchmark's temporary
+  folder); ``--no-rayllm`` leaves it out.
 
 Each round: ``--num-prompts`` requests (default 40) at ``--concurrency`` (default 4) at once,
 input 32 and output 32 tokens (``ignore_eos``). Figures, medians over rounds:
 
 * ``llm_over_vllm``: output tokens/s, hetflow / plain vLLM;
+* ``llm_over_rayllm``: output tokens/s, hetflow / Ray Serve LLM (``nan`` when it did not start);
 * ``ttft_p99_ratio``: time to first token P99, hetflow / plain vLLM;
 * ``tpot_ms``: hetflow's median time per output token, ms.
 
-Last line: ``RESULT llm_over_vllm=<x> ttft_p99_ratio=<x> hetflow_tok_s=<x> vllm_tok_s=<x>
-tpot_ms=<x>``. Ray Serve LLM (``ray.serve.llm``) and the Helix simulation the issue names are
-not measured here yet.
+Last line: ``RESULT llm_over_vllm=<x> llm_over_rayllm=<x> ttft_p99_ratio=<x> hetflow_tok_s=<x>
+vllm_tok_s=<x> tpot_ms=<x>``. The Helix simulation the issue names is not here yet.
 """
 
 from __future__ import annotations
@@ -95,10 +98,46 @@ def start_hetflow(model: Path, port: int, work: Path) -> subprocess.Popen:
         "models": [{"name": "tiny", "engine": "vllm", "vllm": {"model": str(model), **ENGINE},
                     "pools": [{"device": "cpu", "replicas": 1, "cpus_per_replica": 1}]}]}))
     env = {k: v for k, v in os.environ.items() if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"}
+    env["RAY_TMPDIR"] = str(work / "ray")  # its embedded Ray's state stays in the benchmark's folder
     hetflow = Path(sys.executable).with_name("hetflow")
     log = work / "hetflow.log"
     return subprocess.Popen([str(hetflow), "serve", str(config), "--duration", "3600"], env=env,
                             stdout=log.open("wb"), stderr=subprocess.STDOUT)
+
+
+RAYLLM = """
+import sys, time
+import ray
+from ray import serve
+from ray.serve.llm import LLMConfig, build_openai_app
+model, port, engine = sys.argv[1], int(sys.argv[2]), eval(sys.argv[3])
+ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
+         _temp_dir=sys.argv[4])
+serve.start(http_options={"host": "127.0.0.1", "port": port})
+config = LLMConfig(
+    model_loading_config={"model_id": "tiny", "model_source": model},
+    engine_kwargs=engine, placement_group_config={"bundles": [{"CPU": 1}]},
+    deployment_config={"num_replicas": 1},
+    runtime_env={"env_vars": {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+                              "VLLM_CPU_CI_ENV": "1", "OMP_NUM_THREADS": "1",
+                              "VLLM_NO_USAGE_STATS": "1"}})
+serve.run(build_openai_app({"llm_configs": [config]}), blocking=False)
+print("started", flush=True)
+while True:
+    time.sleep(3600)
+"""
+
+
+def start_rayllm(model: Path, port: int, work: Path) -> subprocess.Popen:
+    """Ray Serve LLM (``ray.serve.llm.build_openai_app``), CPU mode (one CPU bundle, no
+    accelerator_type), its own local Ray, the same engine arguments."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"}
+    log = work / "rayllm.log"
+    engine = {k: v for k, v in ENGINE.items()}
+    return subprocess.Popen([sys.executable, "-c", RAYLLM, str(model), str(port), repr(engine),
+                             str(work / "ray")],  # its Ray state stays in the benchmark's folder
+                            env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
 
 
 def bench(base_url: str, model: Path, prompts: int, concurrency: int, seed: int) -> dict:
@@ -121,10 +160,11 @@ def bench(base_url: str, model: Path, prompts: int, concurrency: int, seed: int)
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--rounds", type=int, default=4, help="interleaved rounds (even: ABBA)")
+    ap.add_argument("--rounds", type=int, default=4, help="interleaved rounds (order reversed every other)")
     ap.add_argument("--num-prompts", type=int, default=40)
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--quick", action="store_true", help="2 rounds of 16 prompts")
+    ap.add_argument("--no-rayllm", action="store_true", help="leave Ray Serve LLM out")
     args = ap.parse_args()
     if args.quick:
         args.rounds, args.num_prompts = 2, 16
@@ -135,21 +175,36 @@ def main() -> int:
         return 2
     from hetflow.workloads.serve.llm import build_tiny_llama
 
+    def interrupted(signum, frame):  # a SIGTERM stops the servers too (the finally below)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupted)
     work = Path(tempfile.mkdtemp(prefix="hetflow-llm-bench-"))
     model = build_tiny_llama(work / "tiny")
-    ports = {"vllm": free_port(), "hetflow": free_port()}
-    procs = {"vllm": start_vllm(model, ports["vllm"], work),
-             "hetflow": start_hetflow(model, ports["hetflow"], work)}
-    results: dict[str, list[dict]] = {"vllm": [], "hetflow": []}
+    sides = ["vllm", "hetflow"] + ([] if args.no_rayllm else ["rayllm"])
+    ports = {side: free_port() for side in sides}
+    starters = {"vllm": start_vllm, "hetflow": start_hetflow, "rayllm": start_rayllm}
+    procs = {side: starters[side](model, ports[side], work) for side in sides}
+    results: dict[str, list[dict]] = {side: [] for side in sides}
     try:
-        up_v = wait_http(f"http://127.0.0.1:{ports['vllm']}/health", procs["vllm"], 600, work / "vllm.log")
-        up_h = wait_http(f"http://127.0.0.1:{ports['hetflow']}/health", procs["hetflow"], 600,
-                         work / "hetflow.log")
-        print(f"ready: vllm in {up_v:.0f} s, hetflow serve in {up_h:.0f} s (started together)")
-        for side in ("vllm", "hetflow"):  # warm-up, not counted
+        ready = {}
+        for side in sides:
+            path = "/v1/models" if side == "rayllm" else "/health"
+            try:
+                ready[side] = wait_http(f"http://127.0.0.1:{ports[side]}{path}", procs[side], 600,
+                                        work / f"{side}.log")
+            except SystemExit as exc:
+                if side != "rayllm":
+                    raise
+                print(f"Ray Serve LLM did not start: {str(exc)[-600:]}")
+                sides.remove(side)
+                results.pop(side)
+        print("ready (started together): " + ", ".join(f"{s} {t:.0f} s" for s, t in ready.items()),
+              flush=True)
+        for side in sides:  # warm-up, not counted
             bench(f"http://127.0.0.1:{ports[side]}", model, 8, args.concurrency, 99)
         for r in range(args.rounds):
-            order = ("vllm", "hetflow") if r % 4 in (0, 3) else ("hetflow", "vllm")
+            order = sides if r % 2 == 0 else sides[::-1]
             for side in order:
                 out = bench(f"http://127.0.0.1:{ports[side]}", model, args.num_prompts,
                             args.concurrency, 1000 + r)
@@ -164,20 +219,33 @@ def main() -> int:
             procs["hetflow"].wait(timeout=120)
         except subprocess.TimeoutExpired:
             procs["hetflow"].kill()
-        os.killpg(procs["vllm"].pid, signal.SIGTERM)
-        try:
-            procs["vllm"].wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(procs["vllm"].pid, signal.SIGKILL)
+        for side in ("vllm", "rayllm"):  # their own process groups (Ray's and vLLM's children)
+            if side in procs:
+                try:
+                    os.killpg(procs[side].pid, signal.SIGTERM)
+                    procs[side].wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    os.killpg(procs[side].pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
     tok = {s: statistics.median(o["output_throughput"] for o in results[s]) for s in results}
     ttft = {s: statistics.median(o["p99_ttft_ms"] for o in results[s]) for s in results}
     tpot = statistics.median(o["median_tpot_ms"] for o in results["hetflow"])
     failed = sum(args.num_prompts - o["completed"] for s in results for o in results[s])
     print(f"hetflow {tok['hetflow']:.1f} tok/s, vllm {tok['vllm']:.1f} tok/s; TTFT p99 hetflow "
           f"{ttft['hetflow']:.1f} ms, vllm {ttft['vllm']:.1f} ms; failed {failed}")
-    print(f"RESULT llm_over_vllm={tok['hetflow'] / tok['vllm']:.3f} "
+    rayllm = f"{tok['hetflow'] / tok['rayllm']:.3f}" if "rayllm" in tok else "nan"
+    if "rayllm" in tok:
+        print(f"Ray Serve LLM {tok['rayllm']:.1f} tok/s; TTFT p99 {ttft['rayllm']:.1f} ms")
+    print(f"RESULT llm_over_vllm={tok['hetflow'] / tok['vllm']:.3f} llm_over_rayllm={rayllm} "
           f"ttft_p99_ratio={ttft['hetflow'] / ttft['vllm']:.3f} hetflow_tok_s={tok['hetflow']:.1f} "
           f"vllm_tok_s={tok['vllm']:.1f} tpot_ms={tpot:.2f}")
+    if failed == 0:
+        import shutil
+
+        shutil.rmtree(work, ignore_errors=True)
+    else:
+        print(f"servers' logs kept in {work}")
     return 0 if failed == 0 else 1
 
 
