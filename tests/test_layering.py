@@ -1,4 +1,4 @@
-"""The pure core (core, accelerators, scheduling, sim) imports neither ray nor torch.
+"""The pure core (core, accelerators, scheduling, sim, capacity) imports neither ray nor torch.
 
 Checked two ways: every module is imported in a fresh interpreter and ray/torch must not appear
 in sys.modules; and no source file of the pure core names them in an import statement (which
@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "src" / "hetflow"
-PURE = ["core", "accelerators", "scheduling", "sim"]
+PURE = ["core", "accelerators", "scheduling", "sim", "capacity"]
 FORBIDDEN = {"ray", "torch"}
 # Also pure: the controller's decisions, job files and records (the actor around them is not),
 # and the device samplers and metric calculations (the agents around them are not):

@@ -21,7 +21,7 @@ from hetflow.core.errors import HetflowError, InputError
 from hetflow.runtime.tracking import MISSING_MLFLOW
 
 # Verb modules, in the order `hetflow --help` lists them.
-COMMAND_MODULES = ["inventory", "plan", "node", "simulate", "traces", "train", "launch", "tune", "serve", "keys", "run", "jobs",
+COMMAND_MODULES = ["inventory", "plan", "node", "simulate", "capacity", "traces", "train", "launch", "tune", "serve", "keys", "run", "jobs",
                    "top", "k8s", "completion"]
 
 EXIT_OK, EXIT_FAILED, EXIT_INPUT, EXIT_UNSCHEDULABLE, EXIT_CANCELLED, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130

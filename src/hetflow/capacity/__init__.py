@@ -1,0 +1,1 @@
+"""Which fleet to buy: capacity and cost planning (``hetflow capacity``; docs/capacity.md)."""
