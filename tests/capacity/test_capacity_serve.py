@@ -120,7 +120,7 @@ def test_the_command_as_a_user_runs_it(tmp_path) -> None:
     plan = json.loads(out.stdout)
     assert plan["counts"] == {"A10G": 3, "H100": 1} and plan["cost_per_hour"] == pytest.approx(10.5)
     assert plan["best_homogeneous"] == {"device": "H100", "count": 2, "cost_per_hour": 15.0}
-    text = run(tmp_path, PROFILES, {"buckets": {"short": 10, "long": 4}})
+    text = run(tmp_path, PROFILES, {"buckets": {"short": 10, "long": 4}})  # default: free shares
     assert text.returncode == 0 and "$10.50/h" in text.stdout and "replicas: 3" in text.stdout
 
 
@@ -137,3 +137,42 @@ def test_bad_files_are_one_line(tmp_path, profiles, workload, code, words) -> No
     out = run(tmp_path, profiles, workload)
     assert out.returncode == code, out.stderr
     assert words in out.stderr and len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
+
+
+# Melange's own example (tyler-griggs/melange-release, melange/config/example.json at d46ab43;
+# the repository has no licence file, so its numbers are cited here, not its file copied):
+# A10G $1.01/h and A100-80GB $3.67/h, throughput per (input, output) bucket, 30 req/s.
+# Its README's answer for slice_factor 1 is {"A10G": 3, "A100-80GB": 1, "cost": 6.7}; its solver
+# (PuLP + CBC), run here on the same file, gave the costs below for other slice factors.
+MELANGE = {"gpu_info": {"A10G": {"cost": 1.01, "tputs": [[2, 1], [5, 2]]},
+                        "A100-80GB": {"cost": 3.67, "tputs": [[20, 20], [40, 20]]}},
+           "workload_distribution": [[0.2, 0.1], [0.5, 0.2]], "total_request_rate": 30.0,
+           "slice_factor": 1}
+MELANGE_COSTS = {1: 6.7, 2: 5.69, 3: 4.68, 4: 5.69, 6: 4.68, 8: 5.69}
+
+
+@pytest.mark.parametrize("slices", sorted(MELANGE_COSTS))
+def test_melanges_example_gives_melanges_answers(slices) -> None:
+    from hetflow.capacity.serve import read_melange
+
+    tput, prices, buckets, own = read_melange(MELANGE, "example")
+    assert own == 1 and sum(b.rate for b in buckets) == pytest.approx(30)
+    fleet = plan_serve(buckets, tput, prices, slice_factor=slices)
+    assert fleet.cost_per_hour == pytest.approx(MELANGE_COSTS[slices], abs=1e-9)
+    if slices == 1:
+        assert fleet.counts == {"A10G": 3, "A100-80GB": 1}
+
+
+def test_a_melange_config_runs_as_is(tmp_path) -> None:
+    (tmp_path / "m.json").write_text(json.dumps(MELANGE))
+    out = subprocess.run([*HETFLOW, "capacity", "serve", str(tmp_path / "m.json"), "--json"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    plan = json.loads(out.stdout)
+    assert plan["counts"] == {"A10G": 3, "A100-80GB": 1} and plan["slice_factor"] == 1
+    free = subprocess.run([*HETFLOW, "capacity", "serve", str(tmp_path / "m.json"), "--json", "--slice-factor", "0"],
+                          capture_output=True, text=True, timeout=120)
+    assert json.loads(free.stdout)["cost_per_hour"] == pytest.approx(4.68)  # shares split freely
+    both = subprocess.run([*HETFLOW, "capacity", "serve", str(tmp_path / "m.json"), "--workload", "x.yaml"],
+                          capture_output=True, text=True, timeout=120)
+    assert both.returncode == 2 and "drop --workload" in both.stderr

@@ -195,6 +195,41 @@ def read_profiles(doc: Any, source: str) -> tuple[dict[str, dict[str, float]], d
     return throughput, {d: prices[d] for d in throughput}, str(doc.get("slo", ""))
 
 
+def is_melange(doc: Any) -> bool:
+    return isinstance(doc, dict) and "gpu_info" in doc
+
+
+def read_melange(doc: Any, source: str) -> tuple[dict[str, dict[str, float]], dict[str, float],
+                                                 list[Bucket], int]:
+    """Melange's own solver input (its ``melange/config/*.json``: ``gpu_info: {GPU: {cost,
+    tputs[input bucket][output bucket]}}``, ``workload_distribution`` (fractions, same shape),
+    ``total_request_rate``, ``slice_factor``) -> (throughput, prices, buckets, slice factor).
+    Buckets are named ``in<i>-out<j>`` by their indices."""
+    try:
+        gpus = doc["gpu_info"]
+        dist = doc["workload_distribution"]
+        rate = float(doc["total_request_rate"])
+        shape = (len(dist), len(dist[0]))
+        throughput, prices = {}, {}
+        for name, info in gpus.items():
+            prices[str(name)] = float(info["cost"])
+            tputs = info["tputs"]
+            if (len(tputs), len(tputs[0])) != shape or any(len(r) != shape[1] for r in tputs):
+                raise ValueError(f"gpu_info.{name}.tputs is not {shape[0]} x {shape[1]} like the distribution")
+            throughput[str(name)] = {f"in{i}-out{j}": float(tputs[i][j])
+                                     for i in range(shape[0]) for j in range(shape[1])}
+        buckets = [Bucket(f"in{i}-out{j}", rate * float(dist[i][j]))
+                   for i in range(shape[0]) for j in range(shape[1])]
+        slice_factor = int(doc.get("slice_factor", 1))
+    except (KeyError, TypeError, IndexError, ValueError) as exc:
+        raise InputError(f"{source}: not a Melange config ({exc}); expected gpu_info, "
+                         "workload_distribution, total_request_rate") from None
+    if abs(sum(b.rate for b in buckets) - rate) > 1e-6 * max(1.0, rate):
+        raise InputError(f"{source}: workload_distribution sums to "
+                         f"{sum(b.rate for b in buckets) / rate if rate else 0:g}, not 1")
+    return throughput, prices, buckets, slice_factor
+
+
 def read_workload(doc: Any, source: str, known: set[str]) -> list[Bucket]:
     """A workload document -> buckets: ``buckets: {NAME: requests/s}``, or ``rate: R`` with
     ``mix: {NAME: fraction}`` (fractions of R, summing to 1)."""
@@ -228,4 +263,5 @@ def read_workload(doc: Any, source: str, known: set[str]) -> list[Bucket]:
     return out
 
 
-__all__ = ["Bucket", "ServeFleet", "plan_serve", "read_profiles", "read_workload"]
+__all__ = ["Bucket", "ServeFleet", "is_melange", "plan_serve", "read_melange", "read_profiles",
+           "read_workload"]
