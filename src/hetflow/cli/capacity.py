@@ -2,6 +2,8 @@
 
     hetflow capacity serve PROFILES --workload WORKLOAD [--slice-factor N] [--json]
     hetflow capacity serve MELANGE_CONFIG.json [--slice-factor N] [--json]
+    hetflow capacity train --trace T --devices A100-80GB,H100-SXM,MI300X --price H100-SXM=4.5 ...
+                           --target-avg-jct 12h [--node-size 8] [--max-nodes 4] [--out DIR]
 
 ``serve``: the cheapest mix of device models (and how many of each) that serves a request
 load within its latency SLO - Melange's formulation (a mixed-integer program over request-size
@@ -13,6 +15,11 @@ mix, each bucket's split, each model's load, the best single-model fleet beside 
 Melange's own solver config (``gpu_info``, ``workload_distribution``, ``total_request_rate``),
 which holds its workload and slice factor. Exit 2 for malformed files, 3 when some bucket no
 device can serve. docs/capacity.md.
+
+``train``: the cheapest fleet (nodes of each candidate model) on which a job trace (any trace
+``hetflow simulate`` reads) meets an average or P95 job-completion-time target, judged by
+simulating the trace with the policy the live controller runs; the best single-model fleets and
+the price/JCT Pareto front beside it. Exit 3 when no fleet up to --max-nodes meets the target.
 """
 
 from __future__ import annotations
@@ -38,6 +45,24 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "cheapest (a Melange config's own slice_factor when it is one)")
     s.add_argument("--json", action="store_true", help="print the plan as JSON")
     s.set_defaults(func=run_serve)
+    t = verbs.add_parser("train", help="the cheapest fleet on which a training trace meets a JCT target (simulated)")
+    t.add_argument("--trace", required=True, metavar="T", help="a trace file or synthetic:jobs=N,rate=R,seed=S")
+    t.add_argument("--devices", required=True, metavar="M,M", help="candidate catalog models, e.g. A100-80GB,MI300X")
+    t.add_argument("--price", action="append", default=[], metavar="MODEL=USD",
+                   help="dollars per device-hour of a candidate (repeat; or --prices FILE)")
+    t.add_argument("--prices", metavar="FILE", help="YAML/JSON: MODEL: dollars per device-hour")
+    target = t.add_mutually_exclusive_group(required=True)
+    target.add_argument("--target-avg-jct", metavar="TIME", help="average job completion time to meet, e.g. 12h")
+    target.add_argument("--target-p95-jct", metavar="TIME", help="P95 job completion time to meet, e.g. 2d")
+    t.add_argument("--node-size", type=int, default=8, help="devices per node (default 8)")
+    t.add_argument("--max-nodes", type=int, default=4, help="most nodes of each model to try (default 4)")
+    t.add_argument("--max-simulations", type=int, default=400, help="stop after this many simulations")
+    t.add_argument("--policy", default="hetflow", help="the cluster policy (default hetflow, the controller's)")
+    t.add_argument("--throughputs", metavar="F", help="measured job-type x device-type table (as simulate)")
+    t.add_argument("--seed", type=int, default=0, help="seed for traces that draw job types")
+    t.add_argument("--out", metavar="DIR", help="write plan.json and pareto.png here")
+    t.add_argument("--json", action="store_true", help="print the plan as JSON")
+    t.set_defaults(func=run_train)
 
 
 def _read(path: str, what: str) -> object:
@@ -91,3 +116,91 @@ def run_serve(args: argparse.Namespace) -> int:
         else:
             print(f"  - {{accelerator: {model}, device: gpu, replicas: {n}}}")
     return 0
+
+
+def run_train(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from hetflow.accelerators.catalog import default_catalog
+    from hetflow.capacity.train import parse_prices, parse_time, plan_train
+    from hetflow.core.errors import InputError
+    from hetflow.scheduling.policies.capacity import ClusterModel
+    from hetflow.scheduling.policies.registry import make_policy, parse_policy_list
+    from hetflow.scheduling.throughput import default_model, load_throughputs
+    from hetflow.sim.cluster import synthetic_cluster
+    from hetflow.sim.engine import SimConfig, Simulator
+    from hetflow.sim.metrics import summarise
+    from hetflow.sim.traces import load_trace
+
+    catalog = default_catalog()
+    models = [catalog.lookup(m.strip()).name for m in args.devices.split(",") if m.strip()]
+    if not models or len(set(models)) != len(models):
+        raise InputError("--devices: give distinct catalog models, e.g. A100-80GB,H100-SXM,MI300X")
+    raw = parse_prices(args.price, _read(args.prices, "prices file") if args.prices else None)
+    prices = {}
+    for name, value in raw.items():
+        prices[catalog.lookup(name).name] = value
+    metric = "avg" if args.target_avg_jct else "p95"
+    target_s = parse_time(args.target_avg_jct or args.target_p95_jct,
+                          "--target-avg-jct" if args.target_avg_jct else "--target-p95-jct")
+    (policy,) = parse_policy_list(args.policy)
+    throughputs = default_model(load_throughputs(args.throughputs) if args.throughputs else None)
+    trace = load_trace(args.trace, throughputs, tuple(models), seed=args.seed)
+    config = SimConfig()
+
+    def simulate(nodes: dict[str, int]) -> dict:
+        parts = [(n, f"{args.node_size}x {m}") for m, n in nodes.items() if n]
+        model = ClusterModel.from_snapshot(synthetic_cluster(parts))
+        return summarise(Simulator(model, trace.jobs, make_policy(policy), throughputs, config).run(), 0.0)
+
+    plan = plan_train(models, prices, simulate, target_s, metric, args.node_size, args.max_nodes,
+                      args.max_simulations)
+    out = plan.to_dict(metric)
+    out.update(trace=trace.source, jobs=len(trace.jobs), policy=policy, metric=metric,
+               target_h=target_s / 3600, node_size=args.node_size, prices=prices)
+    if args.out:
+        folder = Path(args.out)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "plan.json").write_text(json.dumps(out, indent=2))
+        _plot_pareto(plan, metric, target_s, folder / "pareto.png")
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return 0
+    best, homog = out["best"], out["best_homogeneous"]
+    print(f"cheapest fleet for {len(trace.jobs)} jobs ({trace.source}) with {metric} JCT <= "
+          f"{target_s / 3600:g} h under {policy}: ${best['cost_per_hour']:,.2f}/h")
+    print("  " + ", ".join(f"{n} x {args.node_size}x {m}" for m, n in best["nodes"].items())
+          + f"   avg JCT {best['avg_jct_h']:.2f} h, p95 {best['p95_jct_h']:.2f} h")
+    for m, e in out["homogeneous"].items():
+        print(f"  only {m}: " + ("no fleet up to --max-nodes meets the target" if e is None else
+                               f"{e['nodes'][m]} nodes, ${e['cost_per_hour']:,.2f}/h, avg JCT {e['avg_jct_h']:.2f} h"))
+    if homog:
+        print(f"the mix costs {out['mixed_over_homogeneous']:.2f}x of the best single model")
+    print(f"price/JCT Pareto front ({len(out['pareto'])} fleets), {out['simulated']} simulated, "
+          f"{out['skipped']} skipped, {out['wall_s']:.1f} s" + (f"; wrote {args.out}/plan.json, pareto.png" if args.out else ""))
+    return 0
+
+
+def _plot_pareto(plan, metric: str, target_s: float, path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    key = "avg_jct_s" if metric == "avg" else "p95_jct_s"
+    done = [e for e in plan.evaluated if e.unfinished == 0 and getattr(e, key) is not None]
+    front = plan.pareto(metric)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.scatter([e.cost_per_hour for e in done], [getattr(e, key) / 3600 for e in done], s=12,
+               color="0.6", label="fleets simulated")
+    ax.plot([e.cost_per_hour for e in front], [getattr(e, key) / 3600 for e in front], "o-", label="Pareto front")
+    if plan.best is not None:
+        ax.scatter([plan.best.cost_per_hour], [getattr(plan.best, key) / 3600], s=80, marker="*",
+                   color="red", zorder=5, label="cheapest meeting the target")
+    ax.axhline(target_s / 3600, ls="--", color="0.3", lw=1, label="target")
+    ax.set_xlabel("fleet price, $/h")
+    ax.set_ylabel(f"{metric} JCT, h")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,117 @@
+"""``hetflow capacity train``: the cheapest fleet on which a trace meets a JCT target.
+
+The search is checked against every fleet of a grid with a JCT that falls as devices are
+added (so skipping fleets smaller than a miss is exact): the cheapest meeting the target is the
+one exhaustive search finds, and fewer fleets are simulated. The command runs as a user runs
+it on a small synthetic trace with the real simulator and the controller's policy."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hetflow.capacity.train import fleet_cost, parse_prices, parse_time, plan_train
+from hetflow.core.errors import InputError, Unschedulable
+
+SCRIPT = Path(sys.executable).with_name("hetflow")
+HETFLOW = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "hetflow.cli.main"]
+
+MODELS = ["A100-80GB", "H100-SXM", "MI300X"]
+PRICES = {"A100-80GB": 2.5, "H100-SXM": 4.5, "MI300X": 3.5}
+SPEED = {"A100-80GB": 1.0, "H100-SXM": 2.2, "MI300X": 2.0}  # work per device-hour
+
+
+def analytic(work: float, jobs: int):
+    """A queue-free stand-in for the simulator: avg JCT = work over the fleet's speed (plus a
+    fixed hour); a fleet too small for the widest job leaves jobs unfinished."""
+    calls = []
+
+    def simulate(nodes: dict[str, int]) -> dict:
+        calls.append(dict(nodes))
+        speed = sum(8 * n * SPEED[m] for m, n in nodes.items())
+        devices = sum(8 * n for n in nodes.values())
+        if devices < 8:
+            return {"avg_jct_s": None, "p95_jct_s": None, "unfinished": jobs, "rejected": 0}
+        jct = 3600 * (1 + work / speed)
+        return {"avg_jct_s": jct, "p95_jct_s": 1.5 * jct, "unfinished": 0, "rejected": 0}
+
+    return simulate, calls
+
+
+@pytest.mark.parametrize("work, target_h", [(200, 4), (200, 2.5), (500, 6), (80, 3), (300, 3.2)])
+def test_the_search_finds_what_exhaustive_search_finds_with_fewer_simulations(work, target_h) -> None:
+    simulate, calls = analytic(work, 10)
+    plan = plan_train(MODELS, PRICES, simulate, target_h * 3600, node_size=8, max_nodes=4)
+    every = []
+    for counts in itertools.product(range(5), repeat=3):
+        if any(counts):
+            out = simulate(dict(zip(MODELS, counts)))
+            if out["avg_jct_s"] is not None and out["avg_jct_s"] <= target_h * 3600:
+                every.append(fleet_cost(counts, MODELS, 8, PRICES))
+    assert plan.best is not None and plan.best.cost_per_hour == pytest.approx(min(every))
+    assert plan.best.avg_jct_s <= target_h * 3600
+    grid = 5 ** 3 - 1
+    assert len(plan.evaluated) < grid and len(plan.evaluated) + plan.skipped <= grid
+    homog = plan.best_homogeneous  # a single model may not reach the target at all
+    assert homog is None or homog.cost_per_hour >= plan.best.cost_per_hour
+    singles = [min((fleet_cost(c, MODELS, 8, PRICES) for c in itertools.product(range(5), repeat=3)
+                    if sum(1 for n in c if n) == 1 and c[i] and
+                    (simulate(dict(zip(MODELS, c)))["avg_jct_s"] or 1e18) <= target_h * 3600), default=None)
+               for i in range(3)]
+    assert [None if plan.homogeneous[m] is None else plan.homogeneous[m].cost_per_hour for m in MODELS] == singles
+    front = plan.pareto()
+    assert all(a.cost_per_hour < b.cost_per_hour and a.avg_jct_s > b.avg_jct_s for a, b in zip(front, front[1:]))
+
+
+def test_no_fleet_meets_an_impossible_target() -> None:
+    simulate, _ = analytic(200, 10)
+    with pytest.raises(Unschedulable, match="the best simulated: avg JCT"):
+        plan_train(MODELS, PRICES, simulate, 0.5 * 3600, max_nodes=2)
+    with pytest.raises(InputError, match="no price for MI300X"):
+        plan_train(MODELS, {"A100-80GB": 1, "H100-SXM": 2}, simulate, 3600)
+    with pytest.raises(InputError, match="avg or p95"):
+        plan_train(MODELS, PRICES, simulate, 3600, metric="p50")
+
+
+def test_prices_and_times_parse_or_say_why() -> None:
+    assert parse_prices(["H100-SXM=4.5"], {"MI300X": 3}) == {"MI300X": 3.0, "H100-SXM": 4.5}
+    for bad in ("H100", "H100=", "H100=-1", "=3"):
+        with pytest.raises(InputError, match="MODEL=DOLLARS"):
+            parse_prices([bad])
+    assert parse_time("12h", "--t") == 43200 and parse_time("2d", "--t") == 172800 and parse_time("90", "--t") == 90
+    with pytest.raises(InputError, match="positive time"):
+        parse_time("soon", "--target-avg-jct")
+
+
+def test_the_command_on_a_real_simulation(tmp_path) -> None:
+    cmd = [*HETFLOW, "capacity", "train", "--trace", "synthetic:jobs=12,rate=6,seed=3",
+           "--devices", "A100-80GB,MI300X", "--price", "A100-80GB=2.5", "--price", "mi300x=3.5",
+           "--target-avg-jct", "30h", "--node-size", "4", "--max-nodes", "2", "--out", str(tmp_path), "--json"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    plan = json.loads(out.stdout)
+    assert plan["best"]["meets_target"] and plan["best"]["avg_jct_h"] <= 30
+    assert plan["policy"] == "hetflow" and plan["jobs"] == 12
+    assert json.loads((tmp_path / "plan.json").read_text())["best"] == plan["best"]
+    assert (tmp_path / "pareto.png").stat().st_size > 1000
+    cheaper = [e for e in plan["pareto"] if e["cost_per_hour"] < plan["best"]["cost_per_hour"]]
+    assert all(e["avg_jct_h"] > 30 for e in cheaper)  # every cheaper fleet simulated missed the target
+
+
+@pytest.mark.parametrize("flags, code, words", [
+    (["--devices", "A100-80GB,Z9000", "--price", "A100-80GB=1", "--target-avg-jct", "5h"], 2, "unknown accelerator"),
+    (["--devices", "A100-80GB", "--target-avg-jct", "5h"], 2, "no price for A100-80GB"),
+    (["--devices", "A100-80GB", "--price", "A100-80GB=1", "--target-avg-jct", "never"], 2, "positive time"),
+    (["--devices", "A100-80GB", "--price", "A100-80GB=1", "--target-avg-jct", "1s", "--max-nodes", "1"], 3,
+     "no fleet of up to 1 nodes"),
+])
+def test_bad_input_is_one_line(flags, code, words) -> None:
+    out = subprocess.run([*HETFLOW, "capacity", "train", "--trace", "synthetic:jobs=4,rate=6,seed=1",
+                          "--node-size", "4", *flags], capture_output=True, text=True, timeout=300)
+    assert out.returncode == code, out.stderr
+    assert words in out.stderr and len(out.stderr.strip().splitlines()) == 1
