@@ -25,7 +25,7 @@ from tests.conftest import REPO
 DASHBOARD = REPO / "deploy" / "grafana" / "hetflow-dashboard.json"
 SERIES = re.compile(r"\b(?:ray_)?hetflow_[a-z_]+")
 TAG_USE = re.compile(r"(?:by \(([^)]*)\))|(?:\{([^}]*)\})")
-SERVE_TAGS = {"model", "code", "served_by", "deployment", "le", "key", "upstream"}
+SERVE_TAGS = {"model", "code", "served_by", "deployment", "le", "key", "upstream", "pool"}
 RATE_OF = re.compile(r"\b(?:rate|irate|increase)\(\s*$")
 
 
@@ -46,7 +46,8 @@ def _samples() -> dict[str, tuple[str, str]]:
     """Every sample name Prometheus stores -> (its family, the family's type)."""
     out = {}
     for family, kind in _families().items():
-        names = [family + s for s in ("_bucket", "_sum", "_count")] if kind == "histogram" else [family]
+        names = ([family + s for s in ("_bucket", "_sum", "_count")] if kind == "histogram" else
+                 [family + s for s in ("_sum", "_count")] if kind == "summary" else [family])
         out.update({name: (family, kind) for name in names})
     return out
 
@@ -66,7 +67,7 @@ def test_counters_and_histograms_are_queried_through_rate_and_gauges_never() -> 
         for match in SERIES.finditer(expr):
             _, kind = samples[match.group(0)]
             through_rate = bool(RATE_OF.search(expr[:match.start()]))
-            assert through_rate == (kind in ("counter", "histogram")), (
+            assert through_rate == (kind in ("counter", "histogram", "summary")), (
                 f"{match.group(0)} ({kind}) {'inside' if through_rate else 'outside'} rate() in {expr!r}")
             checked += 1
     assert checked >= len(_families())

@@ -589,7 +589,13 @@ def test_health_and_metrics(served) -> None:
                      "hetflow_serve_replicas_running": "gauge", "hetflow_key_requests": "counter",
                      "hetflow_key_tokens": "counter", "hetflow_key_refused": "counter",
                      "hetflow_upstream_requests": "counter", "hetflow_upstream_errors": "counter",
-                     "hetflow_upstream_response_duration_seconds": "gauge", "hetflow_upstream_up": "gauge"}
+                     "hetflow_upstream_response_duration_seconds": "gauge", "hetflow_upstream_up": "gauge",
+                     # engine: vllm pools (none in this config: the families are there, empty)
+                     "hetflow_llm_replicas_answering": "gauge", "hetflow_llm_requests_running": "gauge",
+                     "hetflow_llm_requests_waiting": "gauge", "hetflow_llm_kv_cache_usage_ratio": "gauge",
+                     "hetflow_llm_generation_tokens": "counter", "hetflow_llm_prompt_tokens": "counter",
+                     "hetflow_llm_first_token_duration_seconds": "summary",
+                     "hetflow_llm_output_token_duration_seconds": "summary"}
     assert sample(values, "hetflow_serve_replicas_running", model="placed",
                   deployment="svc.placed-gpu-node-d0") == 2
     answered = sample(values, "hetflow_serve_requests_total", model="digits", code="200")

@@ -250,8 +250,13 @@ def deploy(config: ServeConfig, *, timeout_s: float = 300.0) -> Served:
         # address (one node's) would fail on the others: they bind all of their node's
         # addresses then, and the front door reaches each at its node's IP.
         serve_host = host if loopback else "0.0.0.0"
-        serve.start(http_options={"host": serve_host, "port": _free_port(host)},
-                    proxy_location="HeadOnly" if loopback else "EveryNode")
+        try:
+            serve.start(http_options={"host": serve_host, "port": _free_port(host)},
+                        proxy_location="HeadOnly" if loopback else "EveryNode")
+        except (ray.exceptions.RayError, TimeoutError) as exc:  # e.g. its proxy not up in time
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ServeFailed(f"Ray Serve did not start on this cluster ({first}); is the machine "
+                              "overloaded? `ray status` shows what runs") from None
         _check_host(serve_host)
         try:
             serve.run_many(build_applications(config, plans),
