@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from typing import Any
@@ -198,7 +199,21 @@ def _print(served: Any, args: argparse.Namespace) -> None:
             print(f"  POST {served.url}/v1/completions            (OpenAI, stream: true)")
         print(f"  GET  {served.url}/v1/models")
         print(f"  GET  {served.url}/health  {served.url}/metrics")
+        address = _ray_address()
+        if address:
+            token = "RAY_AUTH_MODE=token " if os.environ.get("RAY_AUTH_MODE", "").lower() == "token" else ""
+            print(f"  Ray cluster {address}: {token}hetflow top --address {address}")
     sys.stdout.flush()
+
+
+def _ray_address() -> str | None:
+    """The GCS address of the Ray cluster this process joined (for `hetflow top --address`)."""
+    try:
+        import ray
+
+        return ray.get_runtime_context().gcs_address
+    except Exception:  # noqa: BLE001 - not connected, or an older Ray
+        return None
 
 
 def _plan_or_stop(config: Any, args: argparse.Namespace) -> int:

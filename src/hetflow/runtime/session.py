@@ -167,7 +167,8 @@ def check_reachable(address: str | None, default: str | None = None) -> None:
 def _probe_gcs(target: str, where: tuple[str, int], source: str) -> None:
     """One real call to the GCS (``GetClusterId``) with a deadline: a port that accepts
     connections but is not a Ray head (or a head that hangs) would make ``ray.init`` wait for
-    minutes too. A refusal for want of a token means a Ray head is there (Ray says the rest)."""
+    minutes too. A refusal for want of a token means a Ray head is there: with
+    ``RAY_AUTH_MODE=token`` Ray sends its token, without it one line says to set it."""
     import grpc
 
     host, port = where
@@ -179,6 +180,12 @@ def _probe_gcs(target: str, where: tuple[str, int], source: str) -> None:
             return
         except grpc.RpcError as exc:
             code = exc.code()
+    if code is grpc.StatusCode.UNAUTHENTICATED and os.environ.get("RAY_AUTH_MODE", "").lower() != "token":
+        # Ray's rule: to an explicit address the token goes only with RAY_AUTH_MODE=token;
+        # without it ray.init retries, then says no cluster runs there
+        raise InputError(f"the Ray cluster at {target} (from {source}) wants an authentication token: "
+                         "set RAY_AUTH_MODE=token (the token is read from RAY_AUTH_TOKEN or "
+                         "~/.ray/auth_token; `ray get-auth-token` on the head prints it)") from None
     if code in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNIMPLEMENTED):
         what = "does not answer as" if code is grpc.StatusCode.DEADLINE_EXCEEDED else "is not"
         raise InputError(f"{target} (from {source}) accepts connections but {what} a Ray head (GCS) "
