@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -189,9 +190,14 @@ def test_an_upstream_provider_is_a_model_behind_the_same_key(gateway) -> None:
     lines = [ln for ln in r.text.splitlines() if ln.startswith('hetflow_upstream_requests_total{upstream="cloud"}')]
     assert lines and float(lines[0].split()[-1]) >= 1
     assert SECRET not in r.text and SECRET not in gateway["out"].read_text() + gateway["err"].read_text()
-    # `hetflow top` finds the front door on the cluster `hetflow serve` started and shows it
-    top = subprocess.run([*HETFLOW, "top", "--once", "--json", "--no-start"], env=user_env(gateway["dir"]),
-                         capture_output=True, text=True, timeout=120)
+    # `hetflow top` on the cluster `hetflow serve` names (an `auto` lookup scans this machine's
+    # Ray processes: on CI another test process's cluster runs too, and it found that one) shows it
+    line = re.search(r"Ray cluster \S+: (RAY_AUTH_MODE=token )?hetflow top --address (\S+)",
+                     gateway["out"].read_text())
+    assert line, gateway["out"].read_text()[-2000:]
+    env = {**user_env(gateway["dir"]), **({"RAY_AUTH_MODE": "token"} if line.group(1) else {})}
+    top = subprocess.run([*HETFLOW, "top", "--once", "--json", "--no-start", "--address", line.group(2)],
+                         env=env, capture_output=True, text=True, timeout=300)
     assert top.returncode == 0, top.stderr
     rows = json.loads(top.stdout)["upstreams"]
     cloud = [r for r in rows if r["app"] == "gw" and r["upstream"] == "cloud"]
