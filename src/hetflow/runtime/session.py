@@ -180,8 +180,10 @@ def _probe_gcs(target: str, where: tuple[str, int], source: str) -> None:
             return
         except grpc.RpcError as exc:
             code = exc.code()
-    if code is grpc.StatusCode.UNAUTHENTICATED and os.environ.get("RAY_AUTH_MODE", "").lower() != "token":
-        # Ray's rule: to an explicit address the token goes only with RAY_AUTH_MODE=token;
+    if (code is grpc.StatusCode.UNAUTHENTICATED and source == "--address"
+            and os.environ.get("RAY_AUTH_MODE", "").lower() != "token"):
+        # Ray's rule: to an address given explicitly the token goes only with
+        # RAY_AUTH_MODE=token (to a recorded or found cluster it goes when a token exists);
         # without it ray.init retries, then says no cluster runs there
         raise InputError(f"the Ray cluster at {target} (from {source}) wants an authentication token: "
                          "set RAY_AUTH_MODE=token (the token is read from RAY_AUTH_TOKEN or "
