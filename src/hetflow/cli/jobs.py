@@ -231,11 +231,12 @@ def run_logs(args: argparse.Namespace) -> int:
     if args.tail is not None and args.tail < 0:
         raise InputError(f"--tail {args.tail}: give a number of lines >= 0")
     with client.connect(args.address):
-        text = client.logs(args.job, lines=args.tail)
-        if args.follow:
-            _writer()(text)
-            client.follow(args.job, _writer(), from_start=False)
+        if args.follow:  # the tail, then on from exactly where it ended
+            shown = client.logs_at(args.job, lines=args.tail)
+            _writer()(shown["text"])
+            client.follow(args.job, _writer(), after=shown)
             return 0
+        text = client.logs(args.job, lines=args.tail)
     sys.stdout.write(text if text.endswith("\n") or not text else text + "\n")
     return 0
 

@@ -134,11 +134,21 @@ FOLLOW_POLL_S = 0.5
 EXIT_BY_STATUS = {"SUCCEEDED": 0, "FAILED": 1, "CANCELLED": 4}  # hetflow's exit codes (docs/cli.md)
 
 
-def follow(job_id: str, write: Any, *, from_start: bool = True) -> dict[str, Any]:
+def logs_at(job_id: str, nbytes: int = 64 * 1024, lines: int | None = None) -> dict[str, Any]:
+    """:func:`logs` with where the text ends (``token``, ``offset``): :func:`follow` goes on from there."""
+    return _call(controller(create=False).logs_at, job_id, nbytes, lines)
+
+
+def follow(job_id: str, write: Any, *, from_start: bool = True,
+           after: dict[str, Any] | None = None) -> dict[str, Any]:
     """Write the job's output as it comes (every attempt) until the job ends; its final record.
-    ``from_start``: the current attempt's output from its start, else only what comes from now."""
+    ``from_start``: the current attempt's output from its start, else only what comes from now;
+    ``after``: from where a :func:`logs_at` text ended (nothing lost or repeated between them)."""
     handle = controller(create=False)
-    state = _call(handle.follow, job_id, None, None if from_start else -1)
+    if after is not None:
+        state = _call(handle.follow, job_id, after["token"], after["offset"])
+    else:
+        state = _call(handle.follow, job_id, None, None if from_start else -1)
     write(state["text"])
     while not state["finished"]:
         time.sleep(FOLLOW_POLL_S)
@@ -156,5 +166,6 @@ def info() -> dict[str, Any]:
     return _call(controller(create=False).info)
 
 
-__all__ = ["EXIT_BY_STATUS", "cancel", "configure", "connect", "controller", "follow", "info", "logs", "status",
+__all__ = ["EXIT_BY_STATUS", "cancel", "configure", "connect", "controller", "follow", "info", "logs", "logs_at",
+           "status",
            "submit"]

@@ -164,21 +164,31 @@ class HetflowController:
         return self._public(record)
 
     def logs(self, job_id: str, nbytes: int = 64 * 1024, lines: int | None = None) -> str:
+        return self.logs_at(job_id, nbytes, lines)["text"]
+
+    def logs_at(self, job_id: str, nbytes: int = 64 * 1024, lines: int | None = None) -> dict[str, Any]:
+        """The job's output (as :meth:`logs`) and where it ends - ``token`` and ``offset`` for
+        :meth:`follow` to go on from exactly there (``hetflow logs -f`` prints this first: no line
+        written between the two calls is lost or printed twice)."""
         with self.lock:
             record = self._get(job_id)
-            live = record.status.holds_devices
+            token, live = record.token, record.status.holds_devices
         text = self.store.log_tail(job_id) or ""
+        offset: int | None = None
         if live:
             handle = self._runner(job_id)
             if handle is not None:
                 try:
-                    text += ray.get(handle.log_tail.remote(nbytes), timeout=10)
+                    more, offset = ray.get(handle.log_tail_at.remote(nbytes), timeout=10)
+                    text += more
                 except Exception:  # noqa: BLE001 - the runner may be ending right now
                     pass
+        if offset is None:  # nothing runs (or it is ending): the attempt's saved end, when saved
+            _, offset = self._saved_rest(job_id, token, -1)
         text = text[-nbytes:]
         if lines is not None:  # the last N lines (`--tail N`, as kubectl and `ray job logs`)
             text = "".join(text.splitlines(keepends=True)[-lines:]) if lines > 0 else ""
-        return text
+        return {"text": text, "token": token, "offset": offset}
 
     def follow(self, job_id: str, token: int | None = None, offset: int | None = None) -> dict[str, Any]:
         """The job's log from byte ``offset`` of attempt ``token`` on (``hetflow logs -f`` calls

@@ -155,12 +155,18 @@ class JobRunner:
         return data[:cut].decode(errors="replace"), start + cut
 
     def log_tail(self, nbytes: int = LOG_TAIL_BYTES) -> str:
+        return self.log_tail_at(nbytes)[0]
+
+    def log_tail_at(self, nbytes: int = LOG_TAIL_BYTES) -> tuple[str, int]:
+        """The log's last ``nbytes`` and the byte offset where they end (one read: what
+        :meth:`log_since` from that offset returns follows on exactly)."""
         try:
             with open(self.log_path, "rb") as f:
                 f.seek(max(0, f.seek(0, os.SEEK_END) - nbytes))
-                return f.read().decode(errors="replace")
+                data = f.read()
+                return data.decode(errors="replace"), f.tell()
         except FileNotFoundError:
-            return ""
+            return "", self.log_start
 
     def record(self, reports: list[dict[str, Any]]) -> None:
         """Training rank 0's reports (this actor is the group's progress sink)."""
