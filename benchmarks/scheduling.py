@@ -29,7 +29,7 @@ Three experiments, one table:
    published seeds (worst gap to the published rows in points; hetflow's mean allocation over
    the 100-130 % points). Their figures join the RESULT line: ``gavel_fidelity_worst
    fgd_fidelity_worst_points hetflow_over_gavel_best fgd_alloc_hetflow elastic_over_rigid
-   fgd_run_wall_s gavel_gap_closed_worst fgd_lead_points``: the smallest share, over the traces,
+   fgd_run_wall_s gavel_gap_closed_worst fgd_lead_points one_policy``: the smallest share, over the traces,
    of the gap between Gavel's best policy and the no-queueing bound (every job alone on its
    fastest type from its arrival) that hetflow closes, ``(best - hetflow) / (best - bound)``;
    and hetflow's mean allocation minus FGD's at the 100 % arrival point, in points.
@@ -253,6 +253,18 @@ def fgd_seed(seed: int) -> dict[str, tuple[dict[int, float], float]]:
     return out
 
 
+def one_policy() -> int:
+    """1 when every reference protocol's ``hetflow`` is the live controller's registry class (the
+    policy object the protocol's adapter drives is the one ``make_policy("hetflow")`` builds), else 0."""
+    from hetflow.scheduling.policies.registry import make_policy
+    from hetflow.sim.fgd import make_packing_policy
+    from hetflow.sim.gavel import make_gavel_policy
+
+    live = type(make_policy("hetflow"))
+    drivers = (make_gavel_policy("hetflow"), make_packing_policy("hetflow"))
+    return int(all(type(getattr(d, "policy", None)) is live for d in drivers))
+
+
 def fgd_summary(by_seed: dict[int, dict[str, tuple[dict[int, float], float]]]) -> dict[str, Any]:
     seeds = sorted(by_seed)
     expected = fgd_expected(TRACES / "alibaba-gpu-2023" / "fgd-reference")
@@ -426,7 +438,7 @@ def main() -> None:
                     f"fgd_alloc_hetflow={cal['fgd_alloc_hetflow']:.4f} elastic_over_rigid={elastic_worst:.3f} "
                     f"fgd_run_wall_s={cal['fgd_run_wall_s']:.1f} "
                     f"gavel_gap_closed_worst={cal['gavel_gap_closed_worst']:.3f} "
-                    f"fgd_lead_points={cal['fgd_lead_points']:.2f}")
+                    f"fgd_lead_points={cal['fgd_lead_points']:.2f} one_policy={one_policy()}")
         print(f"(FGD's own mean allocation over 100-130 %: {cal['fgd_alloc_fgd']:.4f}; hetflow - FGD at the worst "
               f"point from 50 %: {cal['hetflow_minus_fgd_min_points']:+.2f} points)", flush=True)
         if legacy:

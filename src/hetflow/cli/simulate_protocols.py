@@ -133,12 +133,16 @@ def parse_seeds(text: str | None, default: int) -> list[int]:
 
 
 def run_fgd(args: argparse.Namespace) -> int:
-    from hetflow.sim.fgd import (FGD_CSV_NAMES, FGD_POLICIES, load_fgd_nodes, load_fgd_pods, read_arrival_order,
-                                 read_node_ranks, simulate_fgd, typical_pods)
+    from hetflow.sim.fgd import (FGD_CSV_NAMES, FGD_POLICIES, load_fgd_nodes, load_fgd_pods, make_packing_policy,
+                                 read_arrival_order, read_node_ranks, simulate_fgd, typical_pods)
+    from hetflow.sim.live_fgd import UNEXPRESSED
 
     if args.cluster is None:
         raise InputError("--protocol fgd needs --cluster: the openb node list (openb_node_list_gpu_node.csv)")
-    policies = _policies(args.policies, "BestFit,DotProd,GpuPacking,FGD,hetflow", FGD_POLICIES)
+    # registry policies the protocol cannot express are named, so that they are refused with the reason
+    policies = _policies(args.policies, "BestFit,DotProd,GpuPacking,FGD,hetflow", FGD_POLICIES + tuple(UNEXPRESSED))
+    for name in policies:
+        make_packing_policy(name)  # refuses before any run (InputError)
     ratio = 1.3 if args.packing is None else args.packing
     if not ratio > 0:
         raise InputError("--packing X needs X > 0 (e.g. 1.3: pods arrive until they ask 130% of the GPUs)")

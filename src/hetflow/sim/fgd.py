@@ -20,13 +20,17 @@ data/traces/alibaba-gpu-2023/fgd-reference/PROTOCOL.md and docs/simulator.md:
 - **Accounting**: allocation rate = allocated milli / total milli; the samples are binned by
   ``round(100 x arrived / capacity)`` and averaged (PROTOCOL.md section 6).
 - **Policies** (the artifact's names): ``BestFit``, ``DotProd``, ``GpuPacking``, ``GpuClustering``,
-  ``FGD`` (fragmentation gradient descent over the typical pods), ``Random``; and
-  ``hetflow``: FGD's fragmentation objective unrounded, ties to the tightest fit
-  (:class:`HetflowPacking`).
+  ``FGD`` (fragmentation gradient descent over the typical pods), ``Random``; and the live
+  controller's policies by their registry names: ``hetflow`` (and ``fifo``) place each pod with
+  the registry class and its placer through :mod:`hetflow.sim.live_fgd` - for ``hetflow``,
+  ``TopologyPlacer.with_mix``: FGD's fragmentation measure against the typical pods, unrounded,
+  then the tightest fit, then the lowest node rank (the adapter orders the cluster by rank).
 
-A node's score for a class of pod changes only when that node changes, so scores are cached per
-pod class and recomputed only for nodes touched since; fragmentation is memoised per node state.
-This is what makes one seed run in seconds where the artifact takes 47 minutes.
+For the reference policies a node's score for a class of pod changes only when that node
+changes, so scores are cached per pod class and recomputed only for nodes touched since;
+fragmentation is memoised per node state. This is what makes one seed run in seconds where the
+artifact takes 47 minutes (the live placer scores every node for every pod, as it does in the
+controller: some 20 s a seed).
 """
 
 from __future__ import annotations
@@ -37,12 +41,15 @@ import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
 from hetflow.core.errors import InputError
 from hetflow.sim.textio import open_text
+
+if TYPE_CHECKING:
+    from hetflow.sim.live_fgd import LivePacking
 
 MILLI = 1000
 MAX_CPU = 128000.0  # the artifact's "largest machine", for normalising
@@ -413,37 +420,34 @@ class Fgd(PackingPolicy):
         return int(_sigmoid((before - self._after(c, i, pod, gpus)) / 1000.0) * 100.0), gpus
 
 
-class HetflowPacking(Fgd):
-    """hetflow's packing rule: FGD's integer fragmentation score first, and among the nodes it
-    ties (one point is ~40 milli-GPU of fragmentation change, so ties are common and FGD
-    leaves them to the random node rank) the tightest fit by BestFit's score, then the rank.
-    (Unrounded fragmentation changes did worse: 94.1 % against FGD's 95.1 % at seed 42.)"""
-
-    name = "hetflow"
-
-    def score(self, c: FgdCluster, i: int, pod: FgdPod) -> Score:
-        frag_score, gpus = super().score(c, i, pod)
-        fit, _ = BestFit.score(BestFit(), c, i, pod)
-        return (frag_score, fit), gpus
-
-
-FGD_POLICIES = ("Random", "DotProd", "GpuClustering", "GpuPacking", "BestFit", "FGD", "hetflow")
+# registry policies run through the adapter (the live classes); the registry's ``bestfit`` is
+# FGD's BestFit here (names are matched in any case), the others are refused (live_fgd.UNEXPRESSED)
+LIVE_POLICIES = ("fifo", "hetflow")
+FGD_POLICIES = ("Random", "DotProd", "GpuClustering", "GpuPacking", "BestFit", "FGD", *LIVE_POLICIES)
 FGD_REFERENCE = ("DotProd", "GpuPacking", "BestFit", "FGD")
 # the CSV's directory names
 FGD_CSV_NAMES = {"Random": "01-Random", "DotProd": "02-DotProd", "GpuClustering": "03-GpuClustering",
                  "GpuPacking": "04-GpuPacking", "BestFit": "05-BestFit", "FGD": "06-FGD"}
 
 
-def make_packing_policy(name: str) -> PackingPolicy:
+def make_packing_policy(name: str) -> "PackingPolicy | LivePacking":
+    """FGD's reference policies by their names (any case); ``hetflow`` is the live controller's
+    policy class through :mod:`hetflow.sim.live_fgd` (the same placer ``hetflow submit`` runs), and
+    so is ``fifo``; another registry policy is refused by name with the reason (InputError)."""
+    from hetflow.scheduling.policies.registry import POLICIES
+    from hetflow.sim.live_fgd import live_fgd_policy
+
     table: dict[str, Callable[[], PackingPolicy]] = {
         "BestFit": BestFit, "DotProd": DotProd, "GpuPacking": GpuPacking, "GpuClustering": GpuClustering,
-        "FGD": Fgd, "hetflow": HetflowPacking, "Random": RandomFit,
+        "FGD": Fgd, "Random": RandomFit,
     }
     lower = {k.lower(): v for k, v in table.items()}
     factory = table.get(name) or lower.get(name.lower())
-    if factory is None:
-        raise InputError(f"unknown policy {name!r} for --protocol fgd; choose from {', '.join(FGD_POLICIES)}")
-    return factory()
+    if factory is not None:
+        return factory()
+    if name in POLICIES:
+        return live_fgd_policy(name)
+    raise InputError(f"unknown policy {name!r} for --protocol fgd; choose from {', '.join(FGD_POLICIES)}")
 
 
 class RandomFit(PackingPolicy):
@@ -499,6 +503,8 @@ def simulate_fgd(nodes: Sequence[FgdNode], pods: Sequence[FgdPod], policy: str, 
                  ratio: float = 1.3, arrival_order: Sequence[int] | None = None,
                  node_ranks: Sequence[int] | None = None, typical: Sequence[TypicalPod] | None = None,
                  progress: Callable[[int, int], None] | None = None) -> FgdRun:
+    from hetflow.sim.live_fgd import LivePacking
+
     start = time.perf_counter()
     pol = make_packing_policy(policy)
     typical = list(typical) if typical is not None else typical_pods(pods)
@@ -508,6 +514,9 @@ def simulate_fgd(nodes: Sequence[FgdNode], pods: Sequence[FgdPod], policy: str, 
     if node_ranks is None:
         node_ranks = random.Random(seed + 1).sample(range(n), n)
     rank = np.asarray(node_ranks, dtype=np.int64)
+    live = isinstance(pol, LivePacking)
+    if live:
+        pol.start(nodes, [int(r) for r in rank], typical)
     rng = random.Random(seed)
     changed = np.full(n, -1, dtype=np.int64)
     cache: dict[tuple, list] = {}  # pod class -> [last step evaluated, scores, choices, valid mask]
@@ -527,7 +536,11 @@ def simulate_fgd(nodes: Sequence[FgdNode], pods: Sequence[FgdPod], policy: str, 
         if pod.gpu_spec not in spec_of:
             spec = spec_of[pod.gpu_spec] = frozenset(pod.gpu_spec.split("|")) if pod.gpu_spec else None
         arrived += pod.gpu_request
-        if pol.uses_random:
+        if live:  # the live policy's placer (hetflow.sim.live_fgd); the protocol checks feasibility
+            got = pol.place(step, pod)
+            chosen, gpus = got if got is not None else (None, None)
+            assert chosen is None or cluster.feasible(chosen, pod, spec), f"pod {step}: infeasible placement"
+        elif pol.uses_random:
             feas = [i for i in range(n) if cluster.feasible(i, pod, spec)]
             chosen = feas[rng.randrange(len(feas))] if feas else None
             gpus = cluster.best_fit_gpus(chosen, pod) if chosen is not None and not (
