@@ -11,6 +11,8 @@ installs it)."""
 from __future__ import annotations
 
 import importlib.util
+import json
+import math
 import os
 import re
 import signal
@@ -275,6 +277,34 @@ def test_a_client_that_leaves_mid_stream_stops_its_generation(llm) -> None:
     time.sleep(2)
     made = sum(engine_metric(llm, "vllm:generation_tokens_total").values()) - before
     assert 0 < made < 2000, (made, f"first lines after {first:.1f} s, engine idle after {gone:.1f} s")
+
+
+def test_bench_serve_profiles_the_pools_for_capacity_serve(llm, tmp_path) -> None:
+    # `hetflow bench serve --profile` as a user runs it: vLLM's benchmark client against the
+    # front door (with a key), a loose SLO the tiny model meets on a loaded 2-core machine
+    profile = tmp_path / "profiles.yaml"
+    before = sum(engine_metric(llm, "vllm:request_success_total").values())
+    done = subprocess.run([*HETFLOW, "bench", "serve", "--url", llm["url"], "--profile", str(profile),
+                           "--device", "cpu-pools", "--price", "0.5", "--model", "tiny", "--tokenizer", llm["model"],
+                           "--buckets", "s=8:8", "--slo", "ttft<=30s,tpot<=5s", "--prompts", "4",
+                           "--start-rate", "2", "--max-rate", "4", "--steps", "0", "--json"],
+                          env={**user_env(llm["dir"]), "OPENAI_API_KEY": llm["keys"]["all"]},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout)
+    rates = [p["rate"] for p in out["buckets"]["s"]["probes"]]
+    assert rates == [2.0, 4.0]  # passed at 2, doubled to the ceiling
+    doc = yaml.safe_load(profile.read_text())
+    assert 0 < doc["throughput"]["cpu-pools"]["s"] <= 4.0 and doc["devices"]["cpu-pools"]["price_per_hour"] == 0.5
+    served = sum(engine_metric(llm, "vllm:request_success_total").values()) - before
+    assert served >= 4 + 8  # the probes' requests reached the engines
+    workload = tmp_path / "w.yaml"
+    workload.write_text("buckets: {s: 10}\n")
+    plan = subprocess.run([*HETFLOW, "capacity", "serve", str(profile), "--workload", str(workload), "--json"],
+                          capture_output=True, text=True, timeout=120)
+    assert plan.returncode == 0, plan.stderr
+    per = doc["throughput"]["cpu-pools"]["s"]
+    assert json.loads(plan.stdout)["counts"] == {"cpu-pools": math.ceil(10 / per - 1e-9)}
 
 
 def test_the_stop_leaves_no_engine_running(llm) -> None:

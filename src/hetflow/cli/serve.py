@@ -27,6 +27,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from hetflow.core.errors import InputError
@@ -86,10 +87,27 @@ def register_bench(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--sweep", action="store_true",
                    help="find the highest rate whose P99 stays at or under --p99-ms")
     b.add_argument("--p99-ms", type=float, default=80.0, help="P99 target of --sweep (ms)")
-    b.add_argument("--start-rate", type=float, default=20.0, help="first rate of --sweep")
-    b.add_argument("--max-rate", type=float, default=2000.0, help="last rate of --sweep")
+    b.add_argument("--start-rate", type=float, default=None,
+                   help="first rate of --sweep (default 20) or --profile (default 1)")
+    b.add_argument("--max-rate", type=float, default=None,
+                   help="last rate of --sweep (default 2000) or --profile (default 256)")
     b.add_argument("--seed", type=int, default=0, help="seed of the arrival times")
     b.add_argument("--json", action="store_true", help="print the result as JSON")
+    prof = b.add_argument_group(
+        "LLM throughput profiles (--profile): per request-size bucket, the highest rate an OpenAI-compatible "
+        "endpoint (--url http://127.0.0.1:PORT) sustains within a TTFT/TPOT SLO, written into the profiles "
+        "file `hetflow capacity serve` reads; the load is vLLM's benchmark client (the llm extra)")
+    prof.add_argument("--profile", type=Path, metavar="FILE", help="search each bucket's best rate; merge it into FILE")
+    prof.add_argument("--device", metavar="LABEL", help="the device model the figures are for (e.g. MI300X)")
+    prof.add_argument("--price", type=float, metavar="USD", help="its price per hour, written beside them")
+    prof.add_argument("--model", help="the model name the endpoint serves")
+    prof.add_argument("--tokenizer", help="the model's tokenizer, a path or hub id (default: --model)")
+    prof.add_argument("--buckets", metavar="NAME=IN:OUT,...", default="short=256:128",
+                      help="request sizes in tokens (default short=256:128), e.g. short=256:128,long=4096:512")
+    prof.add_argument("--slo", default="ttft<=1s,tpot<=100ms", help='latency SLO (default "ttft<=1s,tpot<=100ms")')
+    prof.add_argument("--percentile", type=float, default=99.0, help="the SLO's percentile (default 99)")
+    prof.add_argument("--prompts", type=int, default=32, help="requests per probe (default 32; more at high rates)")
+    prof.add_argument("--steps", type=int, default=3, help="bisection steps after the bracket (default 3)")
     b.set_defaults(func=run_bench)
 
 
@@ -291,6 +309,21 @@ def run_bench(args: argparse.Namespace) -> int:
     from hetflow.workloads.serve.loadgen import check_loopback, run_load, sweep
 
     check_loopback(args.url)
+    if args.profile is not None:
+        from hetflow.cli.bench import run_profile
+
+        code = run_profile(args)
+        # vLLM's client leaves native bindings that print leak reports at interpreter exit (noise
+        # after the answer): the profile is written (atomically) and printed, so end here
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    profile_only = [f"--{n.replace('_', '-')}" for n in ("device", "price", "model", "tokenizer")
+                    if getattr(args, n) is not None]
+    if profile_only:
+        raise InputError(f"{', '.join(profile_only)}: only with --profile FILE (an LLM throughput profile)")
+    args.start_rate = 20.0 if args.start_rate is None else args.start_rate
+    args.max_rate = 2000.0 if args.max_rate is None else args.max_rate
     for name in ("rate", "requests", "duration", "timeout", "rows"):
         if getattr(args, name) <= 0:
             raise InputError(f"--{name} must be > 0, got {getattr(args, name)}")
