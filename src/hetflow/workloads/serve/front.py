@@ -592,7 +592,7 @@ class FrontDoor:
         a dead replica's last report stays counted; an overtaken older one is dropped)."""
         self.reports.report(source, metrics)
 
-    def metrics(self, source: str | None = None, latest: Any = None) -> Any:
+    async def metrics(self, source: str | None = None, latest: Any = None) -> Any:
         """The sum of every replica's latest report (a GatewayMetrics: what ``/metrics``
         shows), with the API keys' counts; ``source`` and ``latest`` first record the caller's
         own newest counts."""
@@ -603,12 +603,17 @@ class FrontDoor:
             total.keys = self.keys.meter.totals()
         if self.plan.upstreams:
             total.upstreams = self.upstream_stats()
-            total.llm_pools = self.llm_stats()
+            # the engines' own /metrics, scraped in a thread: a slow engine (2 s timeout each)
+            # never holds this actor's event loop, where the replicas' reports arrive
+            total.llm_pools = await asyncio.to_thread(self._llm_stats)
         return total
 
-    def llm_stats(self) -> dict[str, dict[int, dict[str, float]]]:
+    async def llm_stats(self) -> dict[str, dict[int, dict[str, float]]]:
         """Per ``engine: vllm`` model and pool, from its engines' own metrics: replicas,
         answering, running, waiting, KV-cache use, tokens (counters and tokens/s), TTFT/TPOT."""
+        return await asyncio.to_thread(self._llm_stats)
+
+    def _llm_stats(self) -> dict[str, dict[int, dict[str, float]]]:
         return self.pools.read({u.name: list(u.servers) for u in self.plan.upstreams if u.local})
 
     def stop(self) -> None:
