@@ -39,6 +39,9 @@ def test_a_mix_beats_every_single_model_where_request_sizes_differ() -> None:
     assert fleet.best_homogeneous == ("H100", 2, 15.0)
     assert fleet.to_dict()["mixed_over_homogeneous"] == pytest.approx(10.5 / 15.0, abs=1e-4)
     assert fleet.load["H100"] == pytest.approx(1.0) and fleet.load["A10G"] == pytest.approx(2.5 / 3)
+    # the pools' routing weights: planned req/s per replica (H100 4/1, A10G 10/3), relative to the top
+    assert fleet.carried == pytest.approx({"A10G": 10.0, "H100": 4.0})
+    assert fleet.weights() == {"H100": 100, "A10G": round(100 * (10 / 3) / 4)}
 
 
 def feasible(counts: dict[str, int], buckets: list[Bucket], tput: dict[str, dict[str, float]]) -> bool:
@@ -121,7 +124,8 @@ def test_the_command_as_a_user_runs_it(tmp_path) -> None:
     assert plan["counts"] == {"A10G": 3, "H100": 1} and plan["cost_per_hour"] == pytest.approx(10.5)
     assert plan["best_homogeneous"] == {"device": "H100", "count": 2, "cost_per_hour": 15.0}
     text = run(tmp_path, PROFILES, {"buckets": {"short": 10, "long": 4}})  # default: free shares
-    assert text.returncode == 0 and "$10.50/h" in text.stdout and "replicas: 3" in text.stdout
+    assert text.returncode == 0 and "$10.50/h" in text.stdout and "replicas: 3, weight: 83" in text.stdout
+    assert plan["weights"] == {"A10G": 83, "H100": 100}
 
 
 @pytest.mark.parametrize("profiles, workload, code, words", [

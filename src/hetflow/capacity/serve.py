@@ -44,6 +44,16 @@ class ServeFleet:
     load: dict[str, float]  # device model -> busy fraction of the devices bought (0..1)
     homogeneous: dict[str, tuple[int, float] | None] = field(default_factory=dict)
     # device model -> (count, $/h) of a fleet of that model alone; None: it cannot serve every bucket
+    carried: dict[str, float] = field(default_factory=dict)  # device model -> planned requests/s
+
+    def weights(self) -> dict[str, int]:
+        """Routing weights for the pools of one endpoint (1..100, per replica): each model's
+        planned requests/s per device, relative to the busiest. hetflow serve's front door
+        splits a model's traffic over its pools by these (weighted least-outstanding); it
+        does not route by request size, so the plan's per-bucket split holds on average only."""
+        per = {d: self.carried.get(d, 0.0) / n for d, n in self.counts.items() if n}
+        top = max(per.values(), default=0.0)
+        return {d: max(1, round(100 * v / top)) if top > 0 else 1 for d, v in per.items()}
 
     @property
     def best_homogeneous(self) -> tuple[str, int, float] | None:
@@ -61,6 +71,7 @@ class ServeFleet:
             "cost_per_hour": round(self.cost_per_hour, 6),
             "shares": self.shares,
             "load": {k: round(v, 4) for k, v in self.load.items() if self.counts.get(k)},
+            "weights": self.weights(),
             "homogeneous": {k: (None if v is None else {"count": v[0], "cost_per_hour": round(v[1], 6)})
                             for k, v in self.homogeneous.items()},
             "best_homogeneous": (None if best is None else
@@ -153,6 +164,8 @@ def plan_serve(buckets: list[Bucket], throughput: dict[str, dict[str, float]],
                    for bi, b in enumerate(active) if throughput[d].get(b.name, 0) > 0)
         load[d] = float(used / counts[d]) if counts[d] else 0.0
     fleet = ServeFleet(counts, float(sum(prices[d] * n for d, n in counts.items())), shares, load)
+    fleet.carried = {d: float(sum(b.rate * x[xi(bi, gi)] / k for bi, b in enumerate(active)))
+                     for gi, d in enumerate(devices)}
     for d in devices:
         if all(throughput[d].get(b.name, 0) > 0 for b in active):
             n = math.ceil(sum(b.rate / throughput[d][b.name] for b in active) - 1e-9)

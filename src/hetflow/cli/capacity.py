@@ -109,12 +109,14 @@ def run_serve(args: argparse.Namespace) -> int:
               f"(the mix costs {out['mixed_over_homogeneous']:.2f}x of it)")
     else:
         print("no single model serves every bucket")
-    print("pools for an engine: vllm model of hetflow serve (set each pool's device):")
+    print("pools for an engine: vllm model of hetflow serve (set each pool's device; weight: the planned "
+          "requests/s per replica, relative):")
+    weights = out["weights"]
     for model, n in sorted(out["counts"].items()):
         if model.lower().startswith("cpu"):
-            print(f"  - {{device: cpu, replicas: {n}}}   # {model}")
+            print(f"  - {{device: cpu, replicas: {n}, weight: {weights[model]}}}   # {model}")
         else:
-            print(f"  - {{accelerator: {model}, device: gpu, replicas: {n}}}")
+            print(f"  - {{accelerator: {model}, device: gpu, replicas: {n}, weight: {weights[model]}}}")
     return 0
 
 
