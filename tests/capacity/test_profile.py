@@ -73,6 +73,7 @@ def test_the_search_brackets_the_knee_then_bisects() -> None:
     measure, asked = knee(0.3)
     best, _ = search(measure, 2.0, 256.0, steps=1)
     assert asked[:4] == [2.0, 1.0, 0.5, 0.25] and 0.25 <= best <= 0.3  # halved down to a passing rate
+    assert len(asked) == 5 and 0.25 < asked[4] < 0.5  # then one bisection: no rate is probed twice
 
 
 def test_a_slo_no_rate_meets_profiles_zero_and_the_search_ends() -> None:

@@ -120,7 +120,7 @@ def search(measure: Callable[[float], Probe], start_rate: float, max_rate: float
         probes.append(probe)
         if probe.passed:
             good = probe
-            if rate >= max_rate:
+            if rate >= max_rate or bad is not None:  # the ceiling, or a rate above already failed
                 break
             rate = min(rate * 2, max_rate)
         else:
