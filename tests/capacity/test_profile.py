@@ -50,6 +50,30 @@ def test_a_probe_passes_only_within_the_slo_without_failures_and_keeping_up() ->
     assert judge({"p90_ttft_ms": 500, "request_throughput": 2, "completed": 3}, 2.0, p90).passed
 
 
+
+def timed(sends: list[float], latencies: list[float]) -> dict:
+    """A probe's result as vLLM's client reports it: each request's send time (on its own clock)
+    and latency, the run's duration from the benchmark's start (sends offset from it)."""
+    end = max(s + l for s, l in zip(sends, latencies))
+    return {**result(900, 90, len(sends) / end), "start_times": [1000.0 + s for s in sends],
+            "latencies": latencies, "errors": [""] * len(sends), "duration": end, "completed": len(sends)}
+
+
+def test_keeping_up_is_judged_by_the_wait_after_the_last_send() -> None:
+    slo = parse_slo("ttft<=1s,tpot<=100ms", 99)
+    # 4 requests at 2/s, the schedule ending at 2 s: a busy replica answering each in 0.5 s
+    # answers 4 / 2.5 s, under KEEP_UP x 2/s, yet it kept up - every request took the same
+    busy = timed([0.4, 0.9, 1.5, 2.0], [0.5, 0.5, 0.5, 0.5])
+    assert busy["request_throughput"] < KEEP_UP * 2.0
+    assert judge(busy, 2.0, slo).passed
+    # the same sends on a replica that serves one request a second: the queue grows
+    saturated = timed([0.5, 1.0, 1.5, 2.0], [1.0, 1.5, 2.0, 2.5])
+    assert not judge(saturated, 2.0, slo).passed
+    # without per-request times the answered rate is the measure
+    bare = {k: v for k, v in busy.items() if k not in ("start_times", "latencies")}
+    assert not judge(bare, 2.0, slo).passed
+
+
 def knee(capacity: float):
     """A server that keeps up to ``capacity`` req/s and then falls behind; the rates asked, kept."""
     asked: list[float] = []

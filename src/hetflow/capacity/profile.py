@@ -11,8 +11,14 @@ The load is vLLM's own benchmark client (``vllm.benchmarks.serve``: random promp
 token lengths from the model's tokenizer, ``ignore_eos``, an OpenAI-compatible
 ``/v1/completions``), so the figures are the ones ``vllm bench serve`` prints. A probe at rate
 ``r`` passes when no request failed, the SLO's percentile of TTFT and of TPOT are within it,
-and the answered rate kept up with the offered one (at least :data:`KEEP_UP` of it: past the
-knee the queue grows and the latency of a longer run would too). The search doubles the rate
+and the replica kept up with the requests as they were sent (past the knee the queue grows and
+the latency of a longer run would too). Keeping up is judged against the pace the client really
+sent at, not the answered rate against the nominal one: a short probe's run lasts the send
+schedule plus the last request's latency, so a few requests on a busy but keeping-up replica
+answer well under ``r``. A probe kept up when the wait from the last send to the last answer
+exceeds the median request latency by at most ``1 - KEEP_UP`` of the run (a queue that grows
+makes the last requests wait longer than the typical one, more so the longer the run); results
+without per-request times fall back to answered >= KEEP_UP x offered. The search doubles the rate
 from ``start_rate`` until a probe fails (or ``max_rate``), then bisects ``steps`` times; the
 profile is the answered rate of the best passing probe (0 when even the lowest rate fails).
 """
@@ -21,6 +27,7 @@ from __future__ import annotations
 
 import math
 import re
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -103,8 +110,22 @@ def judge(result: dict[str, Any], rate: float, slo: Slo) -> Probe:
     ok = (failed == 0 and int(result.get("completed") or 0) > 0
           and (slo.ttft_ms is None or ttft <= slo.ttft_ms)
           and (slo.tpot_ms is None or tpot <= slo.tpot_ms)
-          and answered >= KEEP_UP * rate)
+          and kept_up(result, rate))
     return Probe(rate, answered, ttft, tpot, failed, ok)
+
+
+def kept_up(result: dict[str, Any], rate: float) -> bool:
+    """Whether the replica kept pace with the requests as sent (see the module's docstring)."""
+    starts = [float(s) for s, e in zip(result.get("start_times") or [], result.get("errors") or []) if not e]
+    latencies = [float(x) for x, e in zip(result.get("latencies") or [], result.get("errors") or [])
+                 if not e]
+    duration = float(result.get("duration") or 0.0)
+    if len(starts) < 2 or not latencies or duration <= 0:
+        return float(result.get("request_throughput") or 0.0) >= KEEP_UP * rate
+    ends = [float(s) + float(x) for s, x, e in zip(result["start_times"], result["latencies"], result["errors"])
+            if not e]
+    drain = max(ends) - max(starts)  # from the last send to the last answer
+    return drain - statistics.median(latencies) <= (1.0 - KEEP_UP) * duration
 
 
 def search(measure: Callable[[float], Probe], start_rate: float, max_rate: float, steps: int) -> tuple[float, list[Probe]]:
@@ -207,7 +228,8 @@ def vllm_probe(url: str, model: str, tokenizer: str, bucket: ProfileBucket, prom
             "--random-input-len", str(bucket.input_tokens), "--random-output-len", str(bucket.output_tokens),
             "--random-range-ratio", "0", "--num-prompts", str(n), "--request-rate", f"{rate:.6g}",
             "--ignore-eos", "--seed", str(seed), "--percentile-metrics", "ttft,tpot",
-            "--metric-percentiles", pct, "--disable-tqdm"])
+            "--metric-percentiles", pct, "--disable-tqdm",
+            "--save-detailed"])  # keeps the per-request start times kept_up judges by (nothing is saved)
         with contextlib.redirect_stdout(io.StringIO()):
             result = vbench.main(args)
         return judge(result, rate, slo)
@@ -215,5 +237,5 @@ def vllm_probe(url: str, model: str, tokenizer: str, bucket: ProfileBucket, prom
     return measure
 
 
-__all__ = ["KEEP_UP", "MIN_RATE", "Probe", "ProfileBucket", "Slo", "judge", "parse_buckets", "parse_slo",
+__all__ = ["KEEP_UP", "MIN_RATE", "Probe", "ProfileBucket", "Slo", "judge", "kept_up", "parse_buckets", "parse_slo",
            "search", "vllm_probe", "write_profile"]
