@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from hetflow.core.errors import InputError
 from hetflow.workloads.serve import access as acc
 from hetflow.workloads.serve import keys as K
 from hetflow.workloads.serve.access import KeyState
@@ -229,6 +230,37 @@ def test_rate_limit_answers_429_with_retry_after(front, store) -> None:
     f.refresh()
     assert f.keys.meter.totals()["limited"]["refused"] == 4
 
+
+
+def test_a_burst_is_allowed_at_once_and_the_rate_holds_over_ten_seconds(front, store) -> None:
+    key = K.create_key(store, "bursty", rps=2, burst=6)
+    f = front()
+    codes = [f.call("/v1/models/digits/predict", bearer(key))[0] for _ in range(8)]
+    assert codes[:6] == [200] * 6 and set(codes[6:]) == {429}  # 6 at once, not 8
+    # then 6 a second again and again: within any 10 s at most 2 x 10 get through
+    admitted, sustained = 6, None
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 6 and sustained is None:
+        time.sleep(1.05)
+        for _ in range(6):
+            status, _, body = f.call("/v1/models/digits/predict", bearer(key))
+            if status == 200:
+                admitted += 1
+            elif "sustained" in json.loads(body)["error"]:
+                sustained = admitted
+                break
+    assert sustained is not None and 12 <= sustained <= 2 * acc.SUSTAIN_S, sustained
+    # a key without a burst keeps the plain sliding second: its rate, not more, at once
+    plain = K.create_key(store, "plain", rps=2)
+    f.refresh()
+    assert [f.call("/v1/models/digits/predict", bearer(plain))[0] for _ in range(3)] == [200, 200, 429]
+
+
+def test_a_burst_needs_a_rate_at_most_its_size(store) -> None:
+    for rps, burst in ((None, 5), (5, 3)):
+        with pytest.raises(InputError, match="--burst"):
+            K.create_key(store, "b", rps=rps, burst=burst)
+    K.create_key(store, "b", rps=5, burst=5)  # a burst the size of the rate is the plain rate
 
 def test_tokens_per_minute_count_the_answers_tokens(front, store) -> None:
     key = K.create_key(store, "tpm", tokens_per_min=100)  # each answer says 40 tokens

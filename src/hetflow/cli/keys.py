@@ -36,6 +36,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("name")
     c.add_argument("--models", help="comma-separated models the key may use (default: all)")
     c.add_argument("--rps", type=int, help="requests per second (any sliding second)")
+    c.add_argument("--burst", type=int, help="with --rps: requests allowed in any one second, the --rps "
+                   "rate then holding over any 10 s")
     c.add_argument("--tokens-per-min", type=int, help="generated tokens per sliding minute")
     c.add_argument("--quota", help='"N/day", "N requests/month", "N tokens/day" (UTC days and months)')
     c.add_argument("--expires", help="date (2027-01-31, UTC) or ISO time the key stops working")
@@ -84,6 +86,7 @@ def run_create(args: argparse.Namespace) -> int:
     if args.models is not None and not models:
         raise InputError("--models needs at least one model name (leave it out for all models)")
     key = create_key(_store(args), args.name, models=models, rps=_positive(args.rps, "--rps"),
+                     burst=_positive(args.burst, "--burst"),
                      tokens_per_min=_positive(args.tokens_per_min, "--tokens-per-min"),
                      quota=parse_quota(args.quota) if args.quota else None,
                      expires=parse_expiry(args.expires) if args.expires else None)
@@ -132,11 +135,12 @@ def run_list(args: argparse.Namespace) -> int:
     if not rows:
         print("no keys (hetflow keys create NAME makes one)")
         return 0
-    print(f"{'NAME':<20} {'STATE':<8} {'MODELS':<18} {'RPS':>6} {'TOK/MIN':>8} {'QUOTA':<22} "
+    print(f"{'NAME':<20} {'STATE':<8} {'MODELS':<18} {'RPS/BURST':>10} {'TOK/MIN':>8} {'QUOTA':<22} "
           f"{'TODAY':>8} EXPIRES")
     for r in rows:
         models = r["models"] if isinstance(r["models"], str) else ",".join(r["models"])
-        print(f"{r['name']:<20} {r['state']:<8} {models[:18]:<18} {r['rps'] or '-':>6} "
+        rps = f"{r['rps']}/{r['burst']}" if r.get("burst") else (r["rps"] or "-")
+        print(f"{r['name']:<20} {r['state']:<8} {models[:18]:<18} {rps:>10} "
               f"{r['tokens_per_min'] or '-':>8} {r['quota'] or '-':<22} {r['today']['requests']:>8} "
               f"{(r['expires'] or '-')[:19]}")
     return 0

@@ -16,7 +16,10 @@ Per request, HAProxy (rules from :func:`frontend_rules`, data in map files from
    the quota's reset (``reset.map``);
 4. requests per second (``rps.map``; a stick table counting admitted requests per key over a
    sliding second) and generated tokens per sliding minute (``tpm.map``; the tokens come from
-   the answer's ``x-hetflow-tokens`` header): over either, ``429`` with ``Retry-After``;
+   the answer's ``x-hetflow-tokens`` header): over either, ``429`` with ``Retry-After``. A key
+   with a burst allows that many requests in any sliding second (``rps.map`` then holds the
+   burst) and its rate sustained over :data:`SUSTAIN_S` seconds (``sustain.map``: rate x
+   SUSTAIN_S requests in any sliding window that long, a third stick table);
 5. the key's name goes to the replicas as ``x-hetflow-key`` (the client's own such headers are
    dropped first).
 
@@ -39,9 +42,11 @@ from typing import Any, Callable
 
 from hetflow.workloads.serve.keys import KeyRecord, KeyStore, open_store, period_end, period_key
 
-MAPS = ("keys", "allow", "models", "rps", "tpm", "quota_req", "quota_tok", "reset")
+MAPS = ("keys", "allow", "models", "rps", "sustain", "tpm", "quota_req", "quota_tok", "reset")
 REQUESTS_TABLE = "st_requests"  # per key: gpc0 admitted, gpc1 refused over a limit; rate of gpc0 per 1 s
 TOKENS_TABLE = "st_tokens"  # per key: gpc0 tokens; its rate per 60 s
+SUSTAIN_TABLE = "st_sustain"  # per key: gpc0 admitted; its rate per SUSTAIN_S (keys with a burst)
+SUSTAIN_S = 10  # the window a key with a burst must keep its requests-per-second rate over
 KEY_HEADER = "x-hetflow-key"
 MODELS_HEADER = "x-hetflow-models"
 TOKENS_HEADER = "x-hetflow-tokens"
@@ -100,10 +105,14 @@ def frontend_rules(access: AccessPlan, map_dir: str, root: str) -> list[str]:
         # rates
         f"    http-request track-sc0 var(txn.kname) table {REQUESTS_TABLE} if has_key",
         f"    http-request track-sc1 var(txn.kname) table {TOKENS_TABLE} if has_key",
+        f"    http-request set-var(txn.rs) var(txn.kname),map({m['sustain']},0) if has_key",
+        "    acl over_rs var(txn.rs) -m int gt 0",
+        f"    http-request track-sc2 var(txn.kname) table {SUSTAIN_TABLE} if has_key over_rs",
         "    http-request set-var(txn.req_n) sc_get_gpc(0,0) if has_key",
         "    http-request set-var(txn.tok_n) sc_get_gpc(0,1) if has_key",
         "    http-request set-var(txn.rps_used) sc_gpc_rate(0,0) if has_key",
         "    http-request set-var(txn.tpm_used) sc_gpc_rate(0,1) if has_key",
+        "    http-request set-var(txn.rs_used) sc_gpc_rate(0,2) if has_key over_rs",
         # a quota: the key's counter may grow up to the threshold the front door computed
         # (UsageMeter.thresholds), so the front door's poll adds no overshoot
         f"    http-request set-var(txn.qr) var(txn.kname),map({m['quota_req']}) if has_key",
@@ -125,10 +134,17 @@ def frontend_rules(access: AccessPlan, map_dir: str, root: str) -> list[str]:
         "    acl over_rps_now var(txn.rps_left) -m int le 0",
         "    acl over_tpm var(txn.tpm) -m int gt 0",
         "    acl over_tpm_now var(txn.tpm_left) -m int le 0",
-        "    http-request sc-inc-gpc(1,0) if has_key over_rps over_rps_now || has_key over_tpm over_tpm_now",
+        "    http-request set-var(txn.rs_left) var(txn.rs),sub(txn.rs_used) if has_key over_rs",
+        "    acl over_rs_now var(txn.rs_left) -m int le 0",
+        "    http-request sc-inc-gpc(1,0) if has_key over_rps over_rps_now || has_key over_tpm over_tpm_now "
+        "|| has_key over_rs over_rs_now",
         f"    http-request return status 429 {json_err} "
         + _q("this API key is over its requests per second; retry after Retry-After seconds")
         + " hdr Retry-After 1 if has_key over_rps over_rps_now",
+        f"    http-request return status 429 {json_err} "
+        + _q(f"this API key is over its requests per second sustained over {SUSTAIN_S} s (its burst is "
+             "spent); retry after Retry-After seconds")
+        + " hdr Retry-After 1 if has_key over_rs over_rs_now",
         f"    http-request return status 429 {json_err} "
         + _q("this API key is over its tokens per minute; retry after Retry-After seconds")
         + f" hdr Retry-After {TPM_RETRY_S} if has_key over_tpm over_tpm_now",
@@ -142,6 +158,7 @@ def admit_rules(map_dir: str) -> list[str]:
     models_map = os.path.join(map_dir, "models.map")
     return [
         "    http-request sc-inc-gpc(0,0) if has_key",
+        "    http-request sc-inc-gpc(0,2) if has_key { var(txn.rs) -m int gt 0 }",
         f"    http-request set-header {KEY_HEADER} %[var(txn.kname)] if has_key",
         f"    http-request set-var(txn.kmodels) var(txn.kname),map({models_map}) if has_key",
         f"    http-request set-header {MODELS_HEADER} %[var(txn.kmodels)] if has_key",
@@ -164,7 +181,9 @@ def table_sections() -> list[str]:
     return [f"backend {REQUESTS_TABLE}",
             "    stick-table type string len 64 size 100k expire 48h store gpc(2),gpc_rate(1,1s)",
             f"backend {TOKENS_TABLE}",
-            "    stick-table type string len 64 size 100k expire 48h store gpc(1),gpc_rate(1,60s)"]
+            "    stick-table type string len 64 size 100k expire 48h store gpc(1),gpc_rate(1,60s)",
+            f"backend {SUSTAIN_TABLE}",
+            f"    stick-table type string len 64 size 100k expire 1h store gpc(1),gpc_rate(1,{SUSTAIN_S}s)"]
 
 
 def _cap_var(acl: str) -> str:
@@ -214,7 +233,9 @@ def map_entries(records: dict[str, KeyRecord], salt: str, thresholds: dict[str, 
             out["allow"].append((f"{name}/*", "1"))
             out["models"].append((name, "*"))
         if r.rps:
-            out["rps"].append((name, str(r.rps)))
+            out["rps"].append((name, str(r.burst or r.rps)))  # any sliding second
+            if r.burst:
+                out["sustain"].append((name, str(r.rps * SUSTAIN_S)))
         if r.tokens_per_min:
             out["tpm"].append((name, str(r.tokens_per_min)))
         if r.quota is not None:

@@ -7,6 +7,8 @@ a 256-bit random key gains nothing from them) - with the key's name and policy:
 
 * ``models``: the models it may call (None: all);
 * ``rps``: requests per second (at most that many in any sliding second);
+* ``burst``: with ``rps``, up to that many in any sliding second, the ``rps`` rate then holding
+  over a longer sliding window (:data:`hetflow.workloads.serve.access.SUSTAIN_S`);
 * ``tokens_per_min``: generated tokens per sliding minute (generative endpoints);
 * ``quota``: requests or tokens per UTC day or month (persisted; survives restarts);
 * ``expires``: when it stops working; ``revoked``: it no longer works.
@@ -61,6 +63,7 @@ class KeyRecord(BaseModel):
     hash: str = Field(pattern=r"^[0-9a-f]{64}$")
     models: tuple[str, ...] | None = None
     rps: int | None = Field(None, gt=0)
+    burst: int | None = Field(None, gt=0)
     tokens_per_min: int | None = Field(None, gt=0)
     quota: Quota | None = None
     expires: float | None = None  # epoch seconds
@@ -226,7 +229,7 @@ def open_store(spec: str | None) -> KeyStore:
 
 def create_key(store: KeyStore, name: str, *, models: list[str] | None = None, rps: int | None = None,
                tokens_per_min: int | None = None, quota: Quota | None = None,
-               expires: float | None = None) -> str:
+               expires: float | None = None, burst: int | None = None) -> str:
     """A new key named ``name`` (a name in use by an active key is refused); returns the key."""
     if not re.fullmatch(NAME_PATTERN, name or ""):
         raise InputError(f"key name {name!r}: letters, digits, '.', '_', '-' (up to 63), "
@@ -237,9 +240,12 @@ def create_key(store: KeyStore, name: str, *, models: list[str] | None = None, r
                          "or revoke it first")
     if expires is not None and expires <= time.time():
         raise InputError("--expires is in the past")
+    if burst is not None and (rps is None or burst < rps):
+        raise InputError(f"--burst {burst}: a burst is the requests a key may send in one second above "
+                         "its --rps rate; give --rps too, and a burst at least as large")
     key = new_key()
     store.put(KeyRecord(name=name, hash=key_hash(store.salt(create=True), key),
-                        models=tuple(models) if models else None, rps=rps,
+                        models=tuple(models) if models else None, rps=rps, burst=burst,
                         tokens_per_min=tokens_per_min, quota=quota, expires=expires,
                         created=time.time()))
     return key
@@ -278,7 +284,7 @@ def describe(record: KeyRecord, usage: dict[str, dict[str, int]], now: float | N
     row: dict[str, Any] = {
         "name": record.name, "state": record.state(now),
         "models": list(record.models) if record.models else "all",
-        "rps": record.rps, "tokens_per_min": record.tokens_per_min,
+        "rps": record.rps, "burst": record.burst, "tokens_per_min": record.tokens_per_min,
         "quota": record.quota.text() if record.quota else None,
         "expires": (dt.datetime.fromtimestamp(record.expires, dt.timezone.utc).isoformat()
                     if record.expires else None),
