@@ -115,3 +115,52 @@ def test_bad_input_is_one_line(flags, code, words) -> None:
                           "--node-size", "4", *flags], capture_output=True, text=True, timeout=300)
     assert out.returncode == code, out.stderr
     assert words in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_serving_reserves_whole_nodes_and_leaves_the_rest_to_training() -> None:
+    from hetflow.capacity.train import reserve_serving
+
+    r = reserve_serving({"MI300X": 5, "A100-80GB": 8, "cpu-32c": 3},
+                        {"MI300X": 3.5, "A100-80GB": 2.5, "cpu-32c": 0.8}, 4, lambda m: not m.startswith("cpu"))
+    assert r.nodes == {"MI300X": 2, "A100-80GB": 2} and r.spare == {"MI300X": 3, "A100-80GB": 0}
+    assert r.cost_per_hour == pytest.approx(2 * 4 * 3.5 + 2 * 4 * 2.5 + 3 * 0.8)  # CPU replicas: per replica
+
+
+PROFILES = {"devices": {"A100-80GB": {"price_per_hour": 2.5}, "MI300X": {"price_per_hour": 3.5},
+                        "cpu-32c": {"price_per_hour": 0.8}},
+            "throughput": {"A100-80GB": {"short": 12.0, "long": 2.0}, "MI300X": {"short": 16.0, "long": 4.0},
+                           "cpu-32c": {"short": 1.0, "long": 0.05}}}
+
+
+def test_training_beside_a_serving_load_uses_the_serving_nodes_leftovers(tmp_path) -> None:
+    import yaml
+
+    (tmp_path / "profiles.yaml").write_text(yaml.safe_dump(PROFILES))
+    (tmp_path / "workload.yaml").write_text(yaml.safe_dump({"buckets": {"short": 40, "long": 10}}))
+    base = [*HETFLOW, "capacity", "train", "--trace", "synthetic:jobs=12,rate=6,seed=3",
+            "--devices", "A100-80GB,MI300X", "--target-avg-jct", "30h", "--node-size", "4", "--max-nodes", "2"]
+    priced = ["--price", "A100-80GB=2.5", "--price", "MI300X=3.5"]
+    serve = ["--serve", str(tmp_path / "profiles.yaml"), "--workload", str(tmp_path / "workload.yaml")]
+    out = subprocess.run([*base, *priced, *serve, "--json"], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    plan = json.loads(out.stdout)
+    serving = plan["serving"]
+    # the serving plan's replicas, bought as whole nodes of 4; the devices left go to training
+    for model, nodes in serving["nodes"].items():
+        assert serving["spare_for_training"].get(model, 0) == nodes * 4 - serving["replicas"][model]
+    assert plan["total_cost_per_hour"] == pytest.approx(serving["cost_per_hour"] + plan["best"]["cost_per_hour"])
+    assert plan["best"]["meets_target"] and plan["best"]["avg_jct_h"] <= 30
+    # the shared fleet costs no more than the two bought apart (the training plan run alone)
+    alone = subprocess.run([*base, *priced, "--json"], capture_output=True, text=True, timeout=600)
+    assert alone.returncode == 0, alone.stderr
+    apart = serving["cost_per_hour"] + json.loads(alone.stdout)["best"]["cost_per_hour"]
+    assert plan["apart_cost_per_hour"] == pytest.approx(apart)
+    assert plan["total_cost_per_hour"] <= apart
+    # one fleet, one price per model; --workload alone is refused
+    wrong = subprocess.run([*base, "--price", "A100-80GB=2.5", "--price", "MI300X=9", *serve],
+                           capture_output=True, text=True, timeout=300)
+    assert wrong.returncode == 2 and "one price per model" in wrong.stderr
+    assert len(wrong.stderr.strip().splitlines()) == 1
+    lone = subprocess.run([*base, *priced, "--workload", str(tmp_path / "workload.yaml")],
+                          capture_output=True, text=True, timeout=300)
+    assert lone.returncode == 2 and "go with --serve" in lone.stderr

@@ -9,6 +9,13 @@ the first that meets the target - so the answer is the cheapest such fleet of th
 skipping, without simulating, every fleet with no more nodes of any model than one that already
 missed the target (fewer devices are assumed never to finish the trace sooner). The best
 single-model fleets and the price/JCT Pareto front of every fleet simulated come with it.
+
+**Training beside a serving load** (:func:`reserve_serving`, ``hetflow capacity train --serve``):
+the serving plan's replicas (:func:`hetflow.capacity.serve.plan_serve`) are bought first, as whole
+nodes of their model, and reserved for serving; the devices those nodes have left over go to
+training, so the training search starts from them (the fleet with no training node at all is a
+candidate). The answer is the whole fleet's price - serving nodes, serving replicas outside the
+node fleet (CPU replicas), training nodes - beside the two bought apart.
 """
 
 from __future__ import annotations
@@ -83,13 +90,52 @@ def fleet_cost(counts: Counts, models: Sequence[str], node_size: int, prices: di
     return sum(n * node_size * prices[m] for n, m in zip(counts, models))
 
 
+@dataclass
+class ServingReservation:
+    """The serving part of a shared fleet: whole nodes per model, the replicas on them."""
+
+    nodes: dict[str, int]  # node model -> nodes bought for serving
+    replicas: dict[str, int]  # model -> devices serving (node models and the rest)
+    spare: dict[str, int]  # node model -> devices of those nodes left for training
+    cost_per_hour: float  # the serving nodes, and the replicas outside the node fleet
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"nodes": {k: v for k, v in self.nodes.items() if v}, "replicas": dict(self.replicas),
+                "spare_for_training": {k: v for k, v in self.spare.items() if v},
+                "cost_per_hour": round(self.cost_per_hour, 4)}
+
+
+def reserve_serving(replicas: dict[str, int], prices: dict[str, float], node_size: int,
+                    is_node_model: Callable[[str], bool]) -> ServingReservation:
+    """Whole nodes for each node model's serving replicas (``ceil(replicas / node_size)``), the
+    devices left on them spare; a model that is not bought in nodes (a CPU replica) costs its
+    replicas. ``prices``: dollars per device-hour of every model named."""
+    if node_size <= 0:
+        raise InputError("--node-size must be > 0")
+    nodes: dict[str, int] = {}
+    spare: dict[str, int] = {}
+    cost = 0.0
+    for model, n in replicas.items():
+        if n <= 0:
+            continue
+        if is_node_model(model):
+            nodes[model] = -(-n // node_size)
+            spare[model] = nodes[model] * node_size - n
+            cost += nodes[model] * node_size * prices[model]
+        else:
+            cost += n * prices[model]
+    return ServingReservation(nodes, {k: v for k, v in replicas.items() if v > 0}, spare, cost)
+
+
 def plan_train(models: Sequence[str], prices: dict[str, float], simulate: Callable[[dict[str, int]], dict[str, Any]],
                target_s: float, metric: str = "avg", node_size: int = 8, max_nodes: int = 4,
-               max_simulations: int = 400) -> TrainFleetPlan:
+               max_simulations: int = 400, allow_empty: bool = False) -> TrainFleetPlan:
     """The cheapest fleet of ``models`` meeting ``target_s`` (see the module docstring).
 
     ``simulate(nodes per model) -> summary`` runs the trace on a fleet (``avg_jct_s``,
     ``p95_jct_s``, ``unfinished``, ``rejected``: :func:`hetflow.sim.metrics.summarise`'s keys).
+    ``allow_empty``: the fleet of no node is a candidate too (``simulate`` then runs on what
+    it adds itself, e.g. the devices a serving reservation left over).
     Raises InputError for bad arguments and Unschedulable when no fleet walked meets the target.
     """
     if metric not in ("avg", "p95"):
@@ -137,7 +183,7 @@ def plan_train(models: Sequence[str], prices: dict[str, float], simulate: Callab
                 plan.homogeneous[m] = cache[counts]
                 break
     # every fleet in order of price; the first that meets the target is the cheapest
-    grid = [c for c in itertools.product(range(max_nodes + 1), repeat=len(models)) if any(c)]
+    grid = [c for c in itertools.product(range(max_nodes + 1), repeat=len(models)) if any(c) or allow_empty]
     grid.sort(key=lambda c: (fleet_cost(c, models, node_size, prices), sum(c), c))
     for counts in grid:
         if counts in cache:
@@ -197,4 +243,5 @@ def parse_prices(pairs: Sequence[str], doc: Any = None, source: str = "--prices"
     return prices
 
 
-__all__ = ["Evaluation", "TrainFleetPlan", "fleet_cost", "parse_prices", "parse_time", "plan_train"]
+__all__ = ["Evaluation", "ServingReservation", "TrainFleetPlan", "fleet_cost", "parse_prices", "parse_time",
+           "plan_train", "reserve_serving"]

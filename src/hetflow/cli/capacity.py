@@ -4,6 +4,7 @@
     hetflow capacity serve MELANGE_CONFIG.json [--slice-factor N] [--json]
     hetflow capacity train --trace T --devices A100-80GB,H100-SXM,MI300X --price H100-SXM=4.5 ...
                            --target-avg-jct 12h [--node-size 8] [--max-nodes 4] [--out DIR]
+                           [--serve PROFILES --workload WORKLOAD]   # training beside a serving load
 
 ``serve``: the cheapest mix of device models (and how many of each) that serves a request
 load within its latency SLO - Melange's formulation (a mixed-integer program over request-size
@@ -20,6 +21,10 @@ device can serve. docs/capacity.md.
 ``hetflow simulate`` reads) meets an average or P95 job-completion-time target, judged by
 simulating the trace with the policy the live controller runs; the best single-model fleets and
 the price/JCT Pareto front beside it. Exit 3 when no fleet up to --max-nodes meets the target.
+With ``--serve PROFILES --workload WORKLOAD`` the fleet is shared: the serving plan's replicas
+are bought first as whole nodes and reserved, and training gets the devices left on them plus
+the cheapest training nodes that meet the target; printed beside the price of buying the two
+apart.
 """
 
 from __future__ import annotations
@@ -60,6 +65,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--policy", default="hetflow", help="the cluster policy (default hetflow, the controller's)")
     t.add_argument("--throughputs", metavar="F", help="measured job-type x device-type table (as simulate)")
     t.add_argument("--seed", type=int, default=0, help="seed for traces that draw job types")
+    t.add_argument("--serve", metavar="PROFILES", help="a serving load shares the fleet: its device profiles "
+                   "(as capacity serve's PROFILES, or a Melange config); its replicas are reserved")
+    t.add_argument("--workload", metavar="FILE", help="with --serve: the request rate per bucket")
+    t.add_argument("--slice-factor", type=int, default=None, metavar="N", help="with --serve: as capacity serve's")
     t.add_argument("--out", metavar="DIR", help="write plan.json and pareto.png here")
     t.add_argument("--json", action="store_true", help="print the plan as JSON")
     t.set_defaults(func=run_train)
@@ -71,25 +80,31 @@ def _read(path: str, what: str) -> object:
     return read_yaml(path, what)  # YAML reads JSON too; a missing file is one line
 
 
-def run_serve(args: argparse.Namespace) -> int:
-    from hetflow.capacity.serve import is_melange, plan_serve, read_melange, read_profiles, read_workload
+def _serve_inputs(profiles: str, workload: str | None, slice_factor: int | None) -> tuple:
+    """(throughput, prices, buckets, slice factor, SLO text) from a profiles file and a workload,
+    or from a Melange config (which holds its workload)."""
+    from hetflow.capacity.serve import is_melange, read_melange, read_profiles, read_workload
     from hetflow.core.errors import InputError
 
-    doc = _read(args.profiles, "profiles file")
+    doc = _read(profiles, "profiles file")
     if is_melange(doc):
-        if args.workload:
-            raise InputError(f"{args.profiles} is a Melange config, which holds its workload: drop --workload")
-        throughput, prices, buckets, own_slices = read_melange(doc, args.profiles)
-        slo = ""
-        slices = own_slices if args.slice_factor is None else args.slice_factor
-    else:
-        if not args.workload:
-            raise InputError("--workload FILE is needed: the request rate per bucket "
-                             "(buckets: {BUCKET: req/s}, or rate: with mix:)")
-        throughput, prices, slo = read_profiles(doc, args.profiles)
-        known = {b for row in throughput.values() for b in row}
-        buckets = read_workload(_read(args.workload, "workload file"), args.workload, known)
-        slices = args.slice_factor or 0
+        if workload:
+            raise InputError(f"{profiles} is a Melange config, which holds its workload: drop --workload")
+        throughput, prices, buckets, own_slices = read_melange(doc, profiles)
+        return throughput, prices, buckets, own_slices if slice_factor is None else slice_factor, ""
+    if not workload:
+        raise InputError("--workload FILE is needed: the request rate per bucket "
+                         "(buckets: {BUCKET: req/s}, or rate: with mix:)")
+    throughput, prices, slo = read_profiles(doc, profiles)
+    known = {b for row in throughput.values() for b in row}
+    buckets = read_workload(_read(workload, "workload file"), workload, known)
+    return throughput, prices, buckets, slice_factor or 0, slo
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from hetflow.capacity.serve import plan_serve
+
+    throughput, prices, buckets, slices, slo = _serve_inputs(args.profiles, args.workload, args.slice_factor)
     fleet = plan_serve(buckets, throughput, prices, slice_factor=slices)
     out = fleet.to_dict()
     out.update(slo=slo, slice_factor=slices, rate=sum(b.rate for b in buckets))
@@ -125,7 +140,7 @@ def run_train(args: argparse.Namespace) -> int:
 
     from hetflow.accelerators.catalog import default_catalog
     from hetflow.capacity.train import parse_prices, parse_time, plan_train
-    from hetflow.core.errors import InputError
+    from hetflow.core.errors import InputError, Unschedulable
     from hetflow.scheduling.policies.capacity import ClusterModel
     from hetflow.scheduling.policies.registry import make_policy, parse_policy_list
     from hetflow.scheduling.throughput import default_model, load_throughputs
@@ -149,17 +164,39 @@ def run_train(args: argparse.Namespace) -> int:
     throughputs = default_model(load_throughputs(args.throughputs) if args.throughputs else None)
     trace = load_trace(args.trace, throughputs, tuple(models), seed=args.seed)
     config = SimConfig()
+    if (args.workload or args.slice_factor is not None) and not args.serve:
+        raise InputError("--workload and --slice-factor go with --serve PROFILES (a serving load beside training)")
+    serving = _reserve(args, catalog, prices) if args.serve else None
+    spare = {m: n for m, n in (serving.spare if serving else {}).items() if n and m in models}
 
-    def simulate(nodes: dict[str, int]) -> dict:
-        parts = [(n, f"{args.node_size}x {m}") for m, n in nodes.items() if n]
-        model = ClusterModel.from_snapshot(synthetic_cluster(parts))
-        return summarise(Simulator(model, trace.jobs, make_policy(policy), throughputs, config).run(), 0.0)
+    def simulator(with_spare: bool):
+        def simulate(nodes: dict[str, int]) -> dict:
+            parts = [(n, f"{args.node_size}x {m}") for m, n in nodes.items() if n]
+            parts += [(1, f"{n}x {m}") for m, n in spare.items()] if with_spare else []
+            if not parts:  # nothing to run on: every job unfinished
+                return {"avg_jct_s": None, "p95_jct_s": None, "unfinished": len(trace.jobs)}
+            model = ClusterModel.from_snapshot(synthetic_cluster(parts))
+            return summarise(Simulator(model, trace.jobs, make_policy(policy), throughputs, config).run(), 0.0)
+        return simulate
 
-    plan = plan_train(models, prices, simulate, target_s, metric, args.node_size, args.max_nodes,
-                      args.max_simulations)
+    plan = plan_train(models, prices, simulator(True), target_s, metric, args.node_size, args.max_nodes,
+                      args.max_simulations, allow_empty=bool(spare))
     out = plan.to_dict(metric)
     out.update(trace=trace.source, jobs=len(trace.jobs), policy=policy, metric=metric,
                target_h=target_s / 3600, node_size=args.node_size, prices=prices)
+    if serving is not None:
+        apart = None
+        try:
+            alone = plan_train(models, prices, simulator(False), target_s, metric, args.node_size, args.max_nodes,
+                               args.max_simulations)
+            apart = serving.cost_per_hour + alone.best.cost_per_hour
+        except Unschedulable:
+            pass  # training alone meets the target on no fleet walked: only the shared one
+        total = serving.cost_per_hour + plan.best.cost_per_hour
+        out.update(serving={**serving.to_dict(), "idle": {m: n for m, n in serving.spare.items() if n and m not in spare}},
+                   total_cost_per_hour=round(total, 4),
+                   apart_cost_per_hour=None if apart is None else round(apart, 4),
+                   shared_over_apart=None if apart is None else round(total / apart, 4))
     if args.out:
         folder = Path(args.out)
         folder.mkdir(parents=True, exist_ok=True)
@@ -169,9 +206,20 @@ def run_train(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=2))
         return 0
     best, homog = out["best"], out["best_homogeneous"]
-    print(f"cheapest fleet for {len(trace.jobs)} jobs ({trace.source}) with {metric} JCT <= "
+    if serving is not None:
+        print(f"serving reserved: " + ", ".join(f"{n} x {args.node_size}x {m}" for m, n in serving.nodes.items())
+              + "".join(f", {n} x {m}" for m, n in serving.replicas.items() if m not in serving.nodes)
+              + f" (${serving.cost_per_hour:,.2f}/h); left to training: "
+              + (", ".join(f"{n} x {m}" for m, n in spare.items()) or "none")
+              + "".join(f"; idle: {n} x {m} (not in --devices)" for m, n in serving.spare.items()
+                        if n and m not in spare))
+        print(f"whole fleet ${out['total_cost_per_hour']:,.2f}/h" + (
+            f"; bought apart ${out['apart_cost_per_hour']:,.2f}/h ({out['shared_over_apart']:.2f}x)"
+            if out["apart_cost_per_hour"] is not None else "; training alone meets the target on no fleet walked"))
+    print(("training nodes beside it" if serving is not None else "cheapest fleet")
+          + f" for {len(trace.jobs)} jobs ({trace.source}) with {metric} JCT <= "
           f"{target_s / 3600:g} h under {policy}: ${best['cost_per_hour']:,.2f}/h")
-    print("  " + ", ".join(f"{n} x {args.node_size}x {m}" for m, n in best["nodes"].items())
+    print("  " + (", ".join(f"{n} x {args.node_size}x {m}" for m, n in best["nodes"].items()) or "no training node")
           + f"   avg JCT {best['avg_jct_h']:.2f} h, p95 {best['p95_jct_h']:.2f} h")
     for m, e in out["homogeneous"].items():
         print(f"  only {m}: " + ("no fleet up to --max-nodes meets the target" if e is None else
@@ -181,6 +229,36 @@ def run_train(args: argparse.Namespace) -> int:
     print(f"price/JCT Pareto front ({len(out['pareto'])} fleets), {out['simulated']} simulated, "
           f"{out['skipped']} skipped, {out['wall_s']:.1f} s" + (f"; wrote {args.out}/plan.json, pareto.png" if args.out else ""))
     return 0
+
+
+def _reserve(args: argparse.Namespace, catalog, prices: dict[str, float]):
+    """The serving plan of ``--serve``/``--workload``, reserved as whole nodes of its catalog
+    models (training's prices where both name a model: they must agree)."""
+    from hetflow.capacity.serve import plan_serve
+    from hetflow.capacity.train import reserve_serving
+    from hetflow.core.errors import InputError
+
+    throughput, serve_prices, buckets, slices, _ = _serve_inputs(args.serve, args.workload, args.slice_factor)
+    fleet = plan_serve(buckets, throughput, serve_prices, slice_factor=slices)
+
+    def catalog_name(model: str) -> str | None:
+        if model.lower().startswith("cpu"):
+            return None
+        try:
+            return catalog.lookup(model).name
+        except InputError:
+            return None
+
+    replicas: dict[str, int] = {}
+    unit: dict[str, float] = {}
+    for model, n in fleet.counts.items():
+        name = catalog_name(model) or model
+        if name in prices and abs(prices[name] - serve_prices[model]) > 1e-9:
+            raise InputError(f"{model}: {args.serve} prices it ${serve_prices[model]:g}/h, --price "
+                             f"${prices[name]:g}/h; one fleet has one price per model")
+        replicas[name] = replicas.get(name, 0) + n
+        unit[name] = serve_prices[model]
+    return reserve_serving(replicas, unit, args.node_size, lambda m: catalog_name(m) is not None)
 
 
 def _plot_pareto(plan, metric: str, target_s: float, path) -> None:
