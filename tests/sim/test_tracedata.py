@@ -20,9 +20,9 @@ from tests.conftest import REPO
 CATALOG = load_catalogue()
 
 
-def test_the_catalogue_names_the_six_datasets_with_their_licences() -> None:
+def test_the_catalogue_names_the_seven_datasets_with_their_licences() -> None:
     assert list(CATALOG) == ["gavel", "philly", "alibaba-gpu-2023", "fgd-expected-results", "fgd-reference",
-                             "gavel-calibration"]
+                             "gavel-calibration", "sia"]
     for d in CATALOG.values():
         assert d.shipped in ("full", "slice", "none") and d.licence and d.source and d.description
         assert d.in_repo and (REPO / d.in_repo).is_dir(), d.in_repo

@@ -13,8 +13,10 @@
 Paths are from a checkout's root: the repository carries these traces in data/traces
 (data/README.md; `hetflow traces list`).
 
---protocol gavel|fgd: the reference simulators' own rules instead of hetflow's model (Gavel's
-rounds and policies; FGD's online packing and policies; see hetflow.cli.simulate_protocols).
+--protocol gavel|fgd|sia: the reference simulators' own rules instead of hetflow's model (Gavel's
+rounds and policies; FGD's online packing and policies; Sia's cluster, job model and 60 s rounds,
+with --trace a Sia workload CSV or a folder of them and --throughputs Sia's profiles folder;
+see hetflow.cli.simulate_protocols).
 
 --cluster: a cluster YAML, a snapshot JSON, an openb node list, or shorthand
 "COUNT * NODE + ..." with an optional "@ GBPS" network speed. --trace: a Gavel .trace
@@ -58,20 +60,24 @@ def register(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--cluster", metavar="C", help="cluster YAML/JSON, openb node CSV or shorthand "
-                   "(--protocol gavel: TYPE:COUNT,... default v100:36,p100:36,k80:36)")
+                   "(--protocol gavel: TYPE:COUNT,... default v100:36,p100:36,k80:36; --protocol sia: "
+                   "Sia's cluster only)")
     p.add_argument("--trace", required=True, metavar="T", help="trace file or synthetic:jobs=N,rate=R,seed=S")
-    p.add_argument("--throughputs", metavar="F", help="measured job-type x device-type table (Gavel JSON or CSV)")
+    p.add_argument("--throughputs", metavar="F", help="measured job-type x device-type table (Gavel JSON or CSV; "
+                   "--protocol sia: the folder of Sia's profiles)")
     p.add_argument("--window", metavar="A:B", help="measure jobs by arrival index A..B-1 (e.g. 4000:5000)")
     p.add_argument("--policies", metavar="P,P", help=f"default {DEFAULT_POLICIES} ({GAVEL_DEFAULT} with "
-                   f"--protocol gavel, {FGD_DEFAULT} with --protocol fgd)")
-    p.add_argument("--protocol", choices=("hetflow", "gavel", "fgd"), default="hetflow",
-                   help="simulation rules: hetflow's own (default), Gavel's rounds, or FGD's packing (docs/simulator.md)")
+                   f"--protocol gavel, {FGD_DEFAULT} with --protocol fgd, {SIA_DEFAULT} with --protocol sia)")
+    p.add_argument("--protocol", choices=("hetflow", "gavel", "fgd", "sia"), default="hetflow",
+                   help="simulation rules: hetflow's own (default), Gavel's rounds, FGD's packing, or Sia's "
+                        "rounds and job model (docs/simulator.md)")
     p.add_argument("--seeds", metavar="S,S", help="--protocol fgd: seeds to run (e.g. 42,43 or 42-51; default --seed)")
     p.add_argument("--arrival-order", metavar="F", help="--protocol fgd: replay the artifact's pod sequence per seed "
                    "(arrival_order_seed42-51.csv)")
     p.add_argument("--node-ranks", metavar="F", help="--protocol fgd: the artifact's tie-break node ranks per seed")
     p.add_argument("--out", required=True, metavar="DIR", help="directory for summary.json, per-job files, plots")
-    p.add_argument("--round-s", type=float, default=360.0, help="lease length of preemptive policies (s)")
+    p.add_argument("--round-s", type=float, default=None,
+                   help="lease length of preemptive policies (s; default 360, --protocol sia 60)")
     p.add_argument("--restore-s", type=float, default=30.0, help="default checkpoint-restore cost (s)")
     p.add_argument("--reference-type", action="append", metavar="TYPE",
                    help="device type trace durations were measured on (repeatable; default V100-16GB, A100-80GB)")
@@ -93,6 +99,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 GAVEL_DEFAULT = "fifo,fifo_perf,max_min_fairness,max_min_fairness_perf,finish_time_fairness_perf,hetflow"
 FGD_DEFAULT = "BestFit,DotProd,GpuPacking,FGD,hetflow"
+SIA_DEFAULT = "hetflow"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -107,6 +114,12 @@ def run(args: argparse.Namespace) -> int:
         from hetflow.cli.simulate_protocols import run_fgd
 
         return run_fgd(args)
+    if args.protocol == "sia":
+        from hetflow.cli.simulate_protocols import run_sia
+
+        return run_sia(args)
+    if args.round_s is None:
+        args.round_s = 360.0
     if args.cluster is None:
         raise InputError("--cluster is required: a cluster YAML/JSON, an openb node list or shorthand "
                          "such as '32 * 8x H100'")

@@ -1,16 +1,21 @@
-"""``hetflow simulate --protocol gavel|fgd``: the reference simulators' own rules.
+"""``hetflow simulate --protocol gavel|fgd|sia``: the reference simulators' own rules.
 
     hetflow simulate --protocol gavel --trace seed3/trace_single_r4.0_n1500_seed3.trace \\
         --throughputs seed3/throughputs_isolated.csv --seed 3 --window 500:1000 --out runs/g3
     hetflow simulate --protocol fgd --cluster openb_node_list_gpu_node.csv \\
         --trace openb_pod_list_default.csv --seeds 42-51 --arrival-order arrival_order_seed42-51.csv \\
         --node-ranks node_tiebreak_rank_seed42-51.csv --out runs/fgd
+    hetflow traces fetch sia --dest sia
+    hetflow simulate --protocol sia --trace sia/workloads/philly --out runs/sia-philly
 
 Gavel: DIR/summary.json ``{policy: {avg_jct_s, p95_jct_s, makespan_s, ...}}`` (over --window's
 jobs; ``all_jobs`` over every job) and DIR/jobs-<policy>.csv in Gavel's per-job layout
 (job_id, arrival_s, jct_s, completion_s). FGD: DIR/summary.json ``{policy: {seeds, alloc_pct:
 {x: mean over seeds}, frag_pct, failed, wall_s}}`` and DIR/alloc.csv / frag.csv in the
-artifact's layout (workload, sc_policy, tune, seed, 0..130). Rules: docs/simulator.md.
+artifact's layout (workload, sc_policy, tune, seed, 0..130). Sia: DIR/summary.json ``{policy:
+{avg_jct_s (mean over the workloads), workloads: {name: {avg_jct_s, p95_jct_s, makespan_s, restarts,
+..., reference: Sia's own simulator's avg JCT per policy when the workload is one of Sia's}}}}`` and
+DIR/jobs.csv (policy, workload, job, arrival_s, jct_s, restarts). Rules: docs/simulator.md.
 """
 
 from __future__ import annotations
@@ -196,4 +201,116 @@ def run_fgd(args: argparse.Namespace) -> int:
         table.add_row(name, *[f"{s['alloc_pct'][x]:.2f}" for x in points], f"{np.mean(s['wall_s']):.1f}")
     Console(width=110).print(table)
     Console(stderr=True).print(f"wrote {out}/summary.json, inputs.json, alloc.csv, frag.csv")
+    return 0
+
+
+def _sia_profiles_dir(args: argparse.Namespace) -> Path:
+    """--throughputs, else the ``profiles`` folder of a fetched ``sia`` dataset the trace is in,
+    else the default fetch destination's."""
+    from hetflow.sim.tracedata import default_dest
+
+    if args.throughputs:
+        return Path(args.throughputs)
+    for parent in Path(args.trace).resolve().parents:
+        if (parent / "profiles").is_dir():
+            return parent / "profiles"
+    cached = default_dest("sia") / "profiles"
+    if cached.is_dir():
+        return cached
+    raise InputError("--protocol sia needs Sia's profiles: `hetflow traces fetch sia --dest DIR`, then "
+                     "--throughputs DIR/profiles (or a --trace under DIR/workloads)")
+
+
+def sia_reference_of(path: Path) -> tuple[str, str] | None:
+    """(trace, workload) of one of Sia's workload files, recognised by its SHA-256 in the catalogue."""
+    from hetflow.sim.tracedata import load_catalogue, sha256_of
+    from hetflow.sim.textio import existing
+
+    ds = load_catalogue().get("sia")
+    if ds is None:
+        return None
+    digest = sha256_of(existing(path)) if existing(path).is_file() else None
+    for f in ds.files:
+        parts = f.name.split("/")
+        if f.sha256 == digest and len(parts) == 3 and parts[0] == "workloads":
+            return parts[1], parts[2].rsplit(".", 1)[0]
+    return None
+
+
+def load_sia_reference() -> dict[str, Any]:
+    """Sia's own simulator's results (hetflow/sim/data/sia_reference.yaml; how they were made: its
+    ``about``)."""
+    import yaml
+
+    path = Path(__file__).resolve().parents[1] / "sim" / "data" / "sia_reference.yaml"
+    return yaml.safe_load(path.read_text(encoding="utf-8"))
+
+
+def run_sia(args: argparse.Namespace) -> int:
+    from hetflow.scheduling.policies.registry import POLICIES
+    from hetflow.sim.live_sia import UNEXPRESSED
+    from hetflow.sim.sia import DEFAULT_ROUND_S, SIA_CLUSTER, SiaProfiles, SiaSimulator, load_workload, workload_files
+    from hetflow.sim.live_sia import live_sia_policy
+
+    for flag, value in (("--cluster", args.cluster), ("--window", args.window), ("--packing", args.packing),
+                        ("--seeds", args.seeds), ("--arrival-order", args.arrival_order),
+                        ("--node-ranks", args.node_ranks), ("--reference-type", args.reference_type)):
+        if value:
+            raise InputError(f"{flag} does not apply to --protocol sia (Sia's cluster: 6 x 4 T4, 2 x 8 A100, "
+                             f"3 x 8 RTX 2080Ti; every job of each workload is measured); drop it")
+    if args.rank_planner:
+        raise InputError("--rank-planner does not apply to --protocol sia (Sia's simulator prices placements "
+                         "by GPUs per node); drop it")
+    round_s = DEFAULT_ROUND_S if args.round_s is None else args.round_s
+    policies = _policies(args.policies, "hetflow", tuple(POLICIES))
+    for name in policies:
+        if name in UNEXPRESSED:
+            raise InputError(f"policy {name!r} cannot run on --protocol sia: {UNEXPRESSED[name]}")
+    files = workload_files(args.trace)
+    workloads = [(f, load_workload(f)) for f in files]
+    profiles = SiaProfiles(_sia_profiles_dir(args))
+    out = _out_dir(args.out)
+    reference = load_sia_reference()
+    refs = {f: sia_reference_of(f) for f, _ in workloads}
+    summary: dict[str, Any] = {}
+    rows = ["policy,workload,job,arrival_s,jct_s,restarts"]
+    table_rows = []
+    for name in policies:
+        per: dict[str, Any] = {}
+        for f, specs in workloads:
+            run = SiaSimulator(specs, profiles, live_sia_policy(name), round_s=round_s).run()
+            s = run.summary()
+            ref = refs[f]
+            if ref is not None:
+                got = reference["results"].get(ref[0], {}).get(ref[1], {})
+                s["reference"] = {"trace": ref[0], "workload": ref[1],
+                                  **{p: r["avg_jct_s"] for p, r in got.items()}}
+            label = f"{ref[0]}/{ref[1]}" if ref else f.name
+            per[label] = s
+            for spec in specs:
+                jct = run.jcts.get(spec.name)
+                rows.append(f"{name},{label},{spec.name},{spec.submission_s:.6f},"
+                            f"{'' if jct is None else f'{jct:.3f}'},{run.restarts.get(spec.name, 0)}")
+            table_rows.append((name, label, s))
+        avgs = [s["avg_jct_s"] for s in per.values() if s["avg_jct_s"] is not None]
+        summary[name] = {"avg_jct_s": float(np.mean(avgs)) if avgs else None, "workloads": per}
+    _write_atomic(out / "summary.json", json.dumps(summary, indent=2) + "\n")
+    _write_atomic(out / "jobs.csv", "\n".join(rows) + "\n")
+    _write_atomic(out / "inputs.json", json.dumps({
+        "schema": "hetflow.simulation/v1", "protocol": "sia", "trace": args.trace,
+        "workloads": [str(f) for f, _ in workloads], "profiles": str(profiles.root), "round_s": round_s,
+        "cluster": {t: {"sia_name": c[0], "nodes": c[1], "gpus_per_node": c[2]} for t, c in SIA_CLUSTER.items()},
+        "jobs": sum(len(s) for _, s in workloads)}, indent=2) + "\n")
+    table = Table(title=f"Sia protocol (6 x 4 T4 + 2 x 8 A100 + 3 x 8 RTX 2080Ti; {round_s:g} s rounds; JCT in hours; "
+                        "Sia, Sia rigid, Gavel: Sia's own simulator)")
+    for col in ("policy", "workload", "avg JCT", "p95 JCT", "makespan", "restarts", "Sia", "Sia rigid", "Gavel",
+                "wall s"):
+        table.add_column(col, justify="left" if col in ("policy", "workload") else "right")
+    h = (lambda v: "-" if v is None else f"{v / 3600:.3f}")  # noqa: E731
+    for name, label, s in table_rows:
+        r = s.get("reference", {})
+        table.add_row(name, label, h(s["avg_jct_s"]), h(s["p95_jct_s"]), h(s["makespan_s"]), str(s["restarts"]),
+                      h(r.get("sia")), h(r.get("sia_rigid")), h(r.get("gavel")), f"{s['wall_s']:.1f}")
+    Console(width=120).print(table)
+    Console(stderr=True).print(f"wrote {out}/summary.json, inputs.json, jobs.csv")
     return 0
