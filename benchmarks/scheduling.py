@@ -34,6 +34,14 @@ Three experiments, one table:
    fastest type from its arrival) that hetflow closes, ``(best - hetflow) / (best - bound)``;
    and hetflow's mean allocation minus FGD's at the 100 % arrival point, in points.
 
+S. **Sia's protocol** (``--sia DIR``, a ``hetflow traces fetch sia`` folder: Sia's workloads
+   carry no licence, so the repository ships none and this part runs only when given one):
+   hetflow (the live policy, every job rigid, 60 s rounds) on every Philly and Helios (saturn)
+   workload with a reference run of Sia's own simulator (hetflow/sim/data/sia_reference.yaml);
+   ``hetflow_over_sia`` / ``hetflow_over_sia_rigid`` / ``hetflow_over_sia_gavel``: the mean over
+   those workloads of hetflow's average JCT over Sia's (adaptive jobs), Sia's with every job
+   rigid, and Gavel's. They join the RESULT line; ``--sia-only`` prints just them.
+
 E. **Elastic jobs**: hetflow on the gavel-108 and mixed-1024 traces with ``--elastic-fraction``
    (0.5) of the jobs elastic (``hetflow.scheduling.elastic.mark_elastic``, ``--elastic-scaling``
    eff:0.85), against the same policy on the same jobs kept rigid; ``elastic_over_rigid`` is
@@ -370,6 +378,45 @@ def print_table(sections: list[tuple[str, dict[str, dict[str, Any]]]]) -> None:
         print(line(r))
 
 
+def sia_workload(path: str, profiles: str) -> tuple[str, float | None]:
+    """hetflow's average JCT on one of Sia's workloads (a worker process)."""
+    from hetflow.sim.live_sia import simulate_sia
+    from hetflow.sim.sia import SiaProfiles, load_workload
+
+    return path, simulate_sia(load_workload(Path(path)), SiaProfiles(Path(profiles)), "hetflow").summary()["avg_jct_s"]
+
+
+def sia_part(root: Path, workers: int) -> str:
+    """Part S (module docstring): the RESULT fragment, after a per-workload table."""
+    from hetflow.cli.simulate_protocols import load_sia_reference, sia_reference_of
+
+    reference = load_sia_reference()["results"]
+    todo = []
+    for trace in ("philly", "saturn"):
+        for f in sorted((root / "workloads" / trace).glob("workload-*.csv")):
+            ref = sia_reference_of(f)
+            if ref and reference.get(ref[0], {}).get(ref[1], {}).get("sia"):
+                todo.append((f, ref))
+    if not todo:
+        raise SystemExit(f"--sia {root}: no workload of Sia's with a reference run there "
+                         "(hetflow traces fetch sia --dest DIR, then --sia DIR)")
+    _progress(f"Sia's protocol: hetflow on {len(todo)} workloads with Sia references")
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        got = dict(pool.map(sia_workload, [str(f) for f, _ in todo], [str(root / "profiles")] * len(todo)))
+    ratios: dict[str, list[float]] = {"sia": [], "sia_rigid": [], "gavel": []}
+    print("Sia's protocol (avg JCT, h; Sia, Sia rigid, Gavel: Sia's own simulator)")
+    for f, (trace, workload) in todo:
+        mine, ref = got[str(f)], reference[trace][workload]
+        print(f"  {trace:7s} {workload:12s} hetflow {mine / 3600:6.3f}  " + "  ".join(
+            f"{k} {ref[k]['avg_jct_s'] / 3600:6.3f}" if k in ref else f"{k} -" for k in ratios))
+        for k in ratios:
+            if k in ref:
+                ratios[k].append(mine / ref[k]["avg_jct_s"])
+    mean = {k: sum(v) / len(v) for k, v in ratios.items() if v}
+    return (f"hetflow_over_sia={mean['sia']:.3f} hetflow_over_sia_rigid={mean.get('sia_rigid', float('nan')):.3f} "
+            f"hetflow_over_sia_gavel={mean.get('gavel', float('nan')):.3f} sia_workloads={len(todo)}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="smaller traces (about 2 minutes)")
@@ -389,8 +436,17 @@ def main() -> None:
     parser.add_argument("--elastic-scaling", default=DEFAULT_SCALING, help="their scaling curve")
     parser.add_argument("--eager-growth", action="store_true",
                         help="hetflow's eager_growth for the elastic runs (ask for more than the size under load)")
+    parser.add_argument("--sia", metavar="DIR", help="a `hetflow traces fetch sia` folder: adds Sia's protocol")
+    parser.add_argument("--sia-only", action="store_true", help="only Sia's protocol (needs --sia)")
     args = parser.parse_args()
     from hetflow.cli.simulate_protocols import parse_seeds
+
+    if args.sia_only and not args.sia:
+        parser.error("--sia-only needs --sia DIR (a `hetflow traces fetch sia --dest DIR` folder)")
+    sia_line = sia_part(Path(args.sia), args.workers) if args.sia else ""
+    if args.sia_only:
+        print(f"RESULT {sia_line}")
+        return
 
     fgd_seeds = parse_seeds(args.fgd_seeds, 42)
     if args.quick:
@@ -438,7 +494,8 @@ def main() -> None:
                     f"fgd_alloc_hetflow={cal['fgd_alloc_hetflow']:.4f} elastic_over_rigid={elastic_worst:.3f} "
                     f"fgd_run_wall_s={cal['fgd_run_wall_s']:.1f} "
                     f"gavel_gap_closed_worst={cal['gavel_gap_closed_worst']:.3f} "
-                    f"fgd_lead_points={cal['fgd_lead_points']:.2f} one_policy={one_policy()}")
+                    f"fgd_lead_points={cal['fgd_lead_points']:.2f} one_policy={one_policy()}"
+                    + (f" {sia_line}" if sia_line else ""))
         print(f"(FGD's own mean allocation over 100-130 %: {cal['fgd_alloc_fgd']:.4f}; hetflow - FGD at the worst "
               f"point from 50 %: {cal['hetflow_minus_fgd_min_points']:+.2f} points)", flush=True)
         if legacy:
