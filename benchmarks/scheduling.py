@@ -267,9 +267,10 @@ def one_policy() -> int:
     from hetflow.scheduling.policies.registry import make_policy
     from hetflow.sim.fgd import make_packing_policy
     from hetflow.sim.gavel import make_gavel_policy
+    from hetflow.sim.live_sia import live_sia_policy
 
     live = type(make_policy("hetflow"))
-    drivers = (make_gavel_policy("hetflow"), make_packing_policy("hetflow"))
+    drivers = (make_gavel_policy("hetflow"), make_packing_policy("hetflow"), live_sia_policy("hetflow"))
     return int(all(type(getattr(d, "policy", None)) is live for d in drivers))
 
 
