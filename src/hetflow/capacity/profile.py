@@ -116,17 +116,14 @@ def judge(result: dict[str, Any], rate: float, slo: Slo) -> Probe:
 
 def kept_up(result: dict[str, Any], rate: float) -> bool:
     """Whether the replica kept pace with the requests as sent (see the module's docstring)."""
-    starts = [float(s) for s, e in zip(result.get("start_times") or [], result.get("errors") or []) if not e]
-    latencies = [float(x) for x, e in zip(result.get("latencies") or [], result.get("errors") or [])
-                 if not e]
+    answered = [(float(start), float(latency)) for start, latency, error
+                in zip(result.get("start_times") or [], result.get("latencies") or [], result.get("errors") or [])
+                if not error]
     duration = float(result.get("duration") or 0.0)
-    if len(starts) < 2 or not latencies or duration <= 0:
+    if len(answered) < 2 or duration <= 0:
         return float(result.get("request_throughput") or 0.0) >= KEEP_UP * rate
-    ends = [float(s) + float(x) for s, x, e in zip(result["start_times"], result["latencies"], result["errors"])
-            if not e]
-    drain = max(ends) - max(starts)  # from the last send to the last answer
-    return drain - statistics.median(latencies) <= (1.0 - KEEP_UP) * duration
-
+    drain = max(s + lat for s, lat in answered) - max(s for s, _ in answered)  # last send -> last answer
+    return drain - statistics.median(lat for _, lat in answered) <= (1.0 - KEEP_UP) * duration
 
 def search(measure: Callable[[float], Probe], start_rate: float, max_rate: float, steps: int) -> tuple[float, list[Probe]]:
     """The highest passing rate: double from ``start_rate`` until a probe fails or ``max_rate``,
