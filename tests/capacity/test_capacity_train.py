@@ -68,6 +68,28 @@ def test_the_search_finds_what_exhaustive_search_finds_with_fewer_simulations(wo
     assert all(a.cost_per_hour < b.cost_per_hour and a.avg_jct_s > b.avg_jct_s for a, b in zip(front, front[1:]))
 
 
+@pytest.mark.parametrize("work, target_h", [(900, 5), (400, 2.6), (1500, 7.5)])
+def test_side_by_side_simulations_find_the_same_fleet(work, target_h) -> None:
+    """Two forked workers read each batch cheapest first: the same answer as one process, on a
+    grid big enough that the search takes several batches."""
+    simulate, calls = analytic(work, 10)
+    one = plan_train(MODELS, PRICES, simulate, target_h * 3600, node_size=8, max_nodes=7)
+    two = plan_train(MODELS, PRICES, simulate, target_h * 3600, node_size=8, max_nodes=7, workers=2)
+    every = [fleet_cost(c, MODELS, 8, PRICES) for c in itertools.product(range(8), repeat=3) if any(c)
+             and simulate(dict(zip(MODELS, c)))["avg_jct_s"] <= target_h * 3600]
+    assert one.best.cost_per_hour == pytest.approx(min(every)) == pytest.approx(two.best.cost_per_hour)
+    assert {m: e and e.counts for m, e in one.homogeneous.items()} == {m: e and e.counts for m, e in two.homogeneous.items()}
+    assert len(one.evaluated) < 8 ** 3 // 4  # far from every fleet of the grid
+
+
+def test_a_fleet_ruled_out_by_its_bound_is_not_simulated() -> None:
+    simulate, calls = analytic(200, 10)
+    plan = plan_train(MODELS, PRICES, simulate, 4 * 3600, max_nodes=4,
+                      bound=lambda devices: 0 if sum(devices.values()) >= 16 else 1e9)
+    assert plan.bounded > 0 and all(sum(c.values()) >= 2 for c in calls)  # no single-node fleet simulated
+    assert plan.best.cost_per_hour == plan_train(MODELS, PRICES, simulate, 4 * 3600, max_nodes=4).best.cost_per_hour
+
+
 def test_no_fleet_meets_an_impossible_target() -> None:
     simulate, _ = analytic(200, 10)
     with pytest.raises(Unschedulable, match="the best simulated: avg JCT"):
@@ -105,7 +127,7 @@ def test_the_command_on_a_real_simulation(tmp_path) -> None:
 
 @pytest.mark.parametrize("flags, code, words", [
     (["--devices", "A100-80GB,Z9000", "--price", "A100-80GB=1", "--target-avg-jct", "5h"], 2, "unknown accelerator"),
-    (["--devices", "A100-80GB", "--target-avg-jct", "5h"], 2, "no price for A100-80GB"),
+    (["--devices", "MI210", "--target-avg-jct", "5h"], 2, "no price for MI210"),  # none in the catalog
     (["--devices", "A100-80GB", "--price", "A100-80GB=1", "--target-avg-jct", "never"], 2, "positive time"),
     (["--devices", "A100-80GB", "--price", "A100-80GB=1", "--target-avg-jct", "1s", "--max-nodes", "1"], 3,
      "no fleet of up to 1 nodes"),
@@ -164,3 +186,90 @@ def test_training_beside_a_serving_load_uses_the_serving_nodes_leftovers(tmp_pat
     lone = subprocess.run([*base, *priced, "--workload", str(tmp_path / "workload.yaml")],
                           capture_output=True, text=True, timeout=300)
     assert lone.returncode == 2 and "go with --serve" in lone.stderr
+
+
+def _sim_jcts(trace_spec: str, fleet: list[tuple[int, str]], config=None):
+    from hetflow.scheduling.policies.capacity import ClusterModel
+    from hetflow.scheduling.policies.registry import make_policy
+    from hetflow.scheduling.throughput import default_model
+    from hetflow.sim.cluster import synthetic_cluster
+    from hetflow.sim.engine import SimConfig, Simulator
+    from hetflow.sim.metrics import summarise
+    from hetflow.sim.traces import load_trace
+
+    tp = default_model(None)
+    trace = load_trace(trace_spec, tp, ("A100-80GB", "MI300X"))
+    model = ClusterModel.from_snapshot(synthetic_cluster(fleet))
+    result = Simulator(model, trace.jobs, make_policy("hetflow"), tp, config or SimConfig()).run()
+    return trace, result, summarise(result, 0.0)
+
+
+@pytest.mark.parametrize("seed, fleet", [(1, [(1, "8x A100-80GB")]), (2, [(1, "8x A100-80GB"), (1, "4x MI300X")]),
+                                         (3, [(2, "8x MI300X")]), (4, [(1, "8x A100-80GB"), (2, "4x MI300X")])])
+def test_the_trace_bound_never_exceeds_the_simulated_jct(seed, fleet) -> None:
+    """fleet_lower_bound is a lower bound of what the simulator gives (avg and P95), on real
+    simulations of synthetic traces, loaded and idle fleets alike."""
+    from hetflow.capacity.train import fleet_lower_bound, job_times
+    from hetflow.scheduling.throughput import default_model
+
+    trace, _, summary = _sim_jcts(f"synthetic:jobs=40,rate=6,seed={seed}", fleet)
+    assert summary["unfinished"] == 0 and summary["rejected"] == 0
+    times = job_times(trace.jobs, ["A100-80GB", "MI300X"], 4, 2, default_model(None))
+    devices: dict[str, int] = {}
+    for n, text in fleet:
+        size, model = text.split("x ")
+        devices[model] = devices.get(model, 0) + n * int(size)
+    for metric, key in (("avg", "avg_jct_s"), ("p95", "p95_jct_s")):
+        low = fleet_lower_bound(times, devices, metric)
+        assert 0 < low <= summary[key] * (1 + 1e-9), (metric, low, summary[key])
+    assert fleet_lower_bound(times, {"A100-80GB": 1}) == float("inf")  # an 8-GPU gang fits nowhere
+
+
+@pytest.mark.parametrize("metric", ["avg", "p95"])
+def test_a_simulation_stops_early_only_when_the_target_is_missed(metric) -> None:
+    """SimConfig.stop_past ends a run once the target is sure to be missed; the full run then
+    misses it too, and a run that meets the target is not cut short."""
+    from hetflow.sim.engine import SimConfig
+
+    key = metric + "_jct_s"
+    spec, fleet = "synthetic:jobs=60,rate=8,seed=5", [(1, "8x A100-80GB")]
+    _, full, summary = _sim_jcts(spec, fleet)
+    assert summary["unfinished"] == 0 and summary["rejected"] == 0
+    jct = summary[key]
+    _, cut, _ = _sim_jcts(spec, fleet, SimConfig(stop_past=(metric, 0.5 * jct)))
+    assert cut.stopped_past_s is not None and cut.stopped_past_s < full.end_s  # stopped before the end
+    _, whole, again = _sim_jcts(spec, fleet, SimConfig(stop_past=(metric, 1.01 * jct)))
+    assert whole.stopped_past_s is None and again[key] == pytest.approx(jct)
+    with pytest.raises(InputError, match="whole trace"):
+        SimConfig(stop_past=(metric, 3600.0), window=(0, 10))
+
+
+def test_catalog_prices_are_the_default_and_cite_their_source(tmp_path) -> None:
+    from hetflow.accelerators.prices import default_prices
+
+    listed = default_prices()
+    cmd = [*HETFLOW, "capacity", "train", "--trace", "synthetic:jobs=6,rate=6,seed=3", "--devices", "A100-80GB,MI300X",
+           "--price", "MI300X=3.5", "--target-avg-jct", "60h", "--node-size", "4", "--max-nodes", "2", "--json"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    plan = json.loads(out.stdout)
+    assert plan["prices"] == {"A100-80GB": listed["A100-80GB"].cloud_usd_per_hour, "MI300X": 3.5}
+    assert plan["price_sources"]["MI300X"] == "given" and plan["price_sources"]["A100-80GB"].startswith("catalog: ")
+    assert plan["best"]["power_kw"] > 0  # both models have a cited TDP
+
+
+def test_every_shipped_price_names_its_source() -> None:
+    import yaml
+    from hetflow.accelerators.prices import default_prices, parse_prices_doc
+
+    listed = default_prices()
+    assert {"H100-SXM", "MI300X", "A100-80GB", "L40S"} <= {m for m, p in listed.items() if p.cloud_usd_per_hour}
+    for info in listed.values():
+        assert (info.cloud_usd_per_hour is None) == (info.cloud_source is None) or info.cloud_source
+    doc = {"schema": "hetflow.prices/v1", "prices": {"T4": {"cloud_usd_per_hour": 0.5}}}
+    with pytest.raises(InputError, match="without cloud_source"):
+        parse_prices_doc(doc)
+    with pytest.raises(InputError, match="not a catalog model"):
+        parse_prices_doc({"schema": "hetflow.prices/v1", "prices": {"Z9000": {}}})
+    with pytest.raises(InputError, match="unknown key"):
+        parse_prices_doc(yaml.safe_load("schema: hetflow.prices/v1\nprices: {T4: {price: 1}}"))

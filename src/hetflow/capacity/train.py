@@ -3,12 +3,23 @@
 A fleet is a number of nodes of each candidate device model (``node_size`` devices a node). Each
 fleet is judged by simulating the trace on it with the policy the live controller runs (the
 discrete-event simulator of ``hetflow simulate``, :mod:`hetflow.sim.engine`): it meets the
-target when every job finishes and the average (or P95) job completion time is within it. The
-search walks the fleets up to ``max_nodes`` nodes of each model in order of price and stops at
-the first that meets the target - so the answer is the cheapest such fleet of those walked -
-skipping, without simulating, every fleet with no more nodes of any model than one that already
-missed the target (fewer devices are assumed never to finish the trace sooner). The best
-single-model fleets and the price/JCT Pareto front of every fleet simulated come with it.
+target when every job finishes and the average (or P95) job completion time is within it.
+
+The search is exact under one assumption: a fleet with no more nodes of any model than one that
+missed the target misses it too (fewer devices never finish a trace sooner). Then
+
+* a **bound** from the trace alone rules fleets out without a simulation
+  (:func:`fleet_lower_bound`: each job's time alone on the fastest model where it fits, and for
+  the average the whole fleet as one machine running shortest-remaining-work first);
+* a simulation **stops early** once the fleet is sure to miss (``SimConfig.stop_past``);
+* the **single-model fleets** are found by bisection on the node count;
+* among **mixed fleets** each simulation either lowers the price to beat (a fleet that meets) or
+  rules out every fleet below it (a miss), so the fleets below the most others still open are
+  simulated first, until no fleet cheaper than the best found is left open;
+* simulations run side by side in ``workers`` forked processes.
+
+The best single-model fleets and the price/JCT Pareto front of the fleets simulated to the end
+come with it.
 
 **Training beside a serving load** (:func:`reserve_serving`, ``hetflow capacity train --serve``):
 the serving plan's replicas (:func:`hetflow.capacity.serve.plan_serve`) are bought first, as whole
@@ -26,6 +37,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+import numpy as np
+
 from hetflow.core.errors import InputError, Unschedulable
 
 Counts = tuple[int, ...]  # nodes per model, in the order of ``models``
@@ -39,13 +52,15 @@ class Evaluation:
     p95_jct_s: float | None
     unfinished: int
     meets: bool
+    stopped_early: bool = False  # the simulation stopped once the target was sure to be missed
 
     def to_dict(self) -> dict[str, Any]:
         return {"nodes": {k: v for k, v in self.counts.items() if v},
                 "cost_per_hour": round(self.cost_per_hour, 4),
                 "avg_jct_h": None if self.avg_jct_s is None else round(self.avg_jct_s / 3600, 4),
                 "p95_jct_h": None if self.p95_jct_s is None else round(self.p95_jct_s / 3600, 4),
-                "unfinished": self.unfinished, "meets_target": self.meets}
+                "unfinished": self.unfinished, "meets_target": self.meets,
+                **({"stopped_early": True} if self.stopped_early else {})}
 
 
 @dataclass
@@ -54,6 +69,7 @@ class TrainFleetPlan:
     homogeneous: dict[str, Evaluation | None]
     evaluated: list[Evaluation] = field(default_factory=list)
     skipped: int = 0  # fleets not simulated: no bigger than one that missed the target
+    bounded: int = 0  # fleets not simulated: the trace's lower bound already misses the target
     wall_s: float = 0.0
 
     @property
@@ -81,7 +97,8 @@ class TrainFleetPlan:
             "mixed_over_homogeneous": (round(self.best.cost_per_hour / homog.cost_per_hour, 4)
                                        if self.best and homog and homog.cost_per_hour else None),
             "pareto": [e.to_dict() for e in self.pareto(metric)],
-            "simulated": len(self.evaluated), "skipped": self.skipped,
+            "simulated": len(self.evaluated), "skipped": self.skipped, "bounded": self.bounded,
+            "stopped_early": sum(e.stopped_early for e in self.evaluated),
             "wall_s": round(self.wall_s, 2),
         }
 
@@ -127,13 +144,131 @@ def reserve_serving(replicas: dict[str, int], prices: dict[str, float], node_siz
     return ServingReservation(nodes, {k: v for k, v in replicas.items() if v > 0}, spare, cost)
 
 
+@dataclass(frozen=True)
+class JobTimes:
+    """What a job of the trace needs on each candidate model, for the bounds: the devices it
+    takes there (its gang, or an elastic job's smallest size), its time alone there at its best
+    placement, and the device-seconds it takes there at its most frugal size."""
+
+    arrival_s: float
+    need: dict[str, int]
+    alone_s: dict[str, float]
+    area: dict[str, float]
+
+
+def fleet_lower_bound(jobs: Sequence[JobTimes], devices: dict[str, int], metric: str = "avg") -> float:
+    """A lower bound of the trace's average (or P95) JCT on a fleet of ``devices`` per model,
+    valid for any policy; ``inf`` when some job fits on none of them.
+
+    Per job: its time alone on the fastest model where it fits. For the average also the
+    aggregate relaxation: the whole fleet as one machine that works on one job at a time at the
+    fleet's total speed (each device counted at its best relative speed for any job), where
+    shortest-remaining-work-first (optimal there, with preemption and release dates) gives the
+    least sum of completion times. The larger of the two."""
+    alone: list[float] = []
+    for j in jobs:
+        fits = [t for m, t in j.alone_s.items() if j.need[m] <= devices.get(m, 0)]
+        if not fits:
+            return math.inf
+        alone.append(min(fits))
+    if not alone:
+        return 0.0
+    if metric == "p95":
+        import numpy as np
+
+        return float(np.quantile(np.array(alone), 0.95))
+    per_job = sum(alone) / len(alone)
+    # aggregate relaxation: each job's work in device-seconds of its most frugal fitting model
+    usable = [[m for m in j.area if j.need[m] <= devices.get(m, 0)] for j in jobs]
+    work = [min(j.area[m] for m in ms) for j, ms in zip(jobs, usable)]
+    sigma: dict[str, float] = {}
+    for j, ms, w in zip(jobs, usable, work):
+        for m in ms:
+            sigma[m] = max(sigma.get(m, 0.0), w / j.area[m])
+    speed = sum(devices[m] * sg for m, sg in sigma.items())
+    if speed <= 0:
+        return per_job
+    return max(per_job, _srpt_mean_flow([j.arrival_s for j in jobs], work, speed))
+
+
+def _srpt_mean_flow(arrivals: Sequence[float], work: Sequence[float], speed: float) -> float:
+    """Mean (completion - arrival) of preemptive shortest-remaining-work-first on one machine of
+    ``speed`` work units per second."""
+    import heapq
+
+    order = sorted(range(len(arrivals)), key=lambda i: arrivals[i])
+    heap: list[tuple[float, int]] = []  # (remaining work, job)
+    t, k, total = 0.0, 0, 0.0
+    while k < len(order) or heap:
+        if not heap:
+            t = max(t, arrivals[order[k]])
+        while k < len(order) and arrivals[order[k]] <= t:
+            heapq.heappush(heap, (work[order[k]], order[k]))
+            k += 1
+        rem, i = heapq.heappop(heap)
+        finish = t + rem / speed
+        nxt = arrivals[order[k]] if k < len(order) else math.inf
+        if finish <= nxt:
+            t = finish
+            total += t - arrivals[i]
+        else:  # the next arrival comes first: run until then, then choose again
+            heapq.heappush(heap, (rem - (nxt - t) * speed, i))
+            t = nxt
+    return total / len(arrivals)
+
+
+def job_times(jobs: Sequence[Any], models: Sequence[str], node_size: int, max_nodes: int, throughputs: Any,
+              policy: str = "hetflow") -> list[JobTimes]:
+    """Each job's needs and best times on each model (:class:`JobTimes`), from the simulator's
+    own rates on the largest fleet walked (``max_nodes`` nodes of each model), so the bounds use
+    the speeds the simulations use. An elastic job counts its fastest and its most frugal size."""
+    from hetflow.scheduling.policies.capacity import ClusterModel
+    from hetflow.scheduling.policies.registry import make_policy
+    from hetflow.sim.cluster import synthetic_cluster
+    from hetflow.sim.engine import Simulator
+
+    cluster = ClusterModel.from_snapshot(synthetic_cluster([(max_nodes, f"{node_size}x {m}") for m in models]))
+    sim = Simulator(cluster, [], make_policy(policy), throughputs)
+    out: list[JobTimes] = []
+    for job in jobs:
+        rates = sim.ideal_rates(job)
+        by_size = sim.size_rates(job, rates) or {job.num_gpus: rates}
+        share = job.gpu_milli / 1000.0
+        need: dict[str, int] = {}
+        alone: dict[str, float] = {}
+        area: dict[str, float] = {}
+        for m in models:
+            sized = [(n, r[m]) for n, r in by_size.items() if r.get(m, 0.0) > 0]
+            if not sized or not math.isfinite(job.total_work):
+                continue
+            need[m] = min(n for n, _ in sized)
+            alone[m] = min(job.total_work / r for _, r in sized)
+            area[m] = min(max(n, 1) * share * job.total_work / r for n, r in sized)
+        out.append(JobTimes(job.arrival_s, need, alone, area))
+    return out
+
+
+_SIMULATE: Callable[[dict[str, int]], dict[str, Any]] | None = None  # for forked workers
+
+
+def _simulate_in_worker(nodes: dict[str, int]) -> dict[str, Any]:
+    assert _SIMULATE is not None
+    return _SIMULATE(nodes)
+
+
 def plan_train(models: Sequence[str], prices: dict[str, float], simulate: Callable[[dict[str, int]], dict[str, Any]],
                target_s: float, metric: str = "avg", node_size: int = 8, max_nodes: int = 4,
-               max_simulations: int = 400, allow_empty: bool = False) -> TrainFleetPlan:
+               max_simulations: int = 400, allow_empty: bool = False,
+               bound: Callable[[dict[str, int]], float] | None = None, workers: int = 1) -> TrainFleetPlan:
     """The cheapest fleet of ``models`` meeting ``target_s`` (see the module docstring).
 
     ``simulate(nodes per model) -> summary`` runs the trace on a fleet (``avg_jct_s``,
-    ``p95_jct_s``, ``unfinished``, ``rejected``: :func:`hetflow.sim.metrics.summarise`'s keys).
+    ``p95_jct_s``, ``unfinished``, ``rejected``: :func:`hetflow.sim.metrics.summarise`'s keys;
+    ``stopped_past_s`` when the simulation stopped as soon as the target was sure to be missed).
+    ``bound(nodes per model)``: a lower bound of the metric on that fleet (seconds, ``inf``
+    when the trace cannot run there); a fleet whose bound exceeds the target is not simulated.
+    ``workers``: simulations run side by side in that many forked processes (the walk stays in
+    price order: a batch's results are read cheapest first).
     ``allow_empty``: the fleet of no node is a candidate too (``simulate`` then runs on what
     it adds itself, e.g. the devices a serving reservation left over).
     Raises InputError for bad arguments and Unschedulable when no fleet walked meets the target.
@@ -144,6 +279,8 @@ def plan_train(models: Sequence[str], prices: dict[str, float], simulate: Callab
         raise InputError("the JCT target must be a positive time, e.g. 12h")
     if node_size <= 0 or max_nodes <= 0:
         raise InputError("--node-size and --max-nodes must be > 0")
+    if workers <= 0:
+        raise InputError("--workers must be > 0")
     missing = [m for m in models if m not in prices]
     if missing:
         raise InputError(f"no price for {', '.join(missing)}: give --price MODEL=DOLLARS_PER_DEVICE_HOUR "
@@ -152,54 +289,114 @@ def plan_train(models: Sequence[str], prices: dict[str, float], simulate: Callab
     cache: dict[Counts, Evaluation] = {}
     failed: list[Counts] = []
     plan = TrainFleetPlan(None, {})
+    key = "avg_jct_s" if metric == "avg" else "p95_jct_s"
+    pool = None
+    if workers > 1:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
 
-    def evaluate(counts: Counts) -> Evaluation:
-        if counts not in cache:
-            if len(cache) >= max_simulations:
-                raise Unschedulable(f"no fleet met the target within {max_simulations} simulations; "
-                                    "raise --max-simulations, relax the target or add a faster model")
-            summary = simulate(dict(zip(models, counts)))
-            value = summary.get("avg_jct_s" if metric == "avg" else "p95_jct_s")
-            unfinished = int(summary.get("unfinished") or 0) + int(summary.get("rejected") or 0)
-            meets = unfinished == 0 and value is not None and value <= target_s
-            cache[counts] = Evaluation(dict(zip(models, counts)), fleet_cost(counts, models, node_size, prices),
-                                       summary.get("avg_jct_s"), summary.get("p95_jct_s"), unfinished, meets)
-            plan.evaluated.append(cache[counts])
-            if not meets:
-                failed.append(counts)
-        return cache[counts]
+        global _SIMULATE
+        _SIMULATE = simulate
+        pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"))
+
+    def record(counts: Counts, summary: dict[str, Any]) -> Evaluation:
+        value = summary.get(key)
+        unfinished = int(summary.get("unfinished") or 0) + int(summary.get("rejected") or 0)
+        stopped = summary.get("stopped_past_s") is not None
+        meets = not stopped and unfinished == 0 and value is not None and value <= target_s
+        e = Evaluation(dict(zip(models, counts)), fleet_cost(counts, models, node_size, prices),
+                       summary.get("avg_jct_s"), summary.get("p95_jct_s"), unfinished, meets, stopped_early=stopped)
+        cache[counts] = e
+        plan.evaluated.append(e)
+        if not meets:
+            failed.append(counts)
+        return e
 
     def dominated(counts: Counts) -> bool:  # no more of any model than a fleet that missed
         return any(all(c <= f for c, f in zip(counts, fail)) for fail in failed)
 
-    # single-model fleets: the fewest nodes of each model that meet the target
-    for i, m in enumerate(models):
-        plan.homogeneous[m] = None
-        for n in range(1, max_nodes + 1):
-            counts = tuple(n if j == i else 0 for j in range(len(models)))
-            if dominated(counts):
-                continue
-            if evaluate(counts).meets:
-                plan.homogeneous[m] = cache[counts]
+    bounds: dict[Counts, bool] = {}
+
+    def bounded_out(counts: Counts) -> bool:
+        """The trace's lower bound on this fleet already misses the target (not simulated)."""
+        if bound is None or not any(counts):
+            return False
+        if counts not in bounds:
+            low = bound({m: n * node_size for m, n in zip(models, counts) if n})
+            bounds[counts] = low > target_s
+            if bounds[counts]:
+                plan.bounded += 1
+        return bounds[counts]
+
+    def run(batch: Sequence[Counts]) -> None:
+        if len(cache) + len(batch) > max_simulations:
+            raise Unschedulable(f"no answer within {max_simulations} simulations; raise --max-simulations, "
+                                "relax the target or add a faster model")
+        nodes = [dict(zip(models, c)) for c in batch]
+        summaries = list(pool.map(_simulate_in_worker, nodes)) if pool and len(batch) > 1 else \
+            [simulate(n) for n in nodes]
+        for c, summary in zip(batch, summaries):
+            record(c, summary)
+
+    def order(c: Counts) -> tuple:
+        return (fleet_cost(c, models, node_size, prices), sum(c), c)
+
+    try:
+        # single-model fleets: the fewest nodes of each model that meet the target, by bisection
+        # (more nodes of one model never finish the trace later), the models' searches side by side
+        span = {i: [0, max_nodes + 1] for i in range(len(models))}  # misses at lo, meets at hi
+
+        def single(i: int, n: int) -> Counts:
+            return tuple(n if j == i else 0 for j in range(len(models)))
+
+        while True:
+            for i, (lo, hi) in span.items():  # what the bounds and earlier misses settle
+                while hi - lo > 1 and bounded_out(single(i, lo + 1)):
+                    failed.append(single(i, lo + 1))
+                    lo += 1
+                span[i] = [lo, hi]
+            open_ = [i for i, (lo, hi) in span.items() if hi - lo > 1]
+            if not open_:
                 break
-    # every fleet in order of price; the first that meets the target is the cheapest
-    grid = [c for c in itertools.product(range(max_nodes + 1), repeat=len(models)) if any(c) or allow_empty]
-    grid.sort(key=lambda c: (fleet_cost(c, models, node_size, prices), sum(c), c))
-    for counts in grid:
-        if counts in cache:
-            if cache[counts].meets:
-                plan.best = cache[counts]
-                break
-            continue
-        if dominated(counts):
-            plan.skipped += 1
-            continue
-        if evaluate(counts).meets:
-            plan.best = cache[counts]
-            break
+            batch = [single(i, (span[i][0] + span[i][1]) // 2) for i in open_][:workers]
+            run(batch)
+            for c in batch:
+                i = next(k for k, n in enumerate(c) if n)
+                span[i][1 if cache[c].meets else 0] = c[i]
+        for i, m in enumerate(models):
+            hi = span[i][1]
+            plan.homogeneous[m] = cache[single(i, hi)] if hi <= max_nodes else None
+        # mixed fleets: the cheapest that meets the target. Under the same assumption (a fleet with
+        # no more of any model than one that missed misses too), each simulation either lowers the
+        # price to beat (a fleet that meets) or rules out every fleet below it (a miss): simulate
+        # first the fleets below the most others still open, until none cheaper than the best is left
+        grid = [c for c in itertools.product(range(max_nodes + 1), repeat=len(models)) if any(c) or allow_empty]
+        met = [e for e in plan.evaluated if e.meets]
+        best: Counts | None = min((tuple(e.counts[m] for m in models) for e in met), key=order, default=None)
+        live = [c for c in grid if c not in cache and (best is None or order(c) < order(best)) and not dominated(c)]
+        for c in live:
+            if bounded_out(c):
+                failed.append(c)
+        live = [c for c in live if not bounds.get(c) and not dominated(c)]
+        while live:
+            grid_arr = np.array(live)
+            below = (grid_arr[None, :, :] <= grid_arr[:, None, :]).all(axis=2).sum(axis=1)
+            batch = [live[k] for k in sorted(range(len(live)), key=lambda k: (-below[k], order(live[k])))[:workers]]
+            before = len(failed)
+            run(batch)
+            for c in batch:
+                if cache[c].meets and (best is None or order(c) < order(best)):
+                    best = c
+            misses = failed[before:]
+            live = [c for c in live if c not in cache and (best is None or order(c) < order(best))
+                    and not any(all(x <= y for x, y in zip(c, f)) for f in misses)]
+        plan.best = None if best is None else cache[best]
+        plan.skipped = sum(1 for c in grid if c not in cache and not bounds.get(c))
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
     plan.wall_s = time.perf_counter() - started
     if plan.best is None:
-        key = "avg_jct_s" if metric == "avg" else "p95_jct_s"
         done = [e for e in plan.evaluated if e.unfinished == 0 and getattr(e, key) is not None]
         closest = min(done, key=lambda e: getattr(e, key)) if done else None
         reached = ("" if closest is None else
@@ -243,5 +440,5 @@ def parse_prices(pairs: Sequence[str], doc: Any = None, source: str = "--prices"
     return prices
 
 
-__all__ = ["Evaluation", "ServingReservation", "TrainFleetPlan", "fleet_cost", "parse_prices", "parse_time",
-           "plan_train", "reserve_serving"]
+__all__ = ["Evaluation", "JobTimes", "job_times", "ServingReservation", "TrainFleetPlan", "fleet_cost", "fleet_lower_bound",
+           "parse_prices", "parse_time", "plan_train", "reserve_serving"]

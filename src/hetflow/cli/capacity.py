@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -54,7 +55,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--trace", required=True, metavar="T", help="a trace file or synthetic:jobs=N,rate=R,seed=S")
     t.add_argument("--devices", required=True, metavar="M,M", help="candidate catalog models, e.g. A100-80GB,MI300X")
     t.add_argument("--price", action="append", default=[], metavar="MODEL=USD",
-                   help="dollars per device-hour of a candidate (repeat; or --prices FILE)")
+                   help="dollars per device-hour of a candidate (repeat; or --prices FILE); default: the "
+                        "catalog's cited on-demand cloud price (hetflow/accelerators/data/prices.yaml)")
     t.add_argument("--prices", metavar="FILE", help="YAML/JSON: MODEL: dollars per device-hour")
     target = t.add_mutually_exclusive_group(required=True)
     target.add_argument("--target-avg-jct", metavar="TIME", help="average job completion time to meet, e.g. 12h")
@@ -62,6 +64,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--node-size", type=int, default=8, help="devices per node (default 8)")
     t.add_argument("--max-nodes", type=int, default=4, help="most nodes of each model to try (default 4)")
     t.add_argument("--max-simulations", type=int, default=400, help="stop after this many simulations")
+    t.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="simulations side by side in N processes (default: the machine's cores)")
+    t.add_argument("--full-runs", action="store_true",
+                   help="run every simulated fleet to the end, for its JCT on the Pareto front (default: "
+                        "a simulation stops once the fleet is sure to miss the target)")
     t.add_argument("--policy", default="hetflow", help="the cluster policy (default hetflow, the controller's)")
     t.add_argument("--throughputs", metavar="F", help="measured job-type x device-type table (as simulate)")
     t.add_argument("--seed", type=int, default=0, help="seed for traces that draw job types")
@@ -139,7 +146,8 @@ def run_train(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from hetflow.accelerators.catalog import default_catalog
-    from hetflow.capacity.train import parse_prices, parse_time, plan_train
+    from hetflow.accelerators.prices import default_prices, device_watts
+    from hetflow.capacity.train import fleet_lower_bound, job_times, parse_prices, parse_time, plan_train
     from hetflow.core.errors import InputError, Unschedulable
     from hetflow.scheduling.policies.capacity import ClusterModel
     from hetflow.scheduling.policies.registry import make_policy, parse_policy_list
@@ -157,13 +165,23 @@ def run_train(args: argparse.Namespace) -> int:
     prices = {}
     for name, value in raw.items():
         prices[catalog.lookup(name).name] = value
+    price_source = {m: "given" for m in prices}
+    listed = default_prices()
+    for m in models:  # the catalog's cited on-demand price where the user gave none
+        if m not in prices and m in listed and listed[m].cloud_usd_per_hour is not None:
+            prices[m] = float(listed[m].cloud_usd_per_hour)  # type: ignore[arg-type]
+            price_source[m] = f"catalog: {listed[m].cloud_offering or listed[m].cloud_source}"
+    unpriced = [m for m in models if m not in prices]
+    if unpriced:
+        raise InputError(f"no price for {', '.join(unpriced)}: the catalog has no cited price for it; give "
+                         "--price MODEL=DOLLARS_PER_DEVICE_HOUR (or a --prices file)")
     metric = "avg" if args.target_avg_jct else "p95"
     target_s = parse_time(args.target_avg_jct or args.target_p95_jct,
                           "--target-avg-jct" if args.target_avg_jct else "--target-p95-jct")
     (policy,) = parse_policy_list(args.policy)
     throughputs = default_model(load_throughputs(args.throughputs) if args.throughputs else None)
     trace = load_trace(args.trace, throughputs, tuple(models), seed=args.seed)
-    config = SimConfig()
+    config = SimConfig(stop_past=None if args.full_runs else (metric, target_s))
     if (args.workload or args.slice_factor is not None) and not args.serve:
         raise InputError("--workload and --slice-factor go with --serve PROFILES (a serving load beside training)")
     serving = _reserve(args, catalog, prices) if args.serve else None
@@ -176,19 +194,36 @@ def run_train(args: argparse.Namespace) -> int:
             if not parts:  # nothing to run on: every job unfinished
                 return {"avg_jct_s": None, "p95_jct_s": None, "unfinished": len(trace.jobs)}
             model = ClusterModel.from_snapshot(synthetic_cluster(parts))
-            return summarise(Simulator(model, trace.jobs, make_policy(policy), throughputs, config).run(), 0.0)
+            result = Simulator(model, trace.jobs, make_policy(policy), throughputs, config).run()
+            return {**summarise(result, 0.0), "stopped_past_s": result.stopped_past_s}
         return simulate
 
+    times = job_times(trace.jobs, models, args.node_size, args.max_nodes, throughputs, policy)
+
+    def bounder(with_spare: bool):
+        def bound(devices: dict[str, int]) -> float:
+            if with_spare:
+                devices = {m: devices.get(m, 0) + spare.get(m, 0) for m in set(devices) | set(spare)}
+            return fleet_lower_bound(times, devices, metric)
+        return bound
+
+    workers = args.workers if args.workers is not None else (os.cpu_count() or 1)
     plan = plan_train(models, prices, simulator(True), target_s, metric, args.node_size, args.max_nodes,
-                      args.max_simulations, allow_empty=bool(spare))
+                      args.max_simulations, allow_empty=bool(spare), bound=bounder(True), workers=workers)
     out = plan.to_dict(metric)
     out.update(trace=trace.source, jobs=len(trace.jobs), policy=policy, metric=metric,
-               target_h=target_s / 3600, node_size=args.node_size, prices=prices)
+               target_h=target_s / 3600, node_size=args.node_size, prices=prices, price_sources=price_source)
+    watts = {m: device_watts(m) for m in models}
+    for e in [out["best"], out["best_homogeneous"], *out["homogeneous"].values()]:
+        if e is not None:  # the fleet's board power at TDP (None when a model's TDP is not known)
+            known = all(watts[m] is not None for m in e["nodes"])
+            e["power_kw"] = round(sum(n * args.node_size * watts[m] for m, n in e["nodes"].items()) / 1000, 2) \
+                if known else None
     if serving is not None:
         apart = None
         try:
             alone = plan_train(models, prices, simulator(False), target_s, metric, args.node_size, args.max_nodes,
-                               args.max_simulations)
+                               args.max_simulations, bound=bounder(False), workers=workers)
             apart = serving.cost_per_hour + alone.best.cost_per_hour
         except Unschedulable:
             pass  # training alone meets the target on no fleet walked: only the shared one
@@ -220,14 +255,19 @@ def run_train(args: argparse.Namespace) -> int:
           + f" for {len(trace.jobs)} jobs ({trace.source}) with {metric} JCT <= "
           f"{target_s / 3600:g} h under {policy}: ${best['cost_per_hour']:,.2f}/h")
     print("  " + (", ".join(f"{n} x {args.node_size}x {m}" for m, n in best["nodes"].items()) or "no training node")
-          + f"   avg JCT {best['avg_jct_h']:.2f} h, p95 {best['p95_jct_h']:.2f} h")
+          + f"   avg JCT {best['avg_jct_h']:.2f} h, p95 {best['p95_jct_h']:.2f} h"
+          + ("" if best.get("power_kw") is None else f", {best['power_kw']:g} kW at TDP"))
+    for m in models:
+        if price_source[m] != "given":
+            print(f"  price of {m}: ${prices[m]:g}/device-h from the {price_source[m]} (--price to override)")
     for m, e in out["homogeneous"].items():
         print(f"  only {m}: " + ("no fleet up to --max-nodes meets the target" if e is None else
                                f"{e['nodes'][m]} nodes, ${e['cost_per_hour']:,.2f}/h, avg JCT {e['avg_jct_h']:.2f} h"))
     if homog:
         print(f"the mix costs {out['mixed_over_homogeneous']:.2f}x of the best single model")
-    print(f"price/JCT Pareto front ({len(out['pareto'])} fleets), {out['simulated']} simulated, "
-          f"{out['skipped']} skipped, {out['wall_s']:.1f} s" + (f"; wrote {args.out}/plan.json, pareto.png" if args.out else ""))
+    print(f"price/JCT Pareto front ({len(out['pareto'])} fleets), {out['simulated']} simulated "
+          f"({out['stopped_early']} stopped once sure to miss), {out['skipped']} skipped as smaller than a miss, "
+          f"{out['bounded']} ruled out by the trace's bound, {out['wall_s']:.1f} s" + (f"; wrote {args.out}/plan.json, pareto.png" if args.out else ""))
     return 0
 
 

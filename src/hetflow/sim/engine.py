@@ -84,10 +84,19 @@ class SimConfig:
     restore_s: float = 30.0  # default checkpoint-restore cost for jobs that do not give one
     window: tuple[int, int] | None = None  # measured jobs by arrival index; stop when they finish
     until_s: float | None = None  # stop the clock here (open-ended jobs)
+    # ("avg" | "p95", seconds): stop as soon as the trace's average (or P95) job completion time
+    # is sure to exceed this (capacity planning: a fleet that misses its target need not be run
+    # to the end). Whole-trace runs only (no window).
+    stop_past: tuple[str, float] | None = None
 
     def __post_init__(self) -> None:
         if self.round_s <= 0 or self.restore_s < 0:
             raise InputError("round_s must be > 0 and restore_s >= 0")
+        if self.stop_past is not None:
+            if self.stop_past[0] not in ("avg", "p95") or not self.stop_past[1] > 0:
+                raise InputError("stop_past must be ('avg' or 'p95', seconds > 0)")
+            if self.window is not None:
+                raise InputError("stop_past judges the whole trace: it does not go with a window")
         if self.window is not None and not 0 <= self.window[0] < self.window[1]:
             raise InputError(f"window {self.window[0]}:{self.window[1]} must be START:STOP with START < STOP")
 
@@ -143,6 +152,7 @@ class SimResult:
     measured: range  # indices of the measured jobs
     end_s: float
     decisions: int = 0
+    stopped_past_s: float | None = None  # SimConfig.stop_past: when the target was sure to be missed
 
 
 class SimJob:
@@ -252,6 +262,16 @@ class Simulator:
             raise InputError(f"--window {w[0]}:{w[1]} starts after the last of the trace's {n} jobs")
         self._open_measured = set(self.measured)
         self._finished_measured = 0
+        # SimConfig.stop_past: sums kept as jobs arrive and finish (no pass over the jobs per event)
+        self._jct_sum = 0.0  # finished jobs
+        self._late_finished = 0  # finished jobs whose JCT exceeds the p95 target
+        self._open_arrival_sum = 0.0  # arrived, unfinished jobs
+        self._stopped_past: float | None = None
+        self._rejected_any = False  # a job that can run nowhere: the trace never completes
+        self._future_floor = 0.0  # jobs not arrived yet: the sum of their times alone at their best
+        if config.stop_past is not None:
+            for job in self.jobs:
+                self._future_floor += self._floor_s(job)
 
     # -- speeds ----------------------------------------------------------------------------
 
@@ -343,6 +363,9 @@ class Simulator:
             boundary = next_round is not None and next_round <= t
             if self._open_measured == set() and self.config.window is not None:
                 break
+            if self.config.stop_past is not None and self._past_target(t):
+                self._stopped_past = t
+                break
             if self.active and (boundary or (changed and self._worth_asking())):
                 self._decide(boundary)
             if changed:
@@ -356,6 +379,46 @@ class Simulator:
             if next_arrival >= n and self._running_finite == 0 and (stalled_check or not self.active):
                 break  # nothing left that can finish: open-ended jobs only, or jobs that never fit
         return self._result()
+
+    def _floor_s(self, job: Job) -> float:
+        """The job's time alone at its fastest rate on any type and size (a lower bound of its JCT)."""
+        rates = self.ideal_rates(job)
+        sizes = self.size_rates(job, rates) if rates else None
+        best = max((r for by_type in (sizes or {0: rates}).values() for r in by_type.values()), default=0.0)
+        return job.total_work / best if best > 0 else math.inf
+
+    @staticmethod
+    def _remaining_floor(j: SimJob) -> float:
+        best = max((r for by_type in j.size_rates.values() for r in by_type.values()), default=0.0)
+        return j.remaining_work / best if best > 0 else math.inf
+
+    def _past_target(self, t: float) -> bool:
+        """Whether the whole trace's JCT is already sure to exceed ``config.stop_past``: a job
+        that can run nowhere; the sum of the finished jobs' JCTs and the open jobs' ages so far (a
+        lower bound of the final sum) over n x target (avg); or so many jobs already past the
+        target that the P95 (numpy's linear interpolation) must be too."""
+        metric, target = self.config.stop_past  # type: ignore[misc]
+        if self._rejected_any:
+            return True
+        n = len(self.jobs)
+        if metric == "avg":
+            bound = self._jct_sum + len(self.active) * t - self._open_arrival_sum + self._future_floor
+            if bound > target * n:
+                return True
+            # the open jobs' remaining work at their best rate too (a pass over them: only when close)
+            if bound > 0.5 * target * n:
+                bound += sum(self._remaining_floor(j) for j in self.active.values())
+            return bound > target * n
+        need = n - math.floor(0.95 * (n - 1))  # jobs above the target that force the P95 above it
+        late = self._late_finished
+        if late >= need:
+            return True
+        for j in self.active.values():  # sure to finish past the target: its age and what it has left
+            if t - j.job.arrival_s + self._remaining_floor(j) > target:
+                late += 1
+                if late >= need:
+                    return True
+        return False
 
     def _worth_asking(self) -> bool:
         if not self.waiting:
@@ -376,6 +439,7 @@ class Simulator:
             self.records[idx].rejected = (
                 f"job {job.job_id} ({job.job_type}, {job.num_gpus} GPUs) cannot run on any device type "
                 f"of this cluster ({', '.join(self.model.device_types)})")
+            self._rejected_any = True
             self._measured_done(idx)
             return
         restore = self.config.restore_s if job.restore_s is None else job.restore_s
@@ -386,6 +450,9 @@ class Simulator:
         self.by_id[job.job_id] = sj
         self.outstanding_milli += sj.request.gpu_milli
         self.demand_mix.add(sj.request)
+        self._open_arrival_sum += job.arrival_s
+        if self.config.stop_past is not None:
+            self._future_floor -= self._floor_s(job)
 
     def _measured_done(self, idx: int) -> None:
         if idx in self._open_measured:
@@ -494,6 +561,11 @@ class Simulator:
         del self.waiting[j.idx]
         del self.by_id[j.job.job_id]
         self.outstanding_milli -= j.request.gpu_milli
+        self._open_arrival_sum -= j.job.arrival_s
+        jct = self.clock.now - j.job.arrival_s
+        self._jct_sum += jct
+        if self.config.stop_past is not None and jct > self.config.stop_past[1]:
+            self._late_finished += 1
         self._measured_done(j.idx)
 
     def _result(self) -> SimResult:
@@ -504,4 +576,4 @@ class Simulator:
             self.records[j.idx].done_work = j.done_base
         self._log_demand(end)
         return SimResult(self.policy.name, self.model, self.records, self.segments, self.demand,
-                         self.measured, end, self.decisions)
+                         self.measured, end, self.decisions, self._stopped_past)
