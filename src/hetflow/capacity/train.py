@@ -35,7 +35,7 @@ import itertools
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -103,8 +103,17 @@ class TrainFleetPlan:
         }
 
 
-def fleet_cost(counts: Counts, models: Sequence[str], node_size: int, prices: dict[str, float]) -> float:
-    return sum(n * node_size * prices[m] for n, m in zip(counts, models))
+def node_sizes(models: Sequence[str], node_size: int | Mapping[str, int]) -> list[int]:
+    """Devices a node of each model (``node_size``: one number for all, or per model)."""
+    sizes = [node_size if isinstance(node_size, int) else node_size.get(m, 0) for m in models]
+    if any(not isinstance(n, int) or n <= 0 for n in sizes):
+        raise InputError("--node-size must be > 0 (for every model)")
+    return sizes
+
+
+def fleet_cost(counts: Counts, models: Sequence[str], node_size: int | Mapping[str, int],
+               prices: dict[str, float]) -> float:
+    return sum(n * k * prices[m] for n, k, m in zip(counts, node_sizes(models, node_size), models))
 
 
 @dataclass
@@ -217,7 +226,8 @@ def _srpt_mean_flow(arrivals: Sequence[float], work: Sequence[float], speed: flo
     return total / len(arrivals)
 
 
-def job_times(jobs: Sequence[Any], models: Sequence[str], node_size: int, max_nodes: int, throughputs: Any,
+def job_times(jobs: Sequence[Any], models: Sequence[str], node_size: int | Mapping[str, int], max_nodes: int,
+              throughputs: Any,
               policy: str = "hetflow") -> list[JobTimes]:
     """Each job's needs and best times on each model (:class:`JobTimes`), from the simulator's
     own rates on the largest fleet walked (``max_nodes`` nodes of each model), so the bounds use
@@ -227,7 +237,8 @@ def job_times(jobs: Sequence[Any], models: Sequence[str], node_size: int, max_no
     from hetflow.sim.cluster import synthetic_cluster
     from hetflow.sim.engine import Simulator
 
-    cluster = ClusterModel.from_snapshot(synthetic_cluster([(max_nodes, f"{node_size}x {m}") for m in models]))
+    cluster = ClusterModel.from_snapshot(synthetic_cluster(
+        [(max_nodes, f"{k}x {m}") for m, k in zip(models, node_sizes(models, node_size))]))
     sim = Simulator(cluster, [], make_policy(policy), throughputs)
     out: list[JobTimes] = []
     for job in jobs:
@@ -257,9 +268,10 @@ def _simulate_in_worker(nodes: dict[str, int]) -> dict[str, Any]:
 
 
 def plan_train(models: Sequence[str], prices: dict[str, float], simulate: Callable[[dict[str, int]], dict[str, Any]],
-               target_s: float, metric: str = "avg", node_size: int = 8, max_nodes: int = 4,
+               target_s: float, metric: str = "avg", node_size: int | Mapping[str, int] = 8, max_nodes: int = 4,
                max_simulations: int = 400, allow_empty: bool = False,
-               bound: Callable[[dict[str, int]], float] | None = None, workers: int = 1) -> TrainFleetPlan:
+               bound: Callable[[dict[str, int]], float] | None = None, workers: int = 1,
+               price_cap: float = math.inf) -> TrainFleetPlan:
     """The cheapest fleet of ``models`` meeting ``target_s`` (see the module docstring).
 
     ``simulate(nodes per model) -> summary`` runs the trace on a fleet (``avg_jct_s``,
@@ -269,6 +281,8 @@ def plan_train(models: Sequence[str], prices: dict[str, float], simulate: Callab
     when the trace cannot run there); a fleet whose bound exceeds the target is not simulated.
     ``workers``: simulations run side by side in that many forked processes (the walk stays in
     price order: a batch's results are read cheapest first).
+    ``price_cap``: mixed fleets at this price or more are not walked (the caller has a fleet at
+    that price that meets the target, e.g. a single-model fleet beyond ``max_nodes``).
     ``allow_empty``: the fleet of no node is a candidate too (``simulate`` then runs on what
     it adds itself, e.g. the devices a serving reservation left over).
     Raises InputError for bad arguments and Unschedulable when no fleet walked meets the target.
@@ -277,7 +291,8 @@ def plan_train(models: Sequence[str], prices: dict[str, float], simulate: Callab
         raise InputError(f"metric must be avg or p95, not {metric!r}")
     if not (target_s > 0 and math.isfinite(target_s)):
         raise InputError("the JCT target must be a positive time, e.g. 12h")
-    if node_size <= 0 or max_nodes <= 0:
+    sizes = node_sizes(models, node_size)
+    if max_nodes <= 0:
         raise InputError("--node-size and --max-nodes must be > 0")
     if workers <= 0:
         raise InputError("--workers must be > 0")
@@ -322,7 +337,7 @@ def plan_train(models: Sequence[str], prices: dict[str, float], simulate: Callab
         if bound is None or not any(counts):
             return False
         if counts not in bounds:
-            low = bound({m: n * node_size for m, n in zip(models, counts) if n})
+            low = bound({m: n * k for m, n, k in zip(models, counts, sizes) if n})
             bounds[counts] = low > target_s
             if bounds[counts]:
                 plan.bounded += 1
@@ -373,22 +388,34 @@ def plan_train(models: Sequence[str], prices: dict[str, float], simulate: Callab
         grid = [c for c in itertools.product(range(max_nodes + 1), repeat=len(models)) if any(c) or allow_empty]
         met = [e for e in plan.evaluated if e.meets]
         best: Counts | None = min((tuple(e.counts[m] for m in models) for e in met), key=order, default=None)
-        live = [c for c in grid if c not in cache and (best is None or order(c) < order(best)) and not dominated(c)]
-        for c in live:
-            if bounded_out(c):
-                failed.append(c)
-        live = [c for c in live if not bounds.get(c) and not dominated(c)]
+        live = [c for c in grid if c not in cache and (best is None or order(c) < order(best)) and not dominated(c)
+                and fleet_cost(c, models, node_size, prices) < price_cap]
         while live:
-            grid_arr = np.array(live)
-            below = (grid_arr[None, :, :] <= grid_arr[:, None, :]).all(axis=2).sum(axis=1)
-            batch = [live[k] for k in sorted(range(len(live)), key=lambda k: (-below[k], order(live[k])))[:workers]]
+            at = tuple(np.array(live).T)
+            below = np.zeros((max_nodes + 1,) * len(models), dtype=np.int64)  # open fleets at or below each
+            below[at] = 1
+            for axis in range(len(models)):
+                below = below.cumsum(axis=axis)
+            below = below[at]
             before = len(failed)
-            run(batch)
+            batch: list[Counts] = []
+            for k in sorted(range(len(live)), key=lambda k: (-below[k], order(live[k]))):
+                c = live[k]
+                if any(all(x <= y for x, y in zip(c, f)) for f in failed[before:]):
+                    continue  # below a fleet just ruled out
+                if bounded_out(c):  # the trace's bound: a miss without a simulation
+                    failed.append(c)
+                    continue
+                batch.append(c)
+                if len(batch) == workers:
+                    break
+            if batch:
+                run(batch)
             for c in batch:
                 if cache[c].meets and (best is None or order(c) < order(best)):
                     best = c
             misses = failed[before:]
-            live = [c for c in live if c not in cache and (best is None or order(c) < order(best))
+            live = [c for c in live if c not in cache and not bounds.get(c) and (best is None or order(c) < order(best))
                     and not any(all(x <= y for x, y in zip(c, f)) for f in misses)]
         plan.best = None if best is None else cache[best]
         plan.skipped = sum(1 for c in grid if c not in cache and not bounds.get(c))

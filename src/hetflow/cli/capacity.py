@@ -266,7 +266,7 @@ def run_train(args: argparse.Namespace) -> int:
     if homog:
         print(f"the mix costs {out['mixed_over_homogeneous']:.2f}x of the best single model")
     print(f"price/JCT Pareto front ({len(out['pareto'])} fleets), {out['simulated']} simulated "
-          f"({out['stopped_early']} stopped once sure to miss), {out['skipped']} skipped as smaller than a miss, "
+          f"({out['stopped_early']} stopped once sure to miss), {out['skipped']} left out (below a miss or dearer), "
           f"{out['bounded']} ruled out by the trace's bound, {out['wall_s']:.1f} s" + (f"; wrote {args.out}/plan.json, pareto.png" if args.out else ""))
     return 0
 
