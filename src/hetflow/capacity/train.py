@@ -430,6 +430,10 @@ def plan_train(models: Sequence[str], prices: dict[str, float], simulate: Callab
                    f" (the best simulated: {metric} JCT {getattr(closest, key) / 3600:.2f} h on "
                    + ", ".join(f"{n} x {m}" for m, n in closest.counts.items() if n)
                    + f" nodes, ${closest.cost_per_hour:,.2f}/h)")
+        if closest is None and bound is not None:  # nothing ran to the end: say what the trace allows
+            low = bound({m: max_nodes * k for m, k in zip(models, sizes)})
+            reached = (" (no fleet can: the trace's jobs cannot all run on these models)" if math.isinf(low) else
+                       f" (the trace's lower bound on the largest fleet: {metric} JCT {low / 3600:.2f} h)")
         raise Unschedulable(f"no fleet of up to {max_nodes} nodes of each model meets {metric} JCT <= "
                             f"{target_s / 3600:g} h{reached}; raise --max-nodes or relax the target")
     return plan
