@@ -72,7 +72,7 @@ def test_the_head_restarts_and_the_queue_and_running_jobs_survive(hosts: HostClu
     release = tmp_path / "release-the-holder"  # the holder keeps the queued job waiting until then
     files = {
         "train": {"name": "train", "kind": "train", "preemptible": True,
-                  "train": {"name": "head-restart", "model": {"kind": "mlp", "hidden": [256, 256]},
+                  "train": {"name": "head-restart", "model": {"kind": "mlp", "hidden": [768, 768]},
                             "train": {"steps": STEPS, "batch_size": 256, "log_every": 10},
                             "checkpoint": {"dir": str(ckpt), "interval": 40},
                             "resources": {"device": "cpu", "cpus_per_rank": 1}}},
@@ -86,44 +86,48 @@ def test_the_head_restarts_and_the_queue_and_running_jobs_survive(hosts: HostClu
     for key, data in files.items():
         paths[key] = tmp_path / f"{key}.yaml"
         paths[key].write_text(yaml.safe_dump(data))
-    client = hosts.worker_hosts[0]
-    ids = {key: _submit(hosts, client, paths[key]) for key in ("train", "holder")}
-    _wait(lambda: (j := _jobs(hosts, client)) and all(j[i]["status"] == "RUNNING"
-                                                       for i in ids.values()), 120,
-          "both jobs to run")
-    ids["queued"] = _submit(hosts, client, paths["queued"])
+    try:
+        client = hosts.worker_hosts[0]
+        ids = {key: _submit(hosts, client, paths[key]) for key in ("train", "holder")}
+        _wait(lambda: (j := _jobs(hosts, client)) and all(j[i]["status"] == "RUNNING"
+                                                           for i in ids.values()), 120,
+              "both jobs to run")
+        ids["queued"] = _submit(hosts, client, paths["queued"])
 
-    def trained_some():
-        job = (_jobs(hosts, client) or {}).get(ids["train"], {})
-        return (job.get("progress_step") or 0) >= 60
-    _wait(trained_some, 120, "the training job to pass step 60")
-    before = _jobs(hosts, client)
-    assert before is not None and before[ids["queued"]]["status"] == "QUEUED", before
+        def trained_some():
+            job = (_jobs(hosts, client) or {}).get(ids["train"], {})
+            return (job.get("progress_step") or 0) >= 60
+        _wait(trained_some, 120, "the training job to pass step 60")
+        before = _jobs(hosts, client)
+        assert before is not None and before[ids["queued"]]["status"] == "QUEUED", before
+        assert before[ids["train"]]["status"] == "RUNNING", before  # the restart meets a running job
 
-    started = time.monotonic()
-    hosts.restart_head()
-    after = _wait(lambda: _jobs(hosts, client, timeout=20), 90,
-                  "the controller to answer after the head restart", every=0.5)
-    answered_s = time.monotonic() - started
-    print(f"head restart: controller answering after {answered_s:.1f} s")
-    assert set(ids.values()) <= set(after), after  # every record kept
-    # not lost nor failed: still waiting for the holder's CPUs (PLACING: its runner already
-    # reserving them, which it gets only once the holder ends); every job ends SUCCEEDED (below)
-    assert after[ids["queued"]]["status"] in ("QUEUED", "PLACING"), after
-    release.touch()
+        started = time.monotonic()
+        hosts.restart_head()
+        after = _wait(lambda: _jobs(hosts, client, timeout=20), 90,
+                      "the controller to answer after the head restart", every=0.5)
+        answered_s = time.monotonic() - started
+        print(f"head restart: controller answering after {answered_s:.1f} s")
+        assert set(ids.values()) <= set(after), after  # every record kept
+        # not lost nor failed: still waiting for the holder's CPUs (PLACING: its runner already
+        # reserving them, which it gets only once the holder ends); every job ends SUCCEEDED (below)
+        assert after[ids["queued"]]["status"] in ("QUEUED", "PLACING"), after
+        release.touch()
 
-    ended = _wait(lambda: (j := _jobs(hosts, client)) and all(j[i]["status"] in ENDED
-                                                              for i in ids.values()) and j,
-                  400, "every job to end")
-    assert {k: ended[i]["status"] for k, i in ids.items()} == dict.fromkeys(ids, "SUCCEEDED")
-    from hetflow.workloads.train.checkpoint import latest_checkpoint
+        ended = _wait(lambda: (j := _jobs(hosts, client)) and all(j[i]["status"] in ENDED
+                                                                  for i in ids.values()) and j,
+                      400, "every job to end")
+        assert {k: ended[i]["status"] for k, i in ids.items()} == dict.fromkeys(ids, "SUCCEEDED")
+        from hetflow.workloads.train.checkpoint import latest_checkpoint
 
-    final = latest_checkpoint(ckpt)
-    assert final is not None and final.step == STEPS
-    losses = final.meta["losses"]
-    assert sorted(int(k) for k in losses) == list(range(1, STEPS + 1))  # each step once
-    out = hosts.python(client, "import ray\nray.init(address=ADDRESS)\n"
-                               "from ray.util import placement_group_table\n"
-                               "live = sum(g['state'] != 'REMOVED' for g in placement_group_table().values())\n"
-                               "print(f'LIVE_GROUPS={live}')\n")
-    assert re.findall(r"LIVE_GROUPS=(\d+)", out.stdout)[-1:] == ["0"], out.stdout + out.stderr
+        final = latest_checkpoint(ckpt)
+        assert final is not None and final.step == STEPS
+        losses = final.meta["losses"]
+        assert sorted(int(k) for k in losses) == list(range(1, STEPS + 1))  # each step once
+        out = hosts.python(client, "import ray\nray.init(address=ADDRESS)\n"
+                                   "from ray.util import placement_group_table\n"
+                                   "live = sum(g['state'] != 'REMOVED' for g in placement_group_table().values())\n"
+                                   "print(f'LIVE_GROUPS={live}')\n")
+        assert re.findall(r"LIVE_GROUPS=(\d+)", out.stdout)[-1:] == ["0"], out.stdout + out.stderr
+    finally:  # a failure here must not leave the holder's CPUs taken for the next tests
+        release.touch()
