@@ -265,7 +265,8 @@ def test_every_shipped_price_names_its_source() -> None:
     listed = default_prices()
     assert {"H100-SXM", "MI300X", "A100-80GB", "L40S"} <= {m for m, p in listed.items() if p.cloud_usd_per_hour}
     for info in listed.values():
-        assert (info.cloud_usd_per_hour is None) == (info.cloud_source is None) or info.cloud_source
+        assert info.cloud_usd_per_hour is None or info.cloud_source  # a price always names its source
+        assert info.tdp_w is None or info.tdp_source
     doc = {"schema": "hetflow.prices/v1", "prices": {"T4": {"cloud_usd_per_hour": 0.5}}}
     with pytest.raises(InputError, match="without cloud_source"):
         parse_prices_doc(doc)

@@ -183,8 +183,6 @@ def fleet_lower_bound(jobs: Sequence[JobTimes], devices: dict[str, int], metric:
     if not alone:
         return 0.0
     if metric == "p95":
-        import numpy as np
-
         return float(np.quantile(np.array(alone), 0.95))
     per_job = sum(alone) / len(alone)
     # aggregate relaxation: each job's work in device-seconds of its most frugal fitting model
