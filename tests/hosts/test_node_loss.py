@@ -32,7 +32,7 @@ STEPS = 400  # x 0.05 s: a rank left running on a cut-off host would need 16 s m
 def _launch(hosts: HostCluster, tmp: Path, name: str, sleep: float) -> list[str]:
     snap = tmp / f"{name}.pt"
     return ["hetflow", "launch", "--address", hosts.address, "--nproc", "2", "--max-restarts", "2",
-            "--cpus-per-rank", "1", "--run-id", name, "--log-dir", str(tmp / name), SCRIPT,
+            "--cpus-per-rank", "1", "--run-id", f"hosts-{name}", "--log-dir", str(tmp / name), SCRIPT,
             "--steps", str(STEPS), "--snapshot", str(snap), "--save-every", "20",
             "--log-every", "10", "--step-sleep", str(sleep)]
 

@@ -77,7 +77,10 @@ def step_losses(stdout: str) -> list[tuple[int, float]]:
 
 
 def processes_of_run(run_id: str) -> dict[int, dict[str, str]]:
-    """pid -> environment of every live process started for ``run_id`` (TORCHELASTIC_RUN_ID)."""
+    """pid -> environment of every live process started for ``run_id`` (TORCHELASTIC_RUN_ID).
+
+    It sees every process of the machine: tests running side by side (xdist) must use run ids
+    no other test uses (tests/hosts prefixes its own with ``hosts-``)."""
     found = {}
     needle = f"TORCHELASTIC_RUN_ID={run_id}".encode()
     for entry in os.listdir("/proc"):

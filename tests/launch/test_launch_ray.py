@@ -175,7 +175,7 @@ def test_a_killed_rank_resumes_from_the_scripts_snapshot_with_the_same_losses(
     snapshot = tmp_path / "snap.pt"
     proc = subprocess.Popen(
         [str(BIN / "hetflow"), "launch", "--address", address, "--device", "cpu", "--nproc", "2",
-         "--max-restarts", "2", "--run-id", "killed", "--log-dir", str(tmp_path / "logs"),
+         "--max-restarts", "2", "--run-id", "launch-killed", "--log-dir", str(tmp_path / "logs"),
          str(EXAMPLES / "ddp_snapshot.py"), *args, "--snapshot", str(snapshot)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env())
     try:
@@ -183,7 +183,7 @@ def test_a_killed_rank_resumes_from_the_scripts_snapshot_with_the_same_losses(
         while not snapshot.exists() and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.1)
         assert snapshot.exists(), "no snapshot was written"
-        victims = [pid for pid, env in processes_of_run("killed").items() if env.get("RANK") == "1"
+        victims = [pid for pid, env in processes_of_run("launch-killed").items() if env.get("RANK") == "1"
                    and "ddp_snapshot.py" in Path(f"/proc/{pid}/cmdline").read_text()]
         assert len(victims) == 1
         os.kill(victims[0], signal.SIGKILL)
@@ -199,7 +199,7 @@ def test_a_killed_rank_resumes_from_the_scripts_snapshot_with_the_same_losses(
     for step, loss in seen:  # steps redone after the resume give the same loss again
         assert loss == pytest.approx(expected[step], rel=1e-5, abs=1e-6), step
     assert final_loss(stdout) == pytest.approx(final_loss(reference.stdout), rel=1e-5, abs=1e-6)
-    _no_leftovers("killed")
+    _no_leftovers("launch-killed")
 
 
 @pytest.mark.parametrize("visible", ["node", "own"])
