@@ -292,12 +292,18 @@ def test_bench_serve_profiles_the_pools_for_capacity_serve(llm, tmp_path) -> Non
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout)
-    rates = [p["rate"] for p in out["buckets"]["s"]["probes"]]
-    assert rates == [2.0, 4.0]  # passed at 2, doubled to the ceiling
+    probes = out["buckets"]["s"]["probes"]
+    rates = [p["rate"] for p in probes]
+    # the search's rule, whatever this machine's load lets the tiny model keep up with:
+    # from 2, doubled to the ceiling (4) after a pass, halved after a failure, until a pass
+    assert rates[0] == 2.0 and rates[1] == (4.0 if probes[0]["passed"] else 1.0), probes
+    assert any(p["passed"] for p in probes), probes  # a loose SLO: the slowest rate passes
     doc = yaml.safe_load(profile.read_text())
-    assert 0 < doc["throughput"]["cpu-pools"]["s"] <= 4.0 and doc["devices"]["cpu-pools"]["price_per_hour"] == 0.5
+    best = max(min(p["answered"], p["rate"]) for p in probes if p["passed"])
+    assert doc["throughput"]["cpu-pools"]["s"] == pytest.approx(best, rel=1e-3)
+    assert doc["devices"]["cpu-pools"]["price_per_hour"] == 0.5
     served = sum(engine_metric(llm, "vllm:request_success_total").values()) - before
-    assert served >= 4 + 8  # the probes' requests reached the engines
+    assert served >= 4 * len(probes)  # every probe's requests reached the engines
     workload = tmp_path / "w.yaml"
     workload.write_text("buckets: {s: 10}\n")
     plan = subprocess.run([*HETFLOW, "capacity", "serve", str(profile), "--workload", str(workload), "--json"],
