@@ -20,7 +20,15 @@ from hetflow.core.errors import InputError
 from hetflow.workloads.serve import access as acc
 from hetflow.workloads.serve import keys as K
 from hetflow.workloads.serve.access import KeyState
-from hetflow.workloads.serve.front import FrontPlan, Server, admin_call, haproxy_binary, render_config
+from hetflow.workloads.serve.front import (
+    FrontPlan,
+    Server,
+    admin_call,
+    app_prefix,
+    group_prefix,
+    haproxy_binary,
+    render_config,
+)
 from tests.net import free_port
 
 
@@ -30,8 +38,8 @@ class _Backend(http.server.BaseHTTPRequestHandler):
     def _answer(self) -> None:
         n = int(self.headers.get("content-length") or 0)
         self.rfile.read(n)
-        if self.path.endswith("/slow-model/predict"):
-            time.sleep(0.6)
+        if self.path.endswith("/slow-model/predict") or "/slow-model/v1/completions" in self.path:
+            time.sleep(0.6)  # the model's own backend (the gateway's path has no model in it)
         body = json.dumps({"path": self.path, "key": self.headers.get(acc.KEY_HEADER),
                            "models": self.headers.get(acc.MODELS_HEADER)}).encode()
         self.send_response(200)
@@ -56,7 +64,8 @@ class _Backend(http.server.BaseHTTPRequestHandler):
 class Front:
     """HAProxy + maps for a plan, driven as the front door actor drives them."""
 
-    def __init__(self, root: Path, store: K.KeyStore, queue_limits: dict[str, int]) -> None:
+    def __init__(self, root: Path, store: K.KeyStore, queue_limits: dict[str, int],
+                 keys: bool = True) -> None:
         self.backend = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Backend)
         threading.Thread(target=self.backend.serve_forever, daemon=True).start()
         port = self.backend.server_address[1]
@@ -64,14 +73,16 @@ class Front:
         self.plan = FrontPlan(app="t", host="127.0.0.1", port=self.port,
                               models={"digits": ["t.digits"], "slow-model": ["t.slow-model"]}, gateway_app="t",
                               request_timeout_s=5, retries=1, max_body_bytes=1 << 20,
-                              access=acc.AccessPlan(store=str(store.where), default_model="digits"),
-                              queue_limits=queue_limits)
+                              access=(acc.AccessPlan(store=str(store.where), default_model="digits")
+                                      if keys else None),
+                              queue_limits=queue_limits, generative=frozenset({"slow-model"}))
         self.dir = root
         self.admin = str(root / "admin.sock")
-        self.keys = KeyState(self.plan.access, str(root / "maps"))
+        self.keys = KeyState(self.plan.access, str(root / "maps")) if keys else None
         servers = {"t.digits": [Server("r1", "127.0.0.1", port)],
                    "t.slow-model": [Server("r2", "127.0.0.1", port)], "t": [Server("g1", "127.0.0.1", port)]}
-        self.config = render_config(self.plan, servers, self.admin, None, str(root / "maps"), self.keys.salt)
+        self.config = render_config(self.plan, servers, self.admin, None, str(root / "maps"),
+                                    self.keys.salt if keys else "")
         (root / "haproxy.cfg").write_text(self.config)
         self.log = root / "haproxy.log"
         self.proc = subprocess.Popen([haproxy_binary(), "-W", "-db", "-f", str(root / "haproxy.cfg")],
@@ -122,8 +133,8 @@ def front(tmp_path, store):
     store.salt(create=True)
     made = []
 
-    def start(queue_limits=None) -> Front:
-        f = Front(tmp_path, store, queue_limits or {})
+    def start(queue_limits=None, keys=True) -> Front:
+        f = Front(tmp_path, store, queue_limits or {}, keys)
         made.append(f)
         return f
 
@@ -307,16 +318,23 @@ def test_revoke_rotate_and_expiry_reach_the_running_front_door(front, store) -> 
     assert f.call("/v1/models/digits/predict", bearer(soon))[0] == 401
 
 
-def test_a_full_model_is_refused_at_once(front, store) -> None:
+@pytest.mark.parametrize("keys", [True, False], ids=["keys", "open"])
+@pytest.mark.parametrize("path,body", [
+    ("/v1/models/slow-model/predict", b"{}"),
+    # an OpenAI completion naming a generative model counts against the same limit
+    ("/v1/completions", b'{"model": "slow-model", "prompt": "hi", "max_tokens": 4}')],
+    ids=["predict", "completions"])
+def test_a_full_model_is_refused_at_once(front, store, keys, path, body) -> None:
     """``queue_limit`` 2 per replica: of 6 concurrent slow requests, 2 run, 4 get 503 fast."""
     import concurrent.futures as cf
 
     key = K.create_key(store, "team-a")
-    f = front(queue_limits={"slow-model": 2})
+    f = front(queue_limits={"slow-model": 2}, keys=keys)
+    auth = bearer(key) if keys else {}
 
     def one(_):
         started = time.perf_counter()
-        status, headers, _ = f.call("/v1/models/slow-model/predict", bearer(key))
+        status, headers, _ = f.call(path, auth, body)
         return status, time.perf_counter() - started, headers.get("retry-after")
 
     with cf.ThreadPoolExecutor(6) as pool:
@@ -325,7 +343,23 @@ def test_a_full_model_is_refused_at_once(front, store) -> None:
     shed = [r for r in results if r[0] == 503]
     assert len(ok) == 2 and len(shed) == 4, results
     assert all(r[1] < 0.5 and r[2] == "1" for r in shed)  # answered without waiting for a slot
-    assert f.call("/v1/models/slow-model/predict", bearer(key))[0] == 200  # room again
+    assert f.call(path, auth, body)[0] == 200  # room again
+
+
+def test_completions_go_to_the_generative_models_own_backend(front, store) -> None:
+    """By the body's model: a generative model's replicas (its route prefix in the path they
+    get), anything else - another model, no model, a body HAProxy cannot read - the gateway."""
+    f = front(keys=False)
+    seen = {}
+    for name, body in [("slow", b'{"model": "slow-model", "prompt": "hi"}'),
+                       ("digits", b'{"model": "digits", "prompt": "hi"}'),
+                       ("none", b'{"prompt": "hi"}'), ("junk", b'{"model": ')]:
+        status, _, answer = f.call("/v1/completions", {"content-type": "application/json"}, body)
+        assert status == 200, (name, answer)
+        seen[name] = json.loads(answer)["path"]
+    assert seen["slow"] == f"{group_prefix('t', 'slow-model', 0)}/v1/completions"
+    for name in ("digits", "none", "junk"):
+        assert seen[name] == f"{app_prefix('t')}/v1/completions", name
 
 
 def test_fuzzed_auth_headers_are_401_and_never_stick(front, store, capsys) -> None:

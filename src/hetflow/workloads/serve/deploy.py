@@ -150,7 +150,8 @@ def _model_servers(config: ServeConfig, plans: dict[str, ModelPlan], front_door:
             logging_config=QUIET,
         )
         settings = ServerSettings(config.name, name, mp.input, entry.batching.model_dump(),
-                                  config.limits.body_bytes, config.limits.max_rows, front_door)
+                                  config.limits.body_bytes, config.limits.max_rows, front_door,
+                                  max_new_tokens=config.limits.max_new_tokens if mp.generative else 0)
         for index, group in enumerate(mp.groups):
             out.append((name, index, server.options(**group.serve_options()).bind(mp.spec, settings)))
     return out

@@ -114,6 +114,9 @@ class FrontPlan:
     upstreams: tuple[up.UpstreamPlan, ...] = ()
     upstream_fallbacks: dict[str, str] = field(default_factory=dict)
     default_model: str | None = None
+    # generative models: a POST /v1/completions naming one (the body's ``model``) goes to its
+    # own backend - its replicas answer it, and its queue limit counts it - like its other paths
+    generative: frozenset[str] = frozenset()
 
 
 def backend_name(model: str) -> str:
@@ -224,12 +227,19 @@ def render_config(plan: FrontPlan, servers: dict[str, list[Server]], admin_socke
         lines += up.protocol_acls(plan.upstreams, root)
     by_name = {u.name: u for u in plan.upstreams}
     direct = [m for m in sorted(plan.models, key=len, reverse=True) if m not in plan.via_gateway]
+    if any(m in plan.generative for m in direct):
+        if plan.access is None and not plan.upstreams:  # neither set txn.model already
+            lines += up.model_var_rules(root, plan.default_model)
+        lines.append("    http-request set-var(txn.completion) var(txn.model) if METH_POST "
+                     f"{{ path {root}/v1/completions }} {{ var(txn.model) -m found }}")
     over_limit = {}
     for model in direct:
         acl = backend_name(model)
         lines.append(f"    acl is_{acl} path_beg {root}/v1/models/{model}/ "
                      f"{root}/v2/models/{model}/")
         lines.append(f"    acl is_{acl} path {root}/v1/models/{model} {root}/v2/models/{model}")
+        if model in plan.generative:
+            lines.append(f"    acl is_{acl} var(txn.completion) -m str {model}")
         if plan.queue_limits.get(model):
             lines.append(acc.shed_capacity(acl, acl, plan.queue_limits[model]))
             fallback = by_name.get(plan.upstream_fallbacks.get(model, ""))

@@ -20,7 +20,7 @@ import ray
 from ray import serve
 from ray.exceptions import ActorUnavailableError, RayActorError
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
 from hetflow.workloads.serve import kserve, openai_api
 from hetflow.workloads.serve.access import MODELS_HEADER, TOKENS_HEADER, allowed_models
@@ -34,7 +34,7 @@ from hetflow.workloads.serve.protocol import (
     parse_predict,
 )
 from hetflow.workloads.serve.replica import MetricsReporter
-from hetflow.workloads.serve.web import JSON, client_path, front_name, json_response, read_body, require, resolve, v2_response
+from hetflow.workloads.serve.web import JSON, client_path, completion_answer, front_name, json_response, read_body, require, resolve, v2_response
 
 
 @dataclass(frozen=True)
@@ -240,47 +240,13 @@ class Gateway:
         handle = self.handles[name][self.table.groups[name].index(self._pick(name))]
         tokens = handle.options(stream=True).generate.remote(
             req.prompt, req.max_tokens, req.temperature, req.top_p, req.seed)
-        cid, created, started = openai_api.completion_id(), int(time.time()), time.perf_counter()
-        text = openai_api.TextStream(req.stop)
-        generated = [0]  # tokens the model produced (for usage)
+        started = time.perf_counter()
 
-        async def pieces():  # (text, finish_reason or None), then the last with a reason
-            count = 0
-            if req.echo:
-                yield req.prompt_text, None
-            async for token in tokens:
-                count += 1
-                generated[0] = count
-                piece = text.push(token)
-                if text.stopped:
-                    tokens.cancel()
-                    yield piece, "stop"
-                    break
-                if piece:
-                    yield piece, None
-            else:
-                yield text.flush(), "length"
+        def ended() -> None:
             self.metrics.served(req.model, name, time.perf_counter() - started, 1)
             self.reporter.changed()  # a stream ends after __call__ returned
 
-        if req.stream:
-            async def events():
-                async for piece, finish in pieces():
-                    yield openai_api.chunk(cid, req.model, piece, finish, created)
-                yield openai_api.DONE
-
-            # a stream's usage is known only at its end, after the headers: the key is charged
-            # what the request may use (prompt + max_tokens), as OpenAI's own limits count it
-            return StreamingResponse(events(), media_type="text/event-stream",
-                                     headers={TOKENS_HEADER: str(len(req.prompt) + req.max_tokens)})
-        out, finish = [], "length"
-        async for piece, reason in pieces():
-            out.append(piece)
-            finish = reason or finish
-        response = json_response(200, openai_api.completion(cid, req.model, "".join(out), finish,
-                                                            len(req.prompt), generated[0]))
-        response.headers[TOKENS_HEADER] = str(len(req.prompt) + generated[0])
-        return response
+        return await completion_answer(req, tokens, tokens.cancel, ended, TOKENS_HEADER)
 
     def _front_ready(self) -> bool:
         return bool(self.front.get("ready")) or not self.table.front_door

@@ -21,7 +21,8 @@ from ray import serve
 from starlette.requests import Request
 from starlette.responses import Response
 
-from hetflow.workloads.serve import kserve
+from hetflow.workloads.serve import kserve, openai_api
+from hetflow.workloads.serve.access import MODELS_HEADER, TOKENS_HEADER, allowed_models
 from hetflow.workloads.serve.metrics import GatewayMetrics
 from hetflow.workloads.serve.protocol import (
     InputSpec,
@@ -30,7 +31,7 @@ from hetflow.workloads.serve.protocol import (
     error_body,
     parse_predict,
 )
-from hetflow.workloads.serve.web import JSON, client_path, front_name, json_response, read_body, v2_response
+from hetflow.workloads.serve.web import JSON, client_path, completion_answer, front_name, json_response, read_body, v2_response
 
 
 if TYPE_CHECKING:  # torch is imported where a model is built, not by the gateway's replicas
@@ -52,6 +53,9 @@ class ServerSettings:
     max_body_bytes: int
     max_rows: int
     front_door: bool = True  # False under Serve's own tooling (``builder``): nothing to report to
+    # a generative model's cap on new tokens per OpenAI completion (0: it does not generate);
+    # the front door sends it the model's /v1/completions (by the body's model) when it is > 0
+    max_new_tokens: int = 0
 
 
 class MetricsReporter:
@@ -124,6 +128,8 @@ class ModelServer:
         try:
             if request.method != "POST":
                 raise RequestError(405, f"{path} takes POST, not {request.method}")
+            if path == "/v1/completions" and self.settings.max_new_tokens:
+                return await self._completions(request, started)
             if path == f"/v1/models/{model}/predict":
                 body = await read_body(request, self.settings.max_body_bytes)
                 parsed = parse_predict(body, self.specs, path_model=model, default_model=model,
@@ -151,6 +157,33 @@ class ModelServer:
             return v2_response(model, infer, result, model)
         result.update(model=model, served_by=model, fallback=False)
         return json_response(200, result)
+
+    async def _completions(self, request: Request, started: float) -> Response:
+        """OpenAI ``POST /v1/completions`` of this model, answered here (the front door sends
+        a completion naming this model straight to its replicas, where its queue limit
+        counts it; the gateway answers it only when no replica is up, with the fallback)."""
+        model = self.settings.model
+        try:
+            body = await read_body(request, self.settings.max_body_bytes)
+            req = openai_api.parse_completion(body, {model: self.settings.input.width}, [model],
+                                              default_model=model,
+                                              max_new_tokens=self.settings.max_new_tokens)
+            allowed = allowed_models(request.headers.get(MODELS_HEADER))
+            if allowed is not None and req.model not in allowed:
+                raise RequestError(403, "this API key may not use this model")
+        except RequestError as exc:
+            self.metrics.answered("-", exc.status)
+            self.reporter.changed()
+            return Response(openai_api.error_body(exc.message), status_code=exc.status,
+                            media_type=JSON)
+        tokens = self.generate(req.prompt, req.max_tokens, req.temperature, req.top_p, req.seed)
+
+        def ended() -> None:
+            self.metrics.served(model, model, time.perf_counter() - started, 1)
+            self.reporter.changed()
+
+        # stop: the loop over the tokens ends, and this replica's generator with it
+        return await completion_answer(req, tokens, lambda: None, ended, TOKENS_HEADER)
 
     async def answer(self, parsed: PredictRequest) -> dict[str, Any]:
         """A checked request's result, batched with concurrent ones when batching is on."""

@@ -4,10 +4,12 @@ JSON and KServe v2 answers, and the names of the front door's actor and URL."""
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 
 from hetflow.workloads.serve import kserve
 from hetflow.workloads.serve.front import (
@@ -77,6 +79,56 @@ def v2_response(model: str, infer: Any, result: dict[str, Any], served_by: str) 
     return Response(body, status_code=200, headers=headers, media_type=media)
 
 
+async def completion_answer(req: Any, tokens: AsyncIterator[int], stop: Callable[[], Any],
+                      ended: Callable[[], None], tokens_header: str) -> Response:
+    """The answer to a checked OpenAI completion request (``openai_api.CompletionRequest``)
+    from ``tokens``, the model's next tokens (``stop()`` ends them early, at a stop string):
+    server-sent events for ``stream: true``, else one JSON body with its usage. ``ended()``
+    runs once the last token is out. ``tokens_header`` carries the tokens the key is charged
+    (the front door counts them): the prompt and what was generated; for a stream, whose usage
+    is known only after the headers, what the request may use (prompt + max_tokens), as
+    OpenAI's own limits count it."""
+    from hetflow.workloads.serve import openai_api
+
+    cid, created = openai_api.completion_id(), int(time.time())
+    text = openai_api.TextStream(req.stop)
+    generated = [0]
+
+    async def pieces():  # (text, finish_reason or None), then the last with a reason
+        if req.echo:
+            yield req.prompt_text, None
+        async for token in tokens:
+            generated[0] += 1
+            piece = text.push(token)
+            if text.stopped:
+                stop()
+                yield piece, "stop"
+                break
+            if piece:
+                yield piece, None
+        else:
+            yield text.flush(), "length"
+        ended()
+
+    if req.stream:
+        async def events():
+            async for piece, finish in pieces():
+                yield openai_api.chunk(cid, req.model, piece, finish, created)
+            yield openai_api.DONE
+
+        return StreamingResponse(events(), media_type="text/event-stream",
+                                 headers={tokens_header: str(len(req.prompt) + req.max_tokens)})
+
+    out, finish = [], "length"
+    async for piece, reason in pieces():
+        out.append(piece)
+        finish = reason or finish
+    response = json_response(200, openai_api.completion(cid, req.model, "".join(out), finish,
+                                                        len(req.prompt), generated[0]))
+    response.headers[tokens_header] = str(len(req.prompt) + generated[0])
+    return response
+
+
 def front_name(app: str) -> str:
     """The Ray actor name of an application's front door (namespace ``serve``)."""
     return f"hetflow-front-{app}"
@@ -86,4 +138,4 @@ def url_of(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-__all__ = ["client_path", "front_name", "JSON", "json_response", "QUIET", "read_body", "require", "resolve", "url_of", "v2_response"]
+__all__ = ["client_path", "completion_answer", "front_name", "JSON", "json_response", "QUIET", "read_body", "require", "resolve", "url_of", "v2_response"]
