@@ -169,7 +169,7 @@ class JobRunner:
             return "", self.log_start
 
     def record(self, reports: list[dict[str, Any]]) -> None:
-        """Training rank 0's reports (this actor is the group's progress sink)."""
+        """Training rank 0's reports (read from the group's progress log, :meth:`_run_training`)."""
         from hetflow.workloads.train.loop import loss_records
 
         records = loss_records(reports)
@@ -344,8 +344,7 @@ class JobRunner:
         }
 
     def _run_training(self, bound: Any) -> tuple[str, str, bool]:
-        import ray
-
+        from hetflow.workloads.train.api import ProgressLog
         from hetflow.workloads.train.group import Placed, RankGroup, TrainingCodeError, WorkerFailure
         from hetflow.workloads.train.loop import STOP_FILE_ENV, train_func
 
@@ -356,7 +355,15 @@ class JobRunner:
             opts = bound.actor_options(rank)
             opts["runtime_env"]["env_vars"][STOP_FILE_ENV] = str(self.stop_file)
             options.append(opts)
-        me = ray.get_runtime_context().current_actor
+        # rank 0's reports, through the cluster's store, into this job's log and step
+        progress, read = ProgressLog(f"{self.job_id}-{self.token}"), [0]
+
+        def drain() -> None:
+            new = progress.since(read[0])
+            read[0] += len(new)
+            if new:
+                self.record(new)
+
         how = self.placement.explain() if self.placement is not None else f"the controller reserved {self._where()}"
         # the devices reserved here: the group neither places nor releases them
         placed = Placed(options, lambda: None, how,
@@ -367,7 +374,8 @@ class JobRunner:
         try:
             group.start()
             ranks = group.run(train_func, {"config": config, "data": None},
-                              {"checkpoint_dir": str(config.checkpoint_dir)}, me)
+                              {"checkpoint_dir": str(config.checkpoint_dir)}, progress, tick=drain,
+                              poll_s=0.5)
         except TrainingCodeError as exc:
             return "failed", str(exc), True
         except WorkerFailure as exc:
@@ -375,6 +383,10 @@ class JobRunner:
         finally:
             group.shutdown()
             self._group = None
+            try:
+                drain()  # what the last ranks reported before they ended
+            finally:
+                progress.close()
         rank0 = ranks[0]
         self._set(start_step=rank0.start_step, end_step=rank0.end_step, step=rank0.end_step)
         self._log(f"attempt {self.token}: steps {rank0.start_step} -> {rank0.end_step}, "

@@ -44,8 +44,10 @@ filesystem on a multi-node cluster), as for ``hetflow train``.
 
 from __future__ import annotations
 
+import json
 import os
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,34 +74,54 @@ class TrainingFailed(HetflowError):
     """The run gave up: more failures than ``max_failures`` allows."""
 
 
+PROGRESS_NAMESPACE = "hetflow_progress"
+
+
 class ProgressLog:
     """Rank 0's reports of every attempt, kept outside the ranks so that they survive a failed
-    attempt (an actor of its own; no CPU reserved)."""
+    attempt or a lost worker host: in the Ray cluster's own key-value store (the GCS on the
+    head; with GCS fault tolerance, Redis), one key per report under this run's prefix. No
+    process of its own: rank 0 writes (:meth:`record`, one GCS call per report), the driver
+    reads and removes what it read (:meth:`since`), and :meth:`close` removes the rest.
+    Picklable (a prefix and a counter): each attempt's rank 0 gets a copy."""
 
-    def __init__(self) -> None:
-        self.records: list[dict[str, Any]] = []
+    def __init__(self, run: str | None = None) -> None:
+        self.prefix = f"{run or uuid.uuid4().hex}/"
+        self._written = 0  # the writer's (rank 0's) reports so far, in this copy
+        self._records: list[dict[str, Any]] = []  # the reader's (the driver's)
 
     def record(self, records: list[dict[str, Any]]) -> None:
-        self.records.extend(records)
+        from ray.experimental.internal_kv import _internal_kv_put
+
+        for item in records:  # attempt, then order: the keys sort as the reports were made
+            key = f"{self.prefix}{int(item.get('attempt', 0)):06d}/{self._written:09d}"
+            _internal_kv_put(key, json.dumps(item), overwrite=True, namespace=PROGRESS_NAMESPACE)
+            self._written += 1
 
     def since(self, index: int) -> list[dict[str, Any]]:
-        return self.records[index:]
+        """The reports from ``index`` on (every one read so far is kept here)."""
+        from ray.experimental.internal_kv import _internal_kv_del, _internal_kv_get, _internal_kv_list
+
+        for key in sorted(_internal_kv_list(self.prefix, namespace=PROGRESS_NAMESPACE)):
+            value = _internal_kv_get(key, namespace=PROGRESS_NAMESPACE)
+            if value is not None:
+                self._records.append(json.loads(value))
+            _internal_kv_del(key, namespace=PROGRESS_NAMESPACE)
+        return self._records[index:]
+
+    def close(self) -> None:
+        """Remove what is left of this run's reports from the store."""
+        from ray.experimental.internal_kv import _internal_kv_del
+
+        try:
+            _internal_kv_del(self.prefix, del_by_prefix=True, namespace=PROGRESS_NAMESPACE)
+        except Exception:  # noqa: BLE001 - the cluster is gone: so are the reports
+            pass
 
 
-def progress_log() -> Any:
-    """A :class:`ProgressLog` actor on this driver's node: it must outlive the loss of any
-    worker host (a log Ray put on a lost host would take every record with it)."""
-    import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    here = ray.get_runtime_context().get_node_id()
-    log = ray.remote(num_cpus=0)(ProgressLog).options(
-        scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False)).remote()
-    try:  # alive before any rank reports to it; bounded: a slow start must not stop the run
-        ray.get(log.since.remote(0), timeout=60)
-    except ray.exceptions.GetTimeoutError:
-        pass
-    return log
+def progress_log() -> ProgressLog:
+    """A :class:`ProgressLog` for one run (this driver must be connected to Ray)."""
+    return ProgressLog()
 
 
 # -- the driver ---------------------------------------------------------------------------------
@@ -221,7 +243,7 @@ def run(train_func: Callable[..., Any], config: Any = None, *, layout: Any = Non
             finally:
                 group.shutdown()
             attempt += 1
-        records = ray.get(reports.since.remote(0))
+        records = reports.since(0)
         latest = latest_committed(root)
         return Result(metrics=records[-1]["metrics"] if records else {}, checkpoint=latest,
                       path=str(root), metrics_history=[r["metrics"] for r in records],
@@ -229,7 +251,7 @@ def run(train_func: Callable[..., Any], config: Any = None, *, layout: Any = Non
                       return_value=value, attempts_started_at=starts, keep_score=keep_score)
     finally:
         if reports is not None:
-            ray.kill(reports)
+            reports.close()
         session.close()
 
 

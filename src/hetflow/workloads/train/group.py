@@ -164,7 +164,7 @@ class RankGroup:
             tick: Callable[[], None] | None = None, poll_s: float = 0.1) -> list[Any]:
         """``fn(config)`` on every rank until all return; each rank's return value, rank order.
         ``info``: ``checkpoint_dir`` and ``keep_last`` for ``hetflow.train.report``; rank 0's
-        reports go to ``progress`` (an actor with ``record(records)``); ``tick`` is called about
+        reports go to ``progress`` (api.ProgressLog: ``record(records)``); ``tick`` is called about
         every ``poll_s`` while waiting.
 
         Raises WorkerFailure when a rank's process died (or its collectives lost a peer), and

@@ -117,7 +117,7 @@ class TrainingJob:
             if own is not None:
                 own.finish(status_of(failure))
             if self._progress is not None:
-                ray.kill(self._progress)
+                self._progress.close()
                 self._progress = None
             if started_ray:
                 ray.shutdown()
@@ -193,9 +193,7 @@ class TrainingJob:
         return ray.get(self.data) if isinstance(self.data, ray.ObjectRef) else self.data
 
     def _poll(self) -> None:
-        import ray
-
-        new = ray.get(self._progress.since.remote(self._seen))
+        new = self._progress.since(self._seen)
         self._seen += len(new)
         records = loss_records(new)
         for record in records:

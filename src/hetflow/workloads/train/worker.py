@@ -16,7 +16,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,8 +55,7 @@ class TrainContext:
     _latest: Checkpoint | None = None
     _next_index: int = 1
     _group: Any = None  # a gloo group for report()'s agreement, apart from the user's backend
-    _progress: Any = None
-    _sent: list[Any] = field(default_factory=list)  # rank 0's record calls not yet known to have landed
+    _progress: Any = None  # rank 0's: the run's ProgressLog (api.py)
     _tune: bool = False  # a one-rank trial of `hetflow tune` (trainable): report to Tune
 
     # Ray Train's accessors, so that ported code reads the same
@@ -142,13 +141,9 @@ def report(metrics: Mapping[str, Any], checkpoint: Checkpoint | str | os.PathLik
         if ctx._keep_last:
             for old in beyond_keep(committed_checkpoints(root), ctx._keep_last, ctx._keep_score):
                 shutil.rmtree(old.path, ignore_errors=True)
-    if ctx.world_rank == 0 and ctx._progress is not None:
-        ctx._sent.append(ctx._progress.record.remote([{"metrics": jsonable(metrics), "checkpoint": committed,
-                                                       "attempt": ctx.attempt, "time": time.time()}]))
-        if len(ctx._sent) > 64:  # keep the list short: the landed ones go
-            import ray
-
-            _, ctx._sent = ray.wait(ctx._sent, num_returns=len(ctx._sent), timeout=0)
+    if ctx.world_rank == 0 and ctx._progress is not None:  # in the cluster's store on return
+        ctx._progress.record([{"metrics": jsonable(metrics), "checkpoint": committed,
+                               "attempt": ctx.attempt, "time": time.time()}])
 
 
 def jsonable(metrics: Mapping[str, Any]) -> dict[str, Any]:
@@ -215,12 +210,6 @@ def rank_context(layout: tuple[int, int, int], device_kind: str, threads: int,
             _progress=progress)
         yield _CONTEXT
     finally:
-        if _CONTEXT is not None and _CONTEXT._sent:
-            # the records must land before this rank returns or raises: the driver kills the
-            # rank's process next, and calls still queued in it would be lost with it
-            import ray
-
-            ray.wait(_CONTEXT._sent, num_returns=len(_CONTEXT._sent), timeout=30)
         _CONTEXT = None
         if dist.is_initialized():
             dist.destroy_process_group()
