@@ -221,6 +221,8 @@ def test_a_model_the_key_may_not_use_is_403(front, store) -> None:
     f = front()
     for path, body in [("/v1/models/slow-model/predict", b"{}"), ("/v2/models/slow-model/infer", b"{}"),
                        ("/v1/completions", b'{"model": "slow-model", "prompt": "hi"}'),
+                       ("/v1/chat/completions", b'{"model": "slow-model", "messages": []}'),
+                       ("/v1/embeddings", b'{"model": "slow-model", "input": "hi"}'),
                        ("/v1/predict", b'{"model": "slow-model", "inputs": []}')]:
         status, _, answer = f.call(path, bearer(key), body)
         assert status == 403 and "may not use" in json.loads(answer)["error"], path

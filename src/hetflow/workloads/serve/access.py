@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from hetflow.workloads.serve.keys import KeyRecord, KeyStore, open_store, period_end, period_key
+from hetflow.workloads.serve.upstream import model_var_rules
 
 MAPS = ("keys", "allow", "models", "rps", "sustain", "tpm", "quota_req", "quota_tok", "reset")
 REQUESTS_TABLE = "st_requests"  # per key: gpc0 admitted, gpc1 refused over a limit; rate of gpc0 per 1 s
@@ -71,7 +72,6 @@ def frontend_rules(access: AccessPlan, map_dir: str, root: str) -> list[str]:
     """The ``http-request``/``http-response`` lines of the frontend for ``access``; ``root``:
     the route prefix without its trailing slash."""
     m = {name: os.path.join(map_dir, f"{name}.map") for name in MAPS}
-    depth = root.count("/")
     json_err = "content-type application/json string"
     lines = [
         f"    acl open_path path {root}/health {root}/healthz {root}/v2/health/live {root}/v2/health/ready",
@@ -87,14 +87,8 @@ def frontend_rules(access: AccessPlan, map_dir: str, root: str) -> list[str]:
         + _q("missing, unknown, expired or revoked API key: send Authorization: Bearer KEY "
              "(hetflow keys create NAME makes one)")
         + " unless has_key || open_path",
-        # the model asked for
-        f"    http-request set-var(txn.model) path,field({depth + 4},/) "
-        f"if {{ path_reg ^{re.escape(root)}/v[12]/models/[^/]+ }}",
-        f"    http-request set-var(txn.model) req.body,json_query('$.model') "
-        f"if !{{ var(txn.model) -m found }} {{ path {root}/v1/predict {root}/v1/completions "
-        f"{root}/v1/chat/completions }}",
-        f"    http-request set-var(txn.model) str({access.default_model}) "
-        f"if !{{ var(txn.model) -m found }} {{ path {root}/v1/predict }}",
+        # the model asked for: by its path, else the body's model on every OpenAI path
+        *model_var_rules(root, access.default_model),
         "    http-request set-var(txn.km) var(txn.kname),concat(/,txn.model,) if has_key",
         "    http-request set-var(txn.kall) var(txn.kname),concat(/*) if has_key",
         f"    acl model_allowed var(txn.km),map({m['allow']}) -m found",
