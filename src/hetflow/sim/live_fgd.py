@@ -38,10 +38,10 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from hetflow.core.errors import InputError
 from hetflow.scheduling.policies.base import Policy
 from hetflow.scheduling.policies.capacity import WHOLE, Assignment, ClusterModel, FreeCapacity, PoolNode, Request, _Shape
-from hetflow.scheduling.policies.rounds import DemandMix, build_round, check_decision
+from hetflow.scheduling.policies.rounds import DemandMix, build_round
+from hetflow.sim.live_base import ProtocolAdapter
 
 LEASE_S = 360.0  # the view's lease: no round ever ends here (no pod is decided twice)
 UNIFORM_GBPS = 16.0  # links between a node's GPUs: not in the trace, never used by the protocol
@@ -119,18 +119,15 @@ class FgdJobInfo:
         self.best_rate = max(self.ideal_rates.values(), default=0.0)
 
 
-class LivePacking:
+class LivePacking(ProtocolAdapter):
     """A registry policy answering FGD's protocol one pod at a time (module docstring).
 
     ``start(nodes, ranks, typical)`` for a run, then ``place(step, pod)`` per pod in arrival
     order: ``(node index in nodes, GPU indices)`` or None, already bound here."""
 
-    def __init__(self, policy: Policy) -> None:
-        if policy.name in UNEXPRESSED:
-            raise InputError(f"policy {policy.name!r} cannot run on --protocol fgd: {UNEXPRESSED[policy.name]}")
-        self.policy = policy
-        self.name = policy.name
-        self.decisions = 0
+    protocol = "fgd"
+    unexpressed = UNEXPRESSED
+
 
     def start(self, nodes: Sequence, ranks: Sequence[int], typical: Sequence) -> None:
         self.model, self._node_of = fgd_cluster_model(nodes, ranks)
@@ -161,10 +158,7 @@ class LivePacking:
         job = FgdJobInfo(step, request, self._rates(pod, request))
         inputs = build_round(float(step), False, self.model, self.free, self.running, [job],
                              lambda j: j.arrival_s, self.demand, LEASE_S, None)
-        decision = self.policy.schedule(inputs.view)
-        check_decision(decision, inputs)
-        self.decisions += 1
-        a = decision.get(job.job_id)
+        a = self.decide_on(inputs).get(job.job_id)
         if a is None:
             return None
         nodes = {n for n, _ in a.slots} | ({a.host} if a.host is not None else set())
@@ -180,6 +174,5 @@ def live_fgd_policy(name: str) -> LivePacking:
     """The registry policy ``name`` on FGD's protocol."""
     from hetflow.scheduling.policies.registry import make_policy
 
-    if name in UNEXPRESSED:  # refused before anything is built
-        raise InputError(f"policy {name!r} cannot run on --protocol fgd: {UNEXPRESSED[name]}")
+    LivePacking.refuse(name)  # before anything is built
     return LivePacking(make_policy(name))

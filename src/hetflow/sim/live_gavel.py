@@ -27,10 +27,10 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from hetflow.core.errors import InputError
 from hetflow.scheduling.policies.base import Policy
 from hetflow.scheduling.policies.capacity import Assignment, ClusterModel, FreeCapacity, PoolNode, Request, _Shape
-from hetflow.scheduling.policies.rounds import DemandMix, build_round, check_decision
+from hetflow.scheduling.policies.rounds import DemandMix, build_round
+from hetflow.sim.live_base import ProtocolAdapter
 
 # Gavel's simulator (hetflow.sim.gavel.GavelSimulator, which imports this module): Any here, so
 # that the two modules do not import each other
@@ -82,21 +82,19 @@ class GavelJobInfo:
         self.best_rate = max(self.ideal_rates.values(), default=0.0)
 
 
-class LivePolicyRounds:
+class LivePolicyRounds(ProtocolAdapter):
     """A registry policy answering Gavel's mechanism each round (module docstring)."""
 
+    protocol = "gavel"
+    unexpressed = UNEXPRESSED
     agnostic = False
     fifo = False
 
     def __init__(self, policy: Policy) -> None:
-        if policy.name in UNEXPRESSED:
-            raise InputError(f"policy {policy.name!r} cannot run on --protocol gavel: {UNEXPRESSED[policy.name]}")
-        self.policy = policy
-        self.name = policy.name
+        super().__init__(policy)
         self._model: ClusterModel | None = None
         self._free: FreeCapacity | None = None
         self._last: dict[int, Assignment] = {}  # job -> where it ran last round
-        self.decisions = 0
 
     def allocation(self, state) -> dict:  # Gavel's allocation machinery is not used
         raise NotImplementedError
@@ -125,9 +123,7 @@ class LivePolicyRounds:
                 waiting.append(info)
         inputs = build_round(sim.now, True, model, free, running, waiting,
                              lambda job: (job.arrival_s, job.gavel_id), demand, sim.round_s, None)
-        decision = self.policy.schedule(inputs.view)
-        check_decision(decision, inputs)
-        self.decisions += 1
+        decision = self.decide_on(inputs)
         chosen: dict[str, list[int]] = {w: [] for w in sim.types}
         self._last = {}
         for jid, a in decision.items():

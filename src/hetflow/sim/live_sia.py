@@ -35,10 +35,10 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from hetflow.core.errors import InputError
 from hetflow.scheduling.policies.base import Policy
 from hetflow.scheduling.policies.capacity import Assignment, ClusterModel, FreeCapacity, PoolNode, Request, _Shape
-from hetflow.scheduling.policies.rounds import DemandMix, build_round, check_decision
+from hetflow.scheduling.policies.rounds import DemandMix, build_round
+from hetflow.sim.live_base import ProtocolAdapter
 from hetflow.sim.sia import (DEFAULT_ROUND_S, Allocation, RoundPolicy, SiaJob, SiaJobSpec, SiaProfiles, SiaRun,
                               SiaSimulator, placement_of)
 
@@ -102,21 +102,20 @@ class SiaJobInfo:
         return self.remaining_work / s if s > 0 else 1.0
 
 
-class LiveSiaRounds:
+class LiveSiaRounds(ProtocolAdapter):
     """A registry policy answering Sia's mechanism each round (module docstring)."""
 
+    protocol = "sia"
+    unexpressed = UNEXPRESSED
+
     def __init__(self, policy: Policy) -> None:
-        if policy.name in UNEXPRESSED:
-            raise InputError(f"policy {policy.name!r} cannot run on --protocol sia: {UNEXPRESSED[policy.name]}")
-        self.policy = policy
-        self.name = policy.name
+        super().__init__(policy)
         self._model: ClusterModel | None = None
         self._where: list[tuple[str, int]] = []
         self._index: dict[tuple[str, int], int] = {}
         self._last: dict[str, Assignment] = {}
         self._total: dict[str, float] = {}
         self._order: dict[str, int] = {}
-        self.decisions = 0
 
     def _cluster(self, sim: SiaSimulator) -> ClusterModel:
         if self._model is None:
@@ -154,9 +153,7 @@ class LiveSiaRounds:
         # every round is a boundary for preemptive policies; the others only place waiting jobs
         inputs = build_round(sim.now, bool(getattr(self.policy, "preemptive", True)), model, free, running, waiting,
                              lambda j: (j.arrival_s, j.index), demand, sim.round_s, rate_of)
-        decision = self.policy.schedule(inputs.view)
-        check_decision(decision, inputs)
-        self.decisions += 1
+        decision = self.decide_on(inputs)
         self._last = {jid: info.assignment for jid, info in running.items() if jid in inputs.view.pinned}
         self._last.update(decision)
         return {jid: (a.device_type, self._placement(a)[0]) for jid, a in self._last.items()}
