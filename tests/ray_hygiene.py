@@ -6,6 +6,11 @@
   keeps in /tmp/ray otherwise: session folders, sockets, and ``ray_current_cluster`` - the
   file every later ``ray.init()`` with no address joins. Two workers must not join each other's
   clusters, and a user's /tmp/ray is not the tests' business.
+* **Direct-ingress ports of its own.** Every Ray Serve controller hands its replicas HTTP ports
+  from 30000 and gRPC ports from 40000, per node; two test processes serving side by side on
+  one machine would be handed the same numbers, and a front door whose replica died could
+  health-check - and route to - the other run's replica that took its port. Each test process
+  (and what it starts) gets a range of its own.
 * **Nothing left behind.** Before the first test the run notes which Ray processes (raylet,
   gcs_server), HAProxy processes and recorded clusters exist; at the end it waits a little for
   the ones its tests started to end, then fails the run (exit 1, one line per leak) if any is
@@ -40,6 +45,12 @@ USER_ADDRESS_FILE = ray_address_file()
 RAY_DIR = BASE / WORKER
 RAY_DIR.mkdir(exist_ok=True)
 os.environ["RAY_TMPDIR"] = str(RAY_DIR)
+_SLOT = int(WORKER[2:]) if WORKER.startswith("gw") and WORKER[2:].isdigit() else 0
+_SPAN = 200  # ports per test process: Ray's own ranges (1,000 each) hold five processes
+for _kind, _first in (("HTTP", 30000), ("GRPC", 40000)):
+    _low = _first + _SPAN * (_SLOT % 5)
+    os.environ[f"RAY_SERVE_DIRECT_INGRESS_MIN_{_kind}_PORT"] = str(_low)
+    os.environ[f"RAY_SERVE_DIRECT_INGRESS_MAX_{_kind}_PORT"] = str(_low + _SPAN - 1)
 
 WATCHED = ("raylet", "gcs_server", "haproxy")  # programs a test must not leave running
 GRACE_S = 20.0  # processes get this long to end after the last test (raylets stop in ~1 s)
