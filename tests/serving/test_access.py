@@ -25,6 +25,7 @@ from hetflow.workloads.serve.front import (
     Server,
     admin_call,
     app_prefix,
+    backend_name,
     group_prefix,
     haproxy_binary,
     render_config,
@@ -80,7 +81,9 @@ class Front:
         self.admin = str(root / "admin.sock")
         self.keys = KeyState(self.plan.access, str(root / "maps")) if keys else None
         servers = {"t.digits": [Server("r1", "127.0.0.1", port)],
-                   "t.slow-model": [Server("r2", "127.0.0.1", port)], "t": [Server("g1", "127.0.0.1", port)]}
+                   # two replicas of slow-model (the same stand-in server behind both)
+                   "t.slow-model": [Server("r2", "127.0.0.1", port), Server("r3", "127.0.0.1", port)],
+                   "t": [Server("g1", "127.0.0.1", port)]}
         self.config = render_config(self.plan, servers, self.admin, None, str(root / "maps"),
                                     self.keys.salt if keys else "")
         (root / "haproxy.cfg").write_text(self.config)
@@ -327,7 +330,8 @@ def test_revoke_rotate_and_expiry_reach_the_running_front_door(front, store) -> 
     ("/v1/completions", b'{"model": "slow-model", "prompt": "hi", "max_tokens": 4}')],
     ids=["predict", "completions"])
 def test_a_full_model_is_refused_at_once(front, store, keys, path, body) -> None:
-    """``queue_limit`` 2 per replica: of 6 concurrent slow requests, 2 run, 4 get 503 fast."""
+    """``queue_limit`` 2 per replica, two replicas: of 8 concurrent slow requests, 4 run, 4 get
+    503 fast."""
     import concurrent.futures as cf
 
     key = K.create_key(store, "team-a")
@@ -339,13 +343,33 @@ def test_a_full_model_is_refused_at_once(front, store, keys, path, body) -> None
         status, headers, _ = f.call(path, auth, body)
         return status, time.perf_counter() - started, headers.get("retry-after")
 
-    with cf.ThreadPoolExecutor(6) as pool:
-        results = list(pool.map(one, range(6)))
+    with cf.ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(one, range(8)))
     ok = [r for r in results if r[0] == 200]
     shed = [r for r in results if r[0] == 503]
-    assert len(ok) == 2 and len(shed) == 4, results
+    assert len(ok) == 4 and len(shed) == 4, results
     assert all(r[1] < 0.5 and r[2] == "1" for r in shed)  # answered without waiting for a slot
     assert f.call(path, auth, body)[0] == 200  # room again
+
+
+def test_a_replica_that_goes_down_with_requests_in_flight_leaves_the_others_their_limit(front) -> None:
+    """The limit counts the free slots of the replicas that are up: requests still in flight on
+    a replica just marked down (a dead replica's last connections) must not fill the limit of
+    the replica that took over."""
+    import concurrent.futures as cf
+
+    f = front(queue_limits={"slow-model": 2}, keys=False)
+    admin = lambda command: admin_call(f.admin, command)  # noqa: E731
+    backend = backend_name("slow-model")
+    admin(f"set server {backend}/r3 state maint")
+    call = lambda _: f.call("/v1/models/slow-model/predict")[0]  # noqa: E731
+    with cf.ThreadPoolExecutor(3) as pool:
+        filling = [pool.submit(call, i) for i in range(2)]  # both on r2 (r3 is in maintenance)
+        time.sleep(0.2)
+        admin(f"set server {backend}/r3 state ready")
+        admin(f"set server {backend}/r2 state maint")  # r2 leaves with its 2 requests in flight
+        assert pool.submit(call, 2).result() == 200  # r3 has its own 2 slots
+        assert [x.result() for x in filling] == [200, 200]
 
 
 def test_completions_go_to_the_generative_models_own_backend(front, store) -> None:

@@ -81,6 +81,12 @@ def served(digits_model, tmp_path_factory):
              "batching": {"enabled": False}, "train": {"model": {"kind": "mlp", "hidden": [16]}},
              "autoscaling": {"min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 0.01,
                              "upscale_delay_s": 0.0, "downscale_delay_s": 600.0}},
+            # Autoscaled, so routed through the gateway, which holds its queue limit; slow on
+            # purpose (a batch waits 1 s to fill), so requests stay in flight.
+            {"name": "queued", "weights": "random", "device": "cpu", "cpus_per_replica": 0.25,
+             "train": {"model": {"kind": "mlp", "hidden": [16]}}, "queue_limit": 2,
+             "batching": {"max_batch_size": 64, "batch_wait_timeout_s": 1.0},
+             "autoscaling": {"min_replicas": 1, "max_replicas": 1}},
         ],
     })
     gpu_node = synthetic_node("2x L40S", "gpu-node")
@@ -175,7 +181,7 @@ def test_models_by_name_behind_one_endpoint(served, held_out) -> None:
     assert int8["served_by"] == "digits-int8" and int8["model"] == "digits-int8"
     assert post(served, "/v1/models/placed/predict", {"inputs": row}).json()["served_by"] == "placed"
     listing = requests.get(served.url + "/v1/models", timeout=10).json()["models"]
-    assert sorted(listing) == ["digits", "digits-int8", "elastic", "placed", "tinygpt"]
+    assert sorted(listing) == ["digits", "digits-int8", "elastic", "placed", "queued", "tinygpt"]
     assert listing["digits"]["fallback"] == ["digits-int8"]
     assert listing["digits-int8"]["precision"] == "int8"
     assert listing["digits"]["input"]["width"] == 64
@@ -554,6 +560,26 @@ def test_fuzzed_requests_on_every_protocol_get_4xx_or_200(served, capsys) -> Non
 # --- placement ------------------------------------------------------------------------------
 
 
+def test_an_autoscaled_model_is_refused_at_once_past_its_queue_limit(served) -> None:
+    """``queued`` is autoscaled, so its requests go through the gateway (the front door cannot
+    count its replicas): queue limit 2 per replica, one replica, two gateway replicas holding
+    one each. Of 8 concurrent requests (each waits 1 s in its batch) at most 2 run; the rest
+    get 503 with Retry-After at once; then there is room again."""
+    def one(body):
+        started = time.perf_counter()
+        r = post(served, "/v1/models/queued/predict", body)
+        return r.status_code, time.perf_counter() - started, r.headers.get("retry-after"), r.text
+
+    with cf.ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(one, digits_bodies(rows=1, count=8)))
+    ok = [r for r in results if r[0] == 200]
+    shed = [r for r in results if r[0] == 503]
+    assert 1 <= len(ok) <= 2 and len(ok) + len(shed) == 8, results
+    assert all(r[2] == "1" and "queue limit" in r[3] for r in shed), shed
+    assert all(r[1] < 0.8 for r in shed), shed  # refused without waiting out a batch (1 s)
+    assert post(served, "/v1/models/queued/predict", digits_bodies(rows=1, count=1)[0]).status_code == 200
+
+
 def test_placed_replicas_see_exactly_their_device(served) -> None:
     infos = served.replica_infos("placed")
     assert len(infos) == 3
@@ -648,7 +674,7 @@ def test_dry_run_prints_what_would_start_and_starts_nothing(served, capsys) -> N
     assert args.func(args) == 0
     plan = json.loads(capsys.readouterr().out)
     names = {a["name"] for a in plan["applications"]}
-    assert {"dry", "dry.digits", "dry.digits-int8", "dry.tinygpt", "dry.elastic"} == names
+    assert {"dry", "dry.digits", "dry.digits-int8", "dry.tinygpt", "dry.elastic", "dry.queued"} == names
     assert {a["path"] for a in plan["applications"] if a.get("model") == "elastic"} == {"gateway"}
     assert set(serve.status().applications) == before  # nothing deployed
 
@@ -750,12 +776,12 @@ def test_fallback_while_all_replicas_are_down(served, capsys) -> None:
         print(f"\nboth replicas killed under load: {result.line()}; {answered_by_fallback} "
               f"answered by the fallback; two replicas serving again after {recovery_s:.1f}s")
     # Known, not yet fixed: in some runs one request in flight at the moment of the kill comes
-    # back as a closed connection, a cut body (a response the replica had begun to write), a
-    # 502 (not retried by HAProxy) or a 503 (seen once in a loaded full run: for an instant the
-    # dead replica's connections still count in be_conn against the queue limit of the
-    # replicas left up, and the shed rule answers); every other is answered.
+    # back as a closed connection, a cut body (a response the replica had begun to write) or a
+    # 502 (not retried by HAProxy); every other is answered. (A 503 from the queue limit, once
+    # seen here when a dead replica's connections still counted against it, is no longer
+    # possible: the limit counts only the free slots of replicas that are up.)
     assert result.error_count <= 1 and result.ok >= result.sent - 1, result.errors
-    assert set(result.errors) <= {"ServerDisconnectedError", "ClientPayloadError", "502", "503"}, \
+    assert set(result.errors) <= {"ServerDisconnectedError", "ClientPayloadError", "502"}, \
         result.errors
     assert answered_by_fallback > 0
     assert "degraded" in health_states

@@ -23,8 +23,9 @@ Per request, HAProxy (rules from :func:`frontend_rules`, data in map files from
 5. the key's name goes to the replicas as ``x-hetflow-key`` (the client's own such headers are
    dropped first).
 
-Load shedding (:func:`shed_rules`, with or without keys): a model's backend holding
-``queue_limit`` requests per up server answers ``503`` with ``Retry-After: 1`` at once.
+Load shedding (:func:`shed_rule`, with or without keys): a model whose replicas that are up
+each hold ``queue_limit`` requests (their ``maxconn``) answers ``503`` with ``Retry-After: 1`` at
+once.
 
 The counters live in HAProxy's stick tables; :class:`UsageMeter` (in the front door actor) reads
 them over the admin socket every poll and adds the new counts to the store's per-key usage (day
@@ -180,17 +181,10 @@ def table_sections() -> list[str]:
             f"    stick-table type string len 64 size 100k expire 1h store gpc(1),gpc_rate(1,{SUSTAIN_S}s)"]
 
 
-def _cap_var(acl: str) -> str:
-    """An HAProxy variable name for ``acl`` (variable names take letters, digits, '_' and '.'
-    only; a model name may hold '-')."""
-    import hashlib
-
-    return "txn.cap_" + hashlib.sha1(acl.encode()).hexdigest()[:12]
-
-
 def shed_rule(backend: str, acl: str, queue_limit: int, unless: str | None = None) -> str:
-    """503 at once when ``backend`` holds ``queue_limit`` requests per server that is up
-    (``unless``: an ACL whose requests go elsewhere then, e.g. to an upstream)."""
+    """503 at once when every server of ``backend`` that is up holds ``queue_limit`` requests
+    (``unless``: an ACL whose requests go elsewhere then, e.g. to an upstream). The servers
+    carry ``maxconn queue_limit`` (:func:`queue_limit_server_option`)."""
     return ("    http-request return status 503 content-type application/json string "
             + _q(f"the model is at its queue limit ({queue_limit} in flight per replica); "
                  "retry after Retry-After seconds")
@@ -199,14 +193,20 @@ def shed_rule(backend: str, acl: str, queue_limit: int, unless: str | None = Non
 
 
 def over_limit_condition(backend: str, acl: str) -> str:
-    """True for a request of ``acl`` while ``backend`` holds its queue limit per server up
-    (:func:`shed_capacity` computed the capacity)."""
-    return (f"is_{acl} METH_POST {{ nbsrv({backend}) -m int gt 0 }} "
-            f"{{ be_conn({backend}),sub({_cap_var(acl)}) -m int ge 0 }}")
+    """True for a request of ``acl`` while no server of ``backend`` that is up has a free slot.
+
+    ``be_conn_free`` sums ``maxconn - current`` over the servers that are up, so a replica that
+    died is out of the sum the moment it is marked down (counting ``be_conn`` against the
+    servers up, as before, let a dead replica's last connections fill the limit of the live
+    ones for an instant). It is -1 when a server without ``maxconn`` counts: the gateway
+    backups, which count only once every replica is down - the fallback path, never shed."""
+    return f"is_{acl} METH_POST {{ nbsrv({backend}) -m int gt 0 }} {{ be_conn_free({backend}) -m int eq 0 }}"
 
 
-def shed_capacity(backend: str, acl: str, queue_limit: int) -> str:
-    return f"    http-request set-var({_cap_var(acl)}) nbsrv({backend}),mul({queue_limit}) if is_{acl}"
+def queue_limit_server_option(queue_limit: int) -> str:
+    """The ``server`` option of a queue-limited model's replicas: at most ``queue_limit``
+    requests each (HAProxy then also never sends one to a full replica while another has room)."""
+    return f" maxconn {queue_limit}"
 
 
 def map_entries(records: dict[str, KeyRecord], salt: str, thresholds: dict[str, int],
@@ -443,4 +443,4 @@ class KeyState:
 
 __all__ = ["AccessPlan", "KEY_HEADER", "KeyState", "MAPS", "MODELS_HEADER", "TOKENS_HEADER", "UsageMeter", "admit_rules", "allowed_models",
            "apply_maps", "frontend_rules", "map_entries", "over_limit_condition", "preamble_rules", "read_table",
-           "shed_capacity", "shed_rule", "table_sections", "write_maps"]
+           "queue_limit_server_option", "shed_rule", "table_sections", "write_maps"]

@@ -317,6 +317,11 @@ class ModelServeConfig(_Section):
         return max(16, 2 * self.batching.max_batch_size)
 
     @property
+    def effective_queue_limit(self) -> int:
+        """``queue_limit``, or ``max_ongoing_requests`` (its default); 0: never refuse."""
+        return self.queue_limit if self.queue_limit is not None else self.ongoing_limit
+
+    @property
     def memory_bytes(self) -> int | None:
         return None if self.memory is None else parse_bytes(self.memory)
 

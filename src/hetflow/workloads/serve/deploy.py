@@ -67,6 +67,9 @@ def route_table(config: ServeConfig, plans: dict[str, ModelPlan],
         front_door=front_door,
         openai_models=tuple(m.name for m in config.models if m.engine == "vllm")
         + tuple(u.name for u in config.upstreams if u.protocol == "openai"),
+        queue_limits={n: mp.entry.effective_queue_limit for n, mp in plans.items()
+                      if n in gateway_models and mp.entry.effective_queue_limit},
+        gateway_replicas=config.gateway.replicas,
     )
 
 

@@ -241,7 +241,6 @@ def render_config(plan: FrontPlan, servers: dict[str, list[Server]], admin_socke
         if model in plan.generative:
             lines.append(f"    acl is_{acl} var(txn.completion) -m str {model}")
         if plan.queue_limits.get(model):
-            lines.append(acc.shed_capacity(acl, acl, plan.queue_limits[model]))
             fallback = by_name.get(plan.upstream_fallbacks.get(model, ""))
             if fallback is not None:  # past the limit, its protocol's requests go upstream
                 over_limit[model] = acc.over_limit_condition(acl, acl)
@@ -283,8 +282,10 @@ def render_config(plan: FrontPlan, servers: dict[str, list[Server]], admin_socke
         # (and is marked down), then the backup (the gateway) answers - enough tries for all
         # of that, plus the configured retries.
         lines.append(f"    retries {plan.retries + len(primary) + 1}")
+        limit = plan.queue_limits.get(model) if model not in plan.via_gateway else None
+        option = acc.queue_limit_server_option(limit) if limit else ""
         for s in primary.values():
-            lines.append(f"    server {s.name} {s.host}:{s.port}")
+            lines.append(f"    server {s.name} {s.host}:{s.port}{option}")
         for s in gateway:
             lines.append(f"    server gw-{s.name} {s.host}:{s.port} backup")
     lines += ["backend gateway",

@@ -62,9 +62,22 @@ class RouteTable:
     # model names the front door routes on the OpenAI paths elsewhere (engine: vllm pools,
     # OpenAI upstreams): listed by GET /v1/models in OpenAI's shape beside hetflow's own
     openai_models: tuple[str, ...] = ()
+    # the models routed here (via_gateway) with a queue limit: requests in flight per running
+    # replica past which this gateway answers 503 at once (its share: gateway_replicas split it)
+    queue_limits: dict[str, int] = field(default_factory=dict)
+    gateway_replicas: int = 1
 
     def app_of(self, deployment: str) -> str:
         return self.apps.get(deployment, deployment)
+
+
+class _QueueFull(Exception):
+    """A model routed through the gateway holds its queue limit: 503 with Retry-After."""
+
+    def __init__(self, model: str, limit: int) -> None:
+        super().__init__(f"the model is at its queue limit ({limit} in flight per replica); "
+                         "retry after Retry-After seconds")
+        self.model = model
 
 
 class _ReplicaLost(Exception):
@@ -146,6 +159,11 @@ class Gateway:
         except RequestError as exc:
             self.metrics.answered("-", exc.status)
             return Response(error_body(exc.message), status_code=exc.status, media_type=JSON)
+        except _QueueFull as exc:
+            self.metrics.answered(exc.model, 503)
+            body = (openai_api.error_body(str(exc)) if path == "/v1/completions"
+                    else error_body(str(exc)))
+            return Response(body, status_code=503, media_type=JSON, headers={"Retry-After": "1"})
 
     async def _v2(self, request: Request, path: str) -> Response:
         """KServe v2: health, metadata, readiness; infer while the model is down."""
@@ -237,8 +255,11 @@ class Gateway:
             return Response(openai_api.error_body(f"model {req.model} has no running replica; "
                                                   "retry later"), status_code=503,
                             media_type=JSON)
-        handle = self.handles[name][self.table.groups[name].index(self._pick(name))]
-        tokens = handle.options(stream=True).generate.remote(
+        if name == req.model:
+            self._check_queue_limit(name)
+        deployment = self._pick(name)
+        handle = self.handles[name][self.table.groups[name].index(deployment)]
+        stream = handle.options(stream=True).generate.remote(
             req.prompt, req.max_tokens, req.temperature, req.top_p, req.seed)
         started = time.perf_counter()
 
@@ -246,7 +267,8 @@ class Gateway:
             self.metrics.served(req.model, name, time.perf_counter() - started, 1)
             self.reporter.changed()  # a stream ends after __call__ returned
 
-        return await completion_answer(req, tokens, tokens.cancel, ended, TOKENS_HEADER)
+        return await completion_answer(req, self._counted(deployment, stream), stream.cancel,
+                                       ended, TOKENS_HEADER)
 
     def _front_ready(self) -> bool:
         return bool(self.front.get("ready")) or not self.table.front_door
@@ -297,7 +319,36 @@ class Gateway:
         """Status and JSON payload for a checked request, from the model or along its
         fallback chain."""
         await self._first_poll()
+        if not model_down:
+            self._check_queue_limit(req.model)
         return (await self._predict_group(req.model, [req], model_down))[0]
+
+    def _check_queue_limit(self, model: str) -> None:
+        """Raise :class:`_QueueFull` while ``model`` (one routed here: autoscaled, or every
+        model under Serve's own tooling) holds its queue limit per running replica - this
+        gateway replica's share of it, as the front door spreads requests evenly over the
+        gateway's replicas. Without a running replica the request goes its usual way (the
+        fallback chain, or 503 "no running replica")."""
+        limit = self.table.queue_limits.get(model, 0)
+        if not limit or model not in self.table.via_gateway:
+            return
+        deployments = self.table.groups[model]
+        running = sum(self.running.get(d, 1) for d in deployments)
+        if running <= 0:
+            return
+        share = max(1, -(-limit * running // max(1, self.table.gateway_replicas)))
+        if sum(self.inflight[d] for d in deployments) >= share:
+            raise _QueueFull(model, limit)
+
+    async def _counted(self, deployment: str, tokens: Any) -> Any:
+        """``tokens`` (a streamed answer), counted in flight on ``deployment`` from its first
+        token until it ends or its client leaves."""
+        self.inflight[deployment] += 1
+        try:
+            async for token in tokens:
+                yield token
+        finally:
+            self.inflight[deployment] -= 1
 
     async def _predict_group(self, model: str, reqs: list[PredictRequest],
                              model_down: bool = False) -> list[tuple[int, dict[str, Any]]]:

@@ -232,8 +232,7 @@ def front_plan(config: ServeConfig, plans: dict[str, ModelPlan],
         via_gateway=frozenset(via_gateway(plans)),
         access=(AccessPlan(store=config.auth.store, default_model=config.default)
                 if config.auth.enabled(config.http.host) else None),
-        queue_limits={n: (mp.entry.queue_limit if mp.entry.queue_limit is not None
-                          else mp.entry.ongoing_limit) for n, mp in plans.items()},
+        queue_limits={n: mp.entry.effective_queue_limit for n, mp in plans.items()},
         upstreams=llms + plan_upstreams(config.upstreams),
         upstream_fallbacks={n: u for n in plans if (u := upstream_fallback(config, n)) is not None},
         default_model=config.default,
