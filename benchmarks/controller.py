@@ -28,6 +28,8 @@ for the default policy (``hetflow``).
 
 from __future__ import annotations
 
+import ray_home  # noqa: F401 - first: Ray's temp folder is this run's own (ray_home.py)
+
 import argparse
 import random
 import statistics

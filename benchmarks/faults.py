@@ -30,6 +30,8 @@ loses the cluster. Last line: ``RESULT node_loss_recovery_s=.. head_restart_s=..
 
 from __future__ import annotations
 
+import ray_home  # noqa: F401 - first: Ray's temp folder is this run's own (ray_home.py)
+
 import argparse
 import json
 import re

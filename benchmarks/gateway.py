@@ -39,6 +39,8 @@ over_litellm=<x> capacity_rps=<x> revoke_ms=<x> timing_gap_us=<x>``.
 
 from __future__ import annotations
 
+import ray_home  # noqa: F401 - first: Ray's temp folder is this run's own (ray_home.py)
+
 import argparse
 import csv
 import io

@@ -31,6 +31,8 @@ at most 1 is the goal: the hand-off costs no more than one copy).
 
 from __future__ import annotations
 
+import ray_home  # noqa: F401 - first: Ray's temp folder is this run's own (ray_home.py)
+
 import argparse
 import os
 import statistics

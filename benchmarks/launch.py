@@ -31,6 +31,8 @@ ratio is the embedded side's).
 
 from __future__ import annotations
 
+import ray_home  # noqa: F401 - first: Ray's temp folder is this run's own (ray_home.py)
+
 import argparse
 import os
 import re

@@ -35,6 +35,8 @@ controller_over_planner_bw=<x> sim_1024_planner_wall_s=<x>``.
 
 from __future__ import annotations
 
+import ray_home  # noqa: F401 - first: Ray's temp folder is this run's own (ray_home.py)
+
 import argparse
 import itertools
 import random

@@ -32,6 +32,8 @@ serve_default_rps=<x> best_rate_p99_80ms=<x> batched_over_unbatched_heavy=<x>``
 
 from __future__ import annotations
 
+import ray_home  # noqa: F401 - first: Ray's temp folder is this run's own (ray_home.py)
+
 import argparse
 import json
 import os

@@ -16,6 +16,8 @@ Last line: ``RESULT tracked_over_untracked_samples=<x> tracked_over_untracked_wa
 
 from __future__ import annotations
 
+import ray_home  # noqa: F401 - first: Ray's temp folder is this run's own (ray_home.py)
+
 import argparse
 import os
 import statistics

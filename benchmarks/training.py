@@ -26,6 +26,8 @@ Last line: ``RESULT ddp_over_torchrun=<x> startup_s=<x> recovery_s=<x>``.
 
 from __future__ import annotations
 
+import ray_home  # noqa: F401 - first: Ray's temp folder is this run's own (ray_home.py)
+
 import argparse
 import json
 import os

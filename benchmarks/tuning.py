@@ -37,6 +37,8 @@ Last line: ``RESULT asha_over_random_compute=<x> asha_over_random_wall=<x>``.
 
 from __future__ import annotations
 
+import ray_home  # noqa: F401 - first: Ray's temp folder is this run's own (ray_home.py)
+
 import argparse
 import math
 import os
