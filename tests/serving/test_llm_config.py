@@ -30,6 +30,8 @@ def llm(**fields):
     ({"pools": [{"device": "cpu", "vendor": "amd"}]}, "pool 1: vendor/accelerator need device: gpu"),
     ({"pools": [{"engine": {"dtype": "int3"}}]}, "pool 1 engine.dtype"),
     ({"vllm": {"model": "m", "tensor_parallel_size": 0}}, "tensor_parallel_size"),
+    ({"routing": {"affinity": "sticky"}}, "routing.affinity"),
+    ({"routing": {"balance_factor": 100}}, "routing.balance_factor"),
 ])
 def test_bad_llm_entries_are_one_line(fields, words) -> None:
     with pytest.raises(InputError) as err:
@@ -38,8 +40,9 @@ def test_bad_llm_entries_are_one_line(fields, words) -> None:
     assert words in text and "\n" not in text.strip()
 
 
-def test_vllm_fields_belong_to_engine_vllm() -> None:
-    doc = {"name": "m", "train": {"model": {"kind": "mlp", "hidden": [8]}}, "vllm": {"model": "x"}}
+@pytest.mark.parametrize("extra", [{"vllm": {"model": "x"}}, {"routing": {"affinity": "none"}}])
+def test_vllm_fields_belong_to_engine_vllm(extra) -> None:
+    doc = {"name": "m", "train": {"model": {"kind": "mlp", "hidden": [8]}}, **extra}
     with pytest.raises(InputError, match="add engine: vllm"):
         serve_config_from_dict({"models": [doc]})
 
@@ -82,7 +85,12 @@ def test_pools_that_do_not_fit_or_need_tensor_parallel_groups_say_so() -> None:
 def test_the_front_door_balances_a_models_replicas_by_pool_weight() -> None:
     plan = llm_backend("chat", [("p0-r0", "127.0.0.1", 8001, 3), ("p1-r0", "10.0.0.2", 8002, 1)], 30)
     text = "\n".join(backend_sections((plan,), ""))
-    assert "balance leastconn" in text and "uri /health" in text
+    # the default: prefix affinity with bounded load (tests/serving/test_llm_routing.py)
+    assert "balance hash req.body,bytes(0,256)" in text and "hash-type consistent" in text
+    assert "hash-balance-factor 125" in text and "uri /health" in text
+    chosen = llm(routing={"affinity": "none"}).routing
+    none = "\n".join(backend_sections((llm_backend("chat", [("p0-r0", "h", 1, 1)], 30, chosen),), ""))
+    assert "balance leastconn" in none and "balance hash" not in none
     assert "timeout server 600s" in text  # not the 30 s of a predict: generations take minutes
     assert f"backend {plan.backend}" in text
     assert "server up-p0-r0 127.0.0.1:8001 weight 3 check" in text

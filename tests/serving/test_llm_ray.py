@@ -153,10 +153,27 @@ def test_both_pools_answer_under_load(llm) -> None:
     served = {s: after[s] - before[s] for s in after}
     by_weight = {w: served[s] for s, _p, _h, _port, w in llm["engines"]}
     assert sum(served.values()) == 48
-    # least outstanding requests per unit of weight: with 12 at once neither pool is left out
-    # (which one serves more depends on the engines' speed too: the weight-3 pool runs at most
-    # 4 sequences at a time, so its queue grows and it gets fewer new requests)
+    # different prompts hash to both engines (weighted), and with 12 at once the bounded load
+    # spreads them anyway: neither pool is left out
     assert by_weight[1] > 0 and by_weight[3] > 0, served
+
+
+def test_a_conversation_meets_the_engine_whose_prefix_cache_holds_it(llm) -> None:
+    """The default routing (prefix affinity): the turns of one conversation, one after another,
+    all reach one engine, and its prefix cache serves their shared system prompt."""
+    before = engine_metric(llm, "vllm:request_success_total")
+    hits_before = engine_metric(llm, "vllm:prefix_cache_hits_total")
+    c = client(llm)
+    system = "You are a terse assistant for the platform team; answer in one line. " * 8
+    for turn in range(5):
+        c.chat.completions.create(model="tiny", max_tokens=2, messages=[
+            {"role": "system", "content": system}, {"role": "user", "content": f"turn {turn}"}])
+    after = engine_metric(llm, "vllm:request_success_total")
+    served = {s: after[s] - before[s] for s in after}
+    assert sorted(served.values()) == [0, 5], served
+    engine = max(served, key=served.get)
+    hits = engine_metric(llm, "vllm:prefix_cache_hits_total")
+    assert hits[engine] - hits_before[engine] > 0, (hits_before, hits)
 
 
 def test_each_pool_in_metrics_and_top(llm) -> None:

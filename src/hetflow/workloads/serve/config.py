@@ -33,7 +33,7 @@ from hetflow.core.errors import InputError
 from hetflow.core.units import parse_bytes
 from hetflow.core.validation import describe
 from hetflow.core.yamlfile import read_yaml
-from hetflow.workloads.serve.llm import LLMPool, VLLMEngine
+from hetflow.workloads.serve.llm import LLMPool, LLMRouting, VLLMEngine
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 # Chosen by measurement on a 2-core CPU host (docs/serving.md, "Batching defaults").
@@ -271,6 +271,9 @@ class ModelServeConfig(_Section):
     """``engine: vllm``: replica pools, each on one kind of device with its own engine
     overrides, behind this one model name (default: one pool from ``device``, ``vendor``,
     ``accelerator``, ``replicas``, ``cpus_per_replica``)."""
+    routing: LLMRouting | None = None
+    """``engine: vllm``: how the front door picks an engine (default: prefix affinity with
+    bounded load; :class:`~hetflow.workloads.serve.llm.LLMRouting`)."""
     queue_limit: int | None = Field(None, ge=0)
     """Requests in flight per running replica past which the front door answers ``503``
     (``Retry-After: 1``) at once instead of queueing, so admitted requests keep their latency
@@ -433,8 +436,8 @@ def model_errors(m: ModelServeConfig) -> list[str]:
                if getattr(m, k) is not None]
     if m.engine == "vllm":
         return llm_errors(m, sources)
-    if m.vllm is not None or m.pools:
-        errors.append("vllm and pools are for engine: vllm (an LLM on vLLM); add engine: vllm")
+    if m.vllm is not None or m.pools or m.routing is not None:
+        errors.append("vllm, pools and routing are for engine: vllm (an LLM on vLLM); add engine: vllm")
     if len(sources) != 1:
         errors.append("give exactly one of train_config (a training YAML), train (inline), "
                       "torchscript or exported (a model file)"

@@ -219,7 +219,8 @@ def front_plan(config: ServeConfig, plans: dict[str, ModelPlan],
     (name, host, port, weight)."""
     from hetflow.workloads.serve.upstream import llm_backend
 
-    llms = tuple(llm_backend(name, servers, config.limits.request_timeout_s)
+    routing = {m.name: m.routing for m in config.models}
+    llms = tuple(llm_backend(name, servers, config.limits.request_timeout_s, routing.get(name))
                  for name, servers in sorted((llm_servers or {}).items()))
     return FrontPlan(
         app=config.name, host=config.http.host, port=config.http.port,

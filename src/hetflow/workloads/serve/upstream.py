@@ -55,6 +55,10 @@ class UpstreamPlan:
     # hetflow's own LLM replicas (llm.py): (server name, host, port, weight) each; the backend
     # then balances by least outstanding requests, weighted by the pools' capacities
     servers: tuple[tuple[str, str, int, int], ...] = ()
+    # prefix affinity over those replicas (llm.LLMRouting): hash of the body's first
+    # ``affinity_bytes`` bytes (0: least outstanding requests), bounded at ``balance_factor`` %
+    affinity_bytes: int = 0
+    balance_factor: int = 125
 
     @property
     def local(self) -> bool:
@@ -79,12 +83,18 @@ def key_env_name(name: str) -> str:
     return "HETFLOW_UPSTREAM_KEY_" + hashlib.sha1(name.encode()).hexdigest()[:12].upper()
 
 
-def llm_backend(name: str, servers: list[tuple[str, str, int, int]], timeout_s: float
-                ) -> UpstreamPlan:
-    """The front door's plan for an ``engine: vllm`` model: its replicas' vLLM servers."""
+def llm_backend(name: str, servers: list[tuple[str, str, int, int]], timeout_s: float,
+                routing: Any = None) -> UpstreamPlan:
+    """The front door's plan for an ``engine: vllm`` model: its replicas' vLLM servers, picked
+    as ``routing`` (an ``llm.LLMRouting``; None: its defaults) says."""
+    from hetflow.workloads.serve.llm import LLMRouting
+
+    routing = routing or LLMRouting()
     return UpstreamPlan(name=name, protocol="openai", scheme="http", host="", port=0,
                         base_path="/v1", model=name, key_env=None, timeout_s=timeout_s,
-                        check_interval_s=1.0, servers=tuple(servers))
+                        check_interval_s=1.0, servers=tuple(servers),
+                        affinity_bytes=routing.prefix_bytes if routing.affinity == "prefix" else 0,
+                        balance_factor=routing.balance_factor)
 
 
 def plan_upstreams(upstreams: list[Any]) -> tuple[UpstreamPlan, ...]:
@@ -277,9 +287,15 @@ LLM_MIN_TIMEOUT_S = 600  # the least time an LLM replica gets to answer (or betw
 def _llm_backend_section(up: UpstreamPlan, root: str) -> list[str]:
     """hetflow's vLLM replicas: the client's own path and model (the served name), least
     outstanding requests weighted by pool capacity, health from vLLM's ``/health``."""
+    if up.affinity_bytes:  # (the frontend buffers request bodies: option http-buffer-request)
+        balance = [f"    balance hash req.body,bytes(0,{up.affinity_bytes})",
+                   "    hash-type consistent",
+                   f"    hash-balance-factor {up.balance_factor}"]
+    else:
+        balance = ["    balance leastconn"]
     lines = [
         f"backend {up.backend}",
-        "    balance leastconn",
+        *balance,
         # a whole (not streamed) answer of a long generation takes minutes on a slow device
         f"    timeout server {max(LLM_MIN_TIMEOUT_S, int(up.timeout_s + 0.999))}s",
         "    option httpchk",

@@ -1,0 +1,150 @@
+"""How the front door picks one of an ``engine: vllm`` model's engines: the real HAProxy with
+the config hetflow renders, in front of small HTTP servers standing in for the engines (each
+answers with its own name; no vLLM, no Ray). tests/serving/test_llm_ray.py checks the same rule
+against real vLLM engines and their prefix caches."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import http.client
+import http.server
+import json
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from hetflow.workloads.serve.front import FrontPlan, Server, haproxy_binary, render_config
+from hetflow.workloads.serve.llm import LLMRouting
+from hetflow.workloads.serve.upstream import llm_backend, write_lua
+from tests.net import free_port
+
+SYSTEM = ("You are a careful assistant for a platform team. Answer in one short paragraph, cite "
+          "the configuration key you rely on, and say when you are unsure. ") * 3
+
+
+def _engine(name: str, delay_s: float) -> type[http.server.BaseHTTPRequestHandler]:
+    class Engine(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def _answer(self) -> None:
+            self.rfile.read(int(self.headers.get("content-length") or 0))
+            if self.command == "POST":
+                time.sleep(delay_s)
+            body = json.dumps({"by": name}).encode()
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST = _answer
+
+        def log_message(self, *args) -> None:
+            pass
+
+    return Engine
+
+
+class Front:
+    """HAProxy for one LLM model ``chat`` over stand-in engines ``(name, weight)``."""
+
+    def __init__(self, root: Path, engines: list[tuple[str, int]], routing: LLMRouting,
+                 delay_s: float = 0.0) -> None:
+        self.servers = []
+        for name, _ in engines:
+            srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _engine(name, delay_s))
+            threading.Thread(target=srv.serve_forever, daemon=True).start()
+            self.servers.append(srv)
+        llm = llm_backend("chat", [(name, "127.0.0.1", srv.server_address[1], weight)
+                                   for (name, weight), srv in zip(engines, self.servers)], 30, routing)
+        self.port = free_port()
+        gateway = self.servers[0].server_address[1]  # (never asked here)
+        plan = FrontPlan(app="t", host="127.0.0.1", port=self.port, models={}, gateway_app="t",
+                         request_timeout_s=30, retries=1, max_body_bytes=1 << 20,
+                         upstreams=(llm,), default_model=None)
+        self.config = render_config(plan, {"t": [Server("g1", "127.0.0.1", gateway)]},
+                                    str(root / "admin.sock"), None, None, "", write_lua(str(root)))
+        (root / "haproxy.cfg").write_text(self.config)
+        self.log = root / "haproxy.log"
+        self.proc = subprocess.Popen([haproxy_binary(), "-W", "-db", "-f", str(root / "haproxy.cfg")],
+                                     stdout=subprocess.DEVNULL, stderr=self.log.open("wb"))
+        deadline = time.monotonic() + 10
+        while not self._answers():
+            assert self.proc.poll() is None and time.monotonic() < deadline, self.log.read_text()
+            time.sleep(0.1)
+
+    def _answers(self) -> bool:
+        try:
+            socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+        except OSError:
+            return False
+        return self.chat([{"role": "user", "content": "ping"}])[0] == 200  # engines up
+
+    def chat(self, messages: list[dict]) -> tuple[int, str]:
+        """POST /v1/chat/completions as the openai client sends it (messages first)."""
+        body = json.dumps({"messages": messages, "model": "chat", "max_tokens": 8}).encode()
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        conn.request("POST", "/v1/chat/completions", body, {"content-type": "application/json"})
+        r = conn.getresponse()
+        data = r.read()
+        conn.close()
+        return r.status, (json.loads(data).get("by", "") if r.status == 200 else data.decode())
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+        for srv in self.servers:
+            srv.shutdown()
+            srv.server_close()
+
+
+@pytest.fixture
+def front(tmp_path):
+    made = []
+
+    def start(*args, **kw) -> Front:
+        made.append(Front(tmp_path, *args, **kw))
+        return made[-1]
+
+    yield start
+    for f in made:
+        f.close()
+
+
+def conversation(topic: int, turns: int) -> list[dict]:
+    messages = [{"role": "system", "content": f"[{topic}] " + SYSTEM}]
+    for t in range(turns):
+        messages += [{"role": "user", "content": f"question {t} about topic {topic}"},
+                     {"role": "assistant", "content": f"answer {t}"}]
+    return messages + [{"role": "user", "content": "and then?"}]
+
+
+def test_a_conversation_stays_on_one_engine_and_conversations_spread(front) -> None:
+    f = front([("e0", 1), ("e1", 1), ("e2", 2)], LLMRouting())
+    for topic in range(3):
+        seen = {f.chat(conversation(topic, turns))[1] for turns in range(6)}
+        assert len(seen) == 1, (topic, seen)  # every turn meets the engine that has the prefix
+    by = [f.chat(conversation(topic, 0))[1] for topic in range(40)]
+    assert set(by) == {"e0", "e1", "e2"}, by  # other prefixes, other engines
+    assert by.count("e2") > max(by.count("e0"), by.count("e1")) / 2  # weight 2 takes its share
+    assert by == [f.chat(conversation(topic, 3))[1] for topic in range(40)]  # and keeps it
+
+
+def test_a_hot_prefix_spills_over_once_its_engine_is_over_its_share(front) -> None:
+    """Bounded load: 8 concurrent requests of one conversation to slow engines - the engine the
+    prefix hashes to takes its share, the others the rest."""
+    f = front([("e0", 1), ("e1", 1)], LLMRouting(balance_factor=125), delay_s=0.5)
+    with cf.ThreadPoolExecutor(8) as pool:
+        by = list(pool.map(lambda i: f.chat(conversation(7, i % 2))[1], range(8)))
+    assert set(by) == {"e0", "e1"}, by
+
+
+def test_without_affinity_requests_go_to_the_least_busy_engine(front) -> None:
+    f = front([("e0", 1), ("e1", 1)], LLMRouting(affinity="none"))
+    assert "balance leastconn" in f.config and "balance hash" not in f.config
+    seen = {f.chat(conversation(1, 2))[1] for _ in range(10)}
+    assert seen == {"e0", "e1"}  # the same conversation, no affinity: both engines take turns
