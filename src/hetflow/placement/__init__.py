@@ -163,7 +163,7 @@ def _multi_device_options(req: PlacementRequest, cpus: float, timeout_s: float) 
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     from hetflow.runtime.binding import live_snapshot
-    from hetflow.runtime.resources import NODE_LABEL, device_resource, label_value, units_for, visibility_env
+    from hetflow.runtime.resources import device_ask
     from hetflow.scheduling.planner import plan as plan_on
 
     import ray
@@ -176,26 +176,20 @@ def _multi_device_options(req: PlacementRequest, cpus: float, timeout_s: float) 
                             f"node; the best placement spans {', '.join(nodes)}. Ask for fewer "
                             "devices, or use group() and one process per device")
     node = snapshot.node(nodes[0])
-    bundle: dict[str, float] = {"CPU": cpus} if cpus else {}
-    for ref in placement.devices:
-        device = node.device(ref.device)
-        bundle[device_resource(ref.device)] = units_for(device, placement.memory_bytes, placement.exclusive)
+    ask = device_ask(snapshot, placement.devices, placement.memory_bytes, placement.exclusive)
+    bundle = ask.bundle(cpus)
     pg = placement_group([bundle], strategy="PACK", name=f"hetflow-{req.job_id}",
-                         bundle_label_selector=[{NODE_LABEL: label_value(node.name)}])
+                         bundle_label_selector=[ask.selector])
     ready, _ = ray.wait([pg.ready()], timeout=timeout_s)
     if not ready:
         remove_placement_group(pg)
         raise Unschedulable(f"job {req.job_id}: Ray did not commit {bundle} on {node.name} within "
                             f"{timeout_s:g}s (a device was taken since the plan, or CPUs are short); "
                             "nothing was kept - try again")
-    env = visibility_env(node.device(placement.devices[0].device).vendor,
-                         [r.device for r in placement.devices])
     bound = _PlainGroup(pg)
-    opts = {"num_cpus": cpus, "num_gpus": 0,
-            "resources": {k: v for k, v in bundle.items() if k != "CPU"},
+    opts = {**ask.actor_options(cpus),
             "scheduling_strategy": PlacementGroupSchedulingStrategy(placement_group=pg,
-                                                                    placement_group_bundle_index=0),
-            "runtime_env": {"env_vars": env}}
+                                                                    placement_group_bundle_index=0)}
     _HELD[id(pg)] = PlacedGroup(pg, [opts], placement, bound)
     return opts
 
@@ -227,7 +221,7 @@ def serve_options(req: PlacementRequest | None = None, *, cpus: float = 1.0,
                   **kwargs: Any) -> dict[str, Any]:
     """Keyword arguments for ``@serve.deployment(...)`` / ``Deployment.options(...)``: one
     replica on the planned device(s) of one node (Serve reserves the bundle per replica)."""
-    from hetflow.runtime.resources import NODE_LABEL, device_resource, label_value, units_for, visibility_env
+    from hetflow.runtime.resources import device_ask
 
     req = request(req, **kwargs)
     placement = plan(req)
@@ -236,20 +230,13 @@ def serve_options(req: PlacementRequest | None = None, *, cpus: float = 1.0,
                             f"placement spans {', '.join(placement.nodes)}")
     from hetflow.runtime.binding import live_snapshot
 
-    node = live_snapshot().node(placement.nodes[0])
-    devices: dict[str, float] = {}
-    for ref in placement.devices:
-        devices[device_resource(ref.device)] = units_for(node.device(ref.device), placement.memory_bytes,
-                                                         placement.exclusive)
-    env = visibility_env(node.device(placement.devices[0].device).vendor,
-                         [r.device for r in placement.devices])
+    ask = device_ask(live_snapshot(), placement.devices, placement.memory_bytes, placement.exclusive)
     return {
         "num_replicas": 1,
-        "ray_actor_options": {"num_cpus": cpus, "num_gpus": 0, "resources": dict(devices),
-                              "runtime_env": {"env_vars": env}},
-        "placement_group_bundles": [{"CPU": cpus, **devices}] if cpus else [dict(devices)],
+        "ray_actor_options": ask.actor_options(cpus),
+        "placement_group_bundles": [ask.bundle(cpus)],
         "placement_group_strategy": "STRICT_PACK",
-        "placement_group_bundle_label_selector": [{NODE_LABEL: label_value(node.name)}],
+        "placement_group_bundle_label_selector": [ask.selector],
     }
 
 
@@ -258,7 +245,7 @@ def tune_resources(req: PlacementRequest | None = None, *, cpus: float = 1.0, **
     device (one device per trial; call :func:`bind` first thing in the trial)."""
     from ray.tune import PlacementGroupFactory
 
-    from hetflow.runtime.resources import NODE_LABEL, device_resource, label_value, units_for
+    from hetflow.runtime.resources import device_ask
 
     req = request(req, **kwargs)
     placement = plan(req)
@@ -266,12 +253,9 @@ def tune_resources(req: PlacementRequest | None = None, *, cpus: float = 1.0, **
         raise InputError("tune_resources places one device per trial; ask for devices=1")
     from hetflow.runtime.binding import live_snapshot
 
-    ref = placement.devices[0]
-    device = live_snapshot().node(ref.node).device(ref.device)
-    bundle = {"CPU": cpus, device_resource(ref.device): units_for(device, placement.memory_bytes,
-                                                                   placement.exclusive)}
-    return PlacementGroupFactory([bundle], strategy="PACK",
-                                 bundle_label_selector=[{NODE_LABEL: label_value(ref.node)}])
+    ask = device_ask(live_snapshot(), placement.devices, placement.memory_bytes, placement.exclusive)
+    return PlacementGroupFactory([{"CPU": cpus, **ask.resources}], strategy="PACK",
+                                 bundle_label_selector=[ask.selector])
 
 
 def bind() -> str:

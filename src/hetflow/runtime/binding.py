@@ -38,10 +38,10 @@ from hetflow.runtime.resources import (
     DEVICE_RESOURCE_PREFIX,
     MIB,
     NODE_LABEL,
-    label_value,
+    device_ask,
     device_capacity,
     device_resource,
-    units_for,
+    label_value,
     visibility_env,
 )
 
@@ -175,16 +175,11 @@ def reserve(
     """
     bundles, selectors, units, envs = [], [], [], []
     for ref in placement.devices:
-        node = snapshot.node(ref.node)
-        device = node.device(ref.device)
-        u = units_for(device, placement.memory_bytes, placement.exclusive)
-        bundle: dict[str, float] = {device_resource(ref.device): u}
-        if cpus_per_rank:
-            bundle["CPU"] = cpus_per_rank
-        bundles.append(bundle)
-        selectors.append({NODE_LABEL: label_value(ref.node)})
-        units.append(u)
-        envs.append(visibility_env(device.vendor, [ref.device]))
+        ask = device_ask(snapshot, [ref], placement.memory_bytes, placement.exclusive)
+        bundles.append(ask.bundle(cpus_per_rank))
+        selectors.append(ask.selector)
+        units.append(ask.resources[device_resource(ref.device)])
+        envs.append(ask.env)
     group = placement_group(
         bundles, strategy="PACK", name=f"hetflow-{placement.job_id}",
         bundle_label_selector=selectors,

@@ -23,9 +23,11 @@ from __future__ import annotations
 import json
 import re
 import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 from hetflow.core.errors import InputError
-from hetflow.core.topology import Device, LinkKind, NodeTopology, Vendor
+from hetflow.core.topology import ClusterSnapshot, Device, LinkKind, NodeTopology, Vendor
 
 DEVICE_RESOURCE_PREFIX = "hetflow_dev_"
 LABEL_PREFIX = "hetflow.io/"
@@ -206,3 +208,46 @@ def visibility_env(vendor: Vendor, devices: list[int] | tuple[int, ...]) -> dict
     if vendor is Vendor.AMD:
         return {"HIP_VISIBLE_DEVICES": ids, "CUDA_VISIBLE_DEVICES": ids, **noset}
     return {"CUDA_VISIBLE_DEVICES": "", "HIP_VISIBLE_DEVICES": "", **noset}
+
+
+# --- planned devices -> what Ray is asked for ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DeviceAsk:
+    """What Ray is asked for so that one process runs on planned devices of one node, and sees
+    exactly them: the devices' resources (``hetflow_dev_<i>``: units), the node's label selector
+    and the visibility variables. Every workload turns a placement into Ray options through
+    this (actors, Serve replicas, Tune trials, placement-group bundles)."""
+
+    node: str
+    resources: dict[str, float] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def selector(self) -> dict[str, str]:
+        """The bundle label selector that pins a bundle to the node."""
+        return {NODE_LABEL: label_value(self.node)}
+
+    def bundle(self, cpus: float = 0.0) -> dict[str, float]:
+        """A placement-group bundle: the devices' resources, with ``cpus`` CPUs when non-zero."""
+        return {**({"CPU": cpus} if cpus else {}), **self.resources}
+
+    def actor_options(self, cpus: float) -> dict:
+        """``num_cpus``, no Ray GPUs, the devices' resources and the visibility variables."""
+        return {"num_cpus": cpus, "num_gpus": 0, "resources": dict(self.resources),
+                "runtime_env": {"env_vars": dict(self.env)}}
+
+
+def device_ask(snapshot: ClusterSnapshot, devices: Sequence, memory_bytes: int | None,
+               exclusive: bool) -> DeviceAsk:
+    """The :class:`DeviceAsk` for ``devices`` (``DeviceRef``s, all on one node, in rank order),
+    each taking all of its device (``exclusive``) or ``memory_bytes`` of it."""
+    nodes = {ref.node for ref in devices}
+    if len(nodes) != 1:
+        raise ValueError(f"one process's devices must be on one node, got {sorted(nodes)}")
+    node = snapshot.node(devices[0].node)
+    resources = {device_resource(ref.device): units_for(node.device(ref.device), memory_bytes, exclusive)
+                 for ref in devices}
+    env = visibility_env(node.device(devices[0].device).vendor, [ref.device for ref in devices])
+    return DeviceAsk(node.name, resources, env)

@@ -35,10 +35,8 @@ from hetflow.core.placement import DeviceRef
 from hetflow.core.request import PlacementRequest, parse_vendor
 from hetflow.core.topology import ClusterSnapshot, Vendor
 from hetflow.runtime.resources import (
-    NODE_LABEL,
+    device_ask,
     label_value,
-    device_resource,
-    units_for,
     visibility_env,
 )
 from hetflow.scheduling.planner import plan
@@ -174,15 +172,9 @@ def _planned_groups(base: str, entry: ModelServeConfig, snapshot: ClusterSnapsho
     groups = []
     for ref in order:
         count = slots.count(ref)
-        device = snapshot.node(ref.node).device(ref.device)
-        units = units_for(device, memory_bytes, exclusive=not entry.share_devices)
-        resource = device_resource(ref.device)
-        env = visibility_env(device.vendor, [ref.device])
-        options = {"num_cpus": entry.cpus_per_replica, "num_gpus": 0,
-                   "resources": {resource: units}, "runtime_env": {"env_vars": env}}
-        bundle: dict[str, float] = {resource: units}
-        if entry.cpus_per_replica:
-            bundle["CPU"] = entry.cpus_per_replica
+        ask = device_ask(snapshot, [ref], memory_bytes, exclusive=not entry.share_devices)
+        options = ask.actor_options(entry.cpus_per_replica)
+        bundle = ask.bundle(entry.cpus_per_replica)
         autoscaling = None
         if entry.autoscaling is not None:
             share = sum(1 for r in slots[:minimum] if r == ref)
@@ -193,8 +185,8 @@ def _planned_groups(base: str, entry: ModelServeConfig, snapshot: ClusterSnapsho
         groups.append(ReplicaGroup(
             entry.name, name, None if autoscaling else count, autoscaling, options,
             placement_group_bundles=[bundle],
-            bundle_label_selector=[{NODE_LABEL: label_value(ref.node)}],
-            device=ref, compute="gpu", env=env))
+            bundle_label_selector=[ask.selector],
+            device=ref, compute="gpu", env=ask.env))
     return groups
 
 

@@ -28,7 +28,6 @@ one (``CUDA_VISIBLE_DEVICES`` / ``HIP_VISIBLE_DEVICES``) before torch touches a 
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -42,11 +41,9 @@ from hetflow.core.units import format_bytes
 from hetflow.runtime.binding import BoundDevice
 from hetflow.runtime.binding import bind_assigned_devices as bind_planned_device
 from hetflow.runtime.resources import (
-    DEVICE_RESOURCE_PREFIX,
     NODE_LABEL,
+    device_ask,
     label_value,
-    device_resource,
-    units_for,
 )
 
 
@@ -99,11 +96,8 @@ def trial_slot(snapshot: ClusterSnapshot, request: PlacementRequest,
         "a tuning trial is one process on one device"
     placement = plan(snapshot, request)
     ref = placement.devices[0]
-    device = snapshot.node(ref.node).device(ref.device)
-    units = units_for(device, placement.memory_bytes, placement.exclusive)
-    bundle = {device_resource(ref.device): float(units)}
-    if cpus_per_trial:
-        bundle["CPU"] = float(cpus_per_trial)
+    ask = device_ask(snapshot, [ref], placement.memory_bytes, placement.exclusive)
+    bundle = {k: float(v) for k, v in ask.bundle(cpus_per_trial).items()}
     memory = None if placement.exclusive else placement.memory_bytes
     return TrialSlot(bundle, node=ref.node, device=ref.device, memory_bytes=memory)
 
