@@ -73,13 +73,56 @@ def test_pools_go_to_the_devices_the_planner_picks_with_the_vendors_variables() 
     assert entry.vllm.merged(entry.pools[1].engine).dtype == "float16"
 
 
-def test_pools_that_do_not_fit_or_need_tensor_parallel_groups_say_so() -> None:
+def test_pools_that_do_not_fit_say_so() -> None:
     snapshot = ClusterSnapshot(nodes=(synthetic_node("2x H100-SXM", "nv"),))
     with pytest.raises(Unschedulable):
         plan_pools("app", llm(pools=[{"device": "gpu", "vendor": "amd"}]), snapshot, 0)
-    with pytest.raises(InputError, match="tensor_parallel_size > 1"):
-        plan_pools("app", llm(pools=[{"device": "gpu", "engine": {"tensor_parallel_size": 2}}]),
-                   snapshot, 0)
+    with pytest.raises(Unschedulable, match="replica 2 of 2 .*tensor_parallel_size 2"):
+        plan_pools("app", llm(pools=[{"device": "gpu", "replicas": 2,
+                                      "engine": {"tensor_parallel_size": 2}}]), snapshot, 0)
+    two_nodes = ClusterSnapshot(nodes=(synthetic_node("2x H100-SXM", "a"), synthetic_node("2x H100-SXM", "b")))
+    with pytest.raises(Unschedulable, match="on one node"):  # 4 devices exist, not on one node
+        plan_pools("app", llm(pools=[{"device": "gpu", "engine": {"tensor_parallel_size": 4}}]),
+                   two_nodes, 0)
+    with pytest.raises(Unschedulable, match="need 4 GPUs"):  # Ray's own GPUs, too few
+        plan_pools("app", llm(pools=[{"device": "gpu", "replicas": 2,
+                                      "engine": {"tensor_parallel_size": 2}}]), ClusterSnapshot(nodes=()), 2)
+
+
+def test_a_tensor_parallel_replica_gets_a_fast_group_of_one_node_and_sees_exactly_it() -> None:
+    """tensor_parallel_size 4 on a DGX-1 (V100s in a hybrid cube mesh, one device taken): the
+    engine's group is the free NVLink quad; a second pool then gets what is left."""
+    from hetflow.core.topology import Allocation
+
+    dgx1 = ClusterSnapshot(nodes=(synthetic_node("8x V100", "dgx1"),),
+                           allocations=(Allocation("someone-else", "dgx1", 0),))
+    entry = llm(pools=[{"device": "gpu", "replicas": 1, "engine": {"tensor_parallel_size": 4}},
+                       {"device": "gpu", "replicas": 3}])
+    groups = plan_pools("app", entry, dgx1, 0)
+    (pool, tp), *rest = groups
+    devices = [int(d) for d in tp.env["CUDA_VISIBLE_DEVICES"].split(",")]
+    assert pool == 0 and sorted(devices) == [4, 5, 6, 7]  # the quad without the busy device 0
+    node = dgx1.nodes[0]
+    assert all(node.bandwidth(a, b) >= 25.0 for a in devices for b in devices if a != b)  # NVLink
+    held = tp.ray_actor_options["resources"]
+    assert sorted(held) == sorted(f"hetflow_dev_{d}" for d in devices)
+    assert all(units == node.device(int(k.rsplit("_", 1)[1])).memory_bytes // (1 << 20)
+               for k, units in held.items())  # whole devices
+    assert tp.bundle_label_selector == [{"hetflow.io/node": "dgx1"}]
+    assert tp.placement_group_bundles[0]["hetflow_dev_4"] == held["hetflow_dev_4"]
+    others = {g.device.device for p, g in rest if p == 1}
+    assert len(others) == 3 and not others & set(devices) and 0 not in others
+    argv = engine_argv(entry.vllm.merged(entry.pools[0].engine), "chat", "127.0.0.1", 9000)
+    assert "--tensor-parallel-size 4 --disable-uvicorn-access-log" in " ".join(argv)
+    assert argv[-2:] == ["--distributed-executor-backend", "mp"]  # the group on those devices
+
+
+def test_without_hetflow_nodes_a_tensor_parallel_replica_takes_that_many_ray_gpus() -> None:
+    groups = plan_pools("app", llm(pools=[{"device": "gpu", "replicas": 2,
+                                           "engine": {"tensor_parallel_size": 2}}]),
+                        ClusterSnapshot(nodes=()), 4)
+    (_, group), = groups
+    assert group.num_replicas == 2 and group.ray_actor_options["num_gpus"] == 2
 
 
 def test_the_front_door_balances_a_models_replicas_by_pool_weight() -> None:

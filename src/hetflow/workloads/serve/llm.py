@@ -120,6 +120,11 @@ def engine_argv(engine: VLLMEngine, served_name: str, host: str, port: int) -> l
         argv += ["--max-num-seqs", str(engine.max_num_seqs)]
     if engine.enforce_eager:
         argv.append("--enforce-eager")
+    if engine.tensor_parallel_size > 1 and not {"distributed_executor_backend",
+                                                "distributed-executor-backend"} & set(engine.args):
+        # the group's processes on the replica's own devices (the default could pick Ray's
+        # executor, which would place them again, outside hetflow's plan)
+        argv += ["--distributed-executor-backend", "mp"]
     for key, value in engine.args.items():
         flag = "--" + str(key).replace("_", "-")
         if value is True:

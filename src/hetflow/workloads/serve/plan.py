@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 
-from hetflow.core.errors import InputError
 from hetflow.core.units import parse_bytes
 from hetflow.workloads.serve.access import AccessPlan
 from hetflow.workloads.serve.config import (
@@ -185,19 +184,69 @@ def plan_pools(app: str, entry: Any, snapshot: Any, ray_gpus: float
     out = []
     for i, pool in enumerate(entry.effective_pools):
         engine = entry.vllm.merged(pool.engine)
+        memory = parse_bytes(pool.memory) if pool.memory is not None else DEFAULT_GPU_MEMORY
         if pool.device == "gpu" and engine.tensor_parallel_size > 1:
-            raise InputError(f"model {entry.name}: pool {i + 1}: tensor_parallel_size > 1 "
-                             "is not planned by hetflow yet; run one device per replica "
-                             "(more replicas) for now")
+            groups, snapshot = _tensor_parallel_groups(app, entry, i, pool, engine.tensor_parallel_size,
+                                                       snapshot, ray_gpus, memory)
+            out += [(i, group) for group in groups]
+            continue
         shadow = ModelServeConfig.model_construct(
             name=f"{entry.name}-p{i}", device=pool.device, vendor=pool.vendor,
             accelerator=pool.accelerator, replicas=pool.replicas, autoscaling=None,
             cpus_per_replica=pool.cpus_per_replica, share_devices=pool.share_devices,
             precision="fp32", gpu_fraction=1.0, strategy="pack")
-        memory = parse_bytes(pool.memory) if pool.memory is not None else DEFAULT_GPU_MEMORY
         for group in plan_replica_groups(app, shadow, snapshot, ray_gpus, memory):
             out.append((i, group))
     return out
+
+
+def _tensor_parallel_groups(app: str, entry: Any, index: int, pool: Any, tp: int, snapshot: Any,
+                            ray_gpus: float, memory: int) -> tuple[list[ReplicaGroup], Any]:
+    """A tensor-parallel pool: each replica one engine over ``tp`` whole devices of one node,
+    planned as the planner plans a tensor-parallel group (on the node's fastest links: NVLink /
+    NVSwitch / xGMI islands before PCIe), one replica at a time on the updated snapshot; the
+    engine sees exactly those devices, in that order. Without hetflow nodes, ``tp`` of Ray's
+    own GPUs per replica. Returns the groups and the snapshot with them taken."""
+    from hetflow.core.errors import Unschedulable
+    from hetflow.core.request import PlacementRequest
+    from hetflow.runtime.resources import device_ask
+    from hetflow.scheduling.planner import plan
+    from hetflow.workloads.serve.placement import has_devices
+
+    base = f"{app}.{entry.name}-p{index}"
+    where = f"model {entry.name}: pool {index + 1}"
+    if not has_devices(snapshot, pool):
+        if pool.replicas * tp > ray_gpus + 1e-9:
+            raise Unschedulable(f"{where}: {pool.replicas} replicas x tensor_parallel_size {tp} "
+                                f"need {pool.replicas * tp} GPUs; the cluster has no hetflow GPU "
+                                f"node and {ray_gpus:g} Ray GPUs")
+        options = {"num_cpus": pool.cpus_per_replica, "num_gpus": tp}
+        return [ReplicaGroup(entry.name, f"{base}-tp{tp}", pool.replicas, None, options,
+                             compute="gpu")], snapshot
+    groups = []
+    for r in range(pool.replicas):
+        request = PlacementRequest.parse(
+            f"{base}-r{r}", count=tp, memory=memory, memory_note="LLM replica (per device)",
+            vendor=pool.vendor, model=pool.accelerator, share=False)
+        try:
+            placement = plan(snapshot, request)
+        except Unschedulable as exc:
+            raise Unschedulable(f"{where}: replica {r + 1} of {pool.replicas} (tensor_parallel_size "
+                                f"{tp}) does not fit ({exc}); lower replicas or "
+                                "tensor_parallel_size") from None
+        if len(placement.nodes) != 1:
+            raise Unschedulable(f"{where}: replica {r + 1}'s {tp} devices must be on one node; "
+                                f"the best placement spans {', '.join(placement.nodes)} - lower "
+                                "tensor_parallel_size to a node's device count")
+        snapshot = placement.apply_to(snapshot)
+        ask = device_ask(snapshot, placement.devices, None, exclusive=True)
+        name = f"{base}-r{r}-{'-'.join(str(ref.device) for ref in placement.devices)}"
+        groups.append(ReplicaGroup(
+            entry.name, name, 1, None, ask.actor_options(pool.cpus_per_replica),
+            placement_group_bundles=[ask.bundle(pool.cpus_per_replica)],
+            bundle_label_selector=[ask.selector], device=placement.devices[0], compute="gpu",
+            env=ask.env))
+    return groups, snapshot
 
 
 def plan_llm_pools(config: ServeConfig) -> dict[str, list[tuple[int, ReplicaGroup]]]:
