@@ -128,12 +128,11 @@ def test_without_hetflow_nodes_a_tensor_parallel_replica_takes_that_many_ray_gpu
 def test_the_front_door_balances_a_models_replicas_by_pool_weight() -> None:
     plan = llm_backend("chat", [("p0-r0", "127.0.0.1", 8001, 3), ("p1-r0", "10.0.0.2", 8002, 1)], 30)
     text = "\n".join(backend_sections((plan,), ""))
-    # the default: prefix affinity with bounded load (tests/serving/test_llm_routing.py)
-    assert "balance hash req.body,bytes(0,256)" in text and "hash-type consistent" in text
-    assert "hash-balance-factor 125" in text and "uri /health" in text
-    chosen = llm(routing={"affinity": "none"}).routing
-    none = "\n".join(backend_sections((llm_backend("chat", [("p0-r0", "h", 1, 1)], 30, chosen),), ""))
-    assert "balance leastconn" in none and "balance hash" not in none
+    assert "balance leastconn" in text and "uri /health" in text  # the default
+    chosen = llm(routing={"affinity": "prefix"}).routing  # (tests/serving/test_llm_routing.py)
+    hashed = "\n".join(backend_sections((llm_backend("chat", [("p0-r0", "h", 1, 1)], 30, chosen),), ""))
+    assert "balance hash req.body,bytes(0,256)" in hashed and "hash-type consistent" in hashed
+    assert "hash-balance-factor 200" in hashed and "balance leastconn" not in hashed
     assert "timeout server 600s" in text  # not the 30 s of a predict: generations take minutes
     assert f"backend {plan.backend}" in text
     assert "server up-p0-r0 127.0.0.1:8001 weight 3 check" in text

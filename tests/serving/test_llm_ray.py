@@ -63,7 +63,7 @@ def llm(tmp_path_factory):
     config.write_text(yaml.safe_dump({
         "name": "llmt", "http": {"port": port}, "auth": {"mode": "keys"},
         "models": [{
-            "name": "tiny", "engine": "vllm",
+            "name": "tiny", "engine": "vllm", "routing": {"affinity": "prefix"},
             "vllm": {"model": str(model), "load_format": "dummy", "dtype": "float32",
                      "max_model_len": 4096, "max_num_seqs": 8, "enforce_eager": True},
             "pools": [{"device": "cpu", "replicas": 1, "cpus_per_replica": 0.5, "weight": 1},
@@ -159,8 +159,8 @@ def test_both_pools_answer_under_load(llm) -> None:
 
 
 def test_a_conversation_meets_the_engine_whose_prefix_cache_holds_it(llm) -> None:
-    """The default routing (prefix affinity): the turns of one conversation, one after another,
-    all reach one engine, and its prefix cache serves their shared system prompt."""
+    """``routing: {affinity: prefix}``: the turns of one conversation, one after another, all
+    reach one engine, and its prefix cache serves their shared system prompt."""
     before = engine_metric(llm, "vllm:request_success_total")
     hits_before = engine_metric(llm, "vllm:prefix_cache_hits_total")
     c = client(llm)

