@@ -222,3 +222,27 @@ def test_pool_stats_are_prometheus_families() -> None:
     assert samples[("hetflow_llm_kv_cache_usage_ratio", "0")] == 0.25
     assert samples[("hetflow_llm_first_token_duration_seconds_count", "0")] == 10
     assert samples[("hetflow_llm_first_token_duration_seconds_sum", "0")] == 0.5
+
+
+def test_the_dry_run_plan_lists_each_pools_engines_and_their_devices() -> None:
+    """``hetflow serve --dry-run``'s plan (describe_plan) for an ``engine: vllm`` model: each
+    pool's engines, where they would run (a tensor-parallel group's devices in rank order) and
+    the routing."""
+    from hetflow.core.topology import Allocation
+    from hetflow.workloads.serve.plan import describe_plan
+
+    config = serve_config_from_dict({"name": "app", "models": [{
+        "name": "chat", "engine": "vllm", "vllm": {"model": "org/some-model"},
+        "routing": {"affinity": "prefix"},
+        "pools": [{"device": "gpu", "replicas": 1, "weight": 4, "engine": {"tensor_parallel_size": 4}},
+                  {"device": "cpu", "replicas": 2, "cpus_per_replica": 2}]}]})
+    dgx1 = ClusterSnapshot(nodes=(synthetic_node("8x V100", "dgx1"),),
+                           allocations=(Allocation("someone-else", "dgx1", 0),))
+    plan = describe_plan(config, {}, {"chat": plan_pools("app", config.models[0], dgx1, 0)})
+    chat = plan["llm"]["chat"]
+    assert chat["routing"]["affinity"] == "prefix" and chat["routing"]["balance_factor"] == 200
+    tp, cpu = chat["engines"]
+    assert tp["pool"] == 1 and tp["tensor_parallel_size"] == 4 and tp["weight"] == 4
+    assert sorted(tp["devices"]) == ["dgx1:4", "dgx1:5", "dgx1:6", "dgx1:7"]
+    assert cpu == {"pool": 2, "replicas": 2, "compute": "cpu", "devices": [], "ray_gpus": 0,
+                   "tensor_parallel_size": 1, "weight": 1}

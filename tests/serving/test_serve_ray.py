@@ -663,6 +663,9 @@ def test_dry_run_prints_what_would_start_and_starts_nothing(served, capsys) -> N
     # (not "placed": its running replicas hold the fake GPUs' memory, so a second copy of it
     # would not fit - the plan reads the live cluster)
     models = [m.model_dump(mode="json") for m in served.config.models if m.name != "placed"]
+    # an LLM's pool is planned too (no engine starts: the model path need not even exist)
+    models.append({"name": "chat", "engine": "vllm", "vllm": {"model": "org/some-model"},
+                   "pools": [{"device": "cpu", "replicas": 2, "cpus_per_replica": 0.5}]})
     config = served.config.with_overrides(name="dry", models=models)
     path = served.small_ckpt / "dry.yaml"
     import yaml
@@ -676,6 +679,7 @@ def test_dry_run_prints_what_would_start_and_starts_nothing(served, capsys) -> N
     names = {a["name"] for a in plan["applications"]}
     assert {"dry", "dry.digits", "dry.digits-int8", "dry.tinygpt", "dry.elastic", "dry.queued"} == names
     assert {a["path"] for a in plan["applications"] if a.get("model") == "elastic"} == {"gateway"}
+    assert [(e["pool"], e["replicas"], e["compute"]) for e in plan["llm"]["chat"]["engines"]] == [(1, 2, "cpu")]
     assert set(serve.status().applications) == before  # nothing deployed
 
 

@@ -238,6 +238,7 @@ def _plan_or_stop(config: Any, args: argparse.Namespace) -> int:
     import ray
 
     from hetflow.workloads.serve.app import connect_ray, describe_plan, plan_models, stop
+    from hetflow.workloads.serve.plan import plan_llm_pools
 
     started = connect_ray(config.ray_address)
     try:
@@ -245,7 +246,7 @@ def _plan_or_stop(config: Any, args: argparse.Namespace) -> int:
             apps = stop(config)
             print(f"stopped {config.name}: {', '.join(apps) or 'nothing was running'}")
             return 0
-        plan = describe_plan(config, plan_models(config, dry_run=True))
+        plan = describe_plan(config, plan_models(config, dry_run=True), plan_llm_pools(config))
         if args.json:
             print(json.dumps(plan, indent=2))
             return 0
@@ -262,6 +263,13 @@ def _plan_or_stop(config: Any, args: argparse.Namespace) -> int:
             print(f"  {name}: {m['precision']}, input {m['input']}, "
                   f"{m['memory_bytes'] / 2**20:.0f} MiB per replica"
                   + (f", fallback {m['fallback']}" if m["fallback"] else ""))
+        for name, m in plan["llm"].items():
+            print(f"  {name} (engine: vllm, routing: {m['routing']['affinity']}):")
+            for e in m["engines"]:
+                where = (", ".join(e["devices"]) if e["devices"] else
+                         f"{e['ray_gpus']:g} Ray GPU(s)" if e["ray_gpus"] else e["compute"].upper())
+                tp = f", tensor parallel {e['tensor_parallel_size']}" if e["tensor_parallel_size"] > 1 else ""
+                print(f"    pool {e['pool']}: {e['replicas']} engine(s) on {where}{tp}, weight {e['weight']}")
         return 0
     finally:
         if started:

@@ -147,10 +147,18 @@ def ensure_checkpoint(entry: Any, train: Any, dry_run: bool = False,
     return str(directory)
 
 
-def describe_plan(config: ServeConfig, plans: dict[str, ModelPlan]) -> dict[str, Any]:
-    """What ``deploy`` would place and start (``hetflow serve --dry-run``)."""
+def describe_plan(config: ServeConfig, plans: dict[str, ModelPlan],
+                  llm_groups: dict[str, list[tuple[int, ReplicaGroup]]] | None = None) -> dict[str, Any]:
+    """What ``deploy`` would place and start (``hetflow serve --dry-run``); ``llm_groups``:
+    :func:`plan_llm_pools`' answer for the ``engine: vllm`` models."""
     fast = set(plans) - via_gateway(plans)
+    llm = {}
+    for name, groups in (llm_groups or {}).items():
+        entry = config.model(name)
+        routing = entry.routing.model_dump() if entry.routing is not None else {"affinity": "none"}
+        llm[name] = {"routing": routing, "engines": [_describe_engine(entry, i, g) for i, g in groups]}
     return {
+        "llm": llm,
         "front_door": {"url": url_of(config.http.host, config.http.port), "haproxy": None},
         "applications": [
             *[{"name": g.deployment, "model": n, "route_prefix": group_prefix(config.name, n, i),
@@ -168,6 +176,22 @@ def describe_plan(config: ServeConfig, plans: dict[str, ModelPlan]) -> dict[str,
                        "placement": [g.describe() for g in mp.groups]}
                    for n, mp in plans.items()},
     }
+
+
+def _describe_engine(entry: Any, pool: int, group: ReplicaGroup) -> dict[str, Any]:
+    """One planned engine group of an ``engine: vllm`` model: its pool (from 1), replicas, what
+    it computes on and, when placed on hetflow devices, which (node:index, in rank order)."""
+    from hetflow.runtime.resources import DEVICE_RESOURCE_PREFIX
+
+    resources = group.ray_actor_options.get("resources") or {}
+    node = group.device.node if group.device is not None else None
+    devices = [f"{node}:{k[len(DEVICE_RESOURCE_PREFIX):]}" for k in resources
+               if node is not None and k.startswith(DEVICE_RESOURCE_PREFIX)]
+    engine = entry.vllm.merged(entry.effective_pools[pool].engine)
+    return {"pool": pool + 1, "replicas": group.num_replicas, "compute": group.compute,
+            "devices": devices, "ray_gpus": group.ray_actor_options.get("num_gpus") or 0,
+            "tensor_parallel_size": engine.tensor_parallel_size,
+            "weight": entry.effective_pools[pool].weight}
 
 
 def via_gateway(plans: dict[str, ModelPlan]) -> set[str]:
