@@ -129,6 +129,7 @@ def test_the_front_door_balances_a_models_replicas_by_pool_weight() -> None:
     plan = llm_backend("chat", [("p0-r0", "127.0.0.1", 8001, 3), ("p1-r0", "10.0.0.2", 8002, 1)], 30)
     text = "\n".join(backend_sections((plan,), ""))
     assert "balance leastconn" in text and "uri /health" in text  # the default
+    assert "maxconn" not in text  # no queue limit given to llm_backend: none
     chosen = llm(routing={"affinity": "prefix"}).routing  # (tests/serving/test_llm_routing.py)
     hashed = "\n".join(backend_sections((llm_backend("chat", [("p0-r0", "h", 1, 1)], 30, chosen),), ""))
     assert "balance hash req.body,bytes(0,256)" in hashed and "hash-type consistent" in hashed
@@ -246,3 +247,12 @@ def test_the_dry_run_plan_lists_each_pools_engines_and_their_devices() -> None:
     assert sorted(tp["devices"]) == ["dgx1:4", "dgx1:5", "dgx1:6", "dgx1:7"]
     assert cpu == {"pool": 2, "replicas": 2, "compute": "cpu", "devices": [], "ray_gpus": 0,
                    "tensor_parallel_size": 1, "weight": 1}
+
+
+def test_an_llms_queue_limit_defaults_to_two_batches_per_engine() -> None:
+    from hetflow.workloads.serve.plan import llm_queue_limit
+
+    assert llm_queue_limit(llm()) == 512  # vLLM's max_num_seqs, 256, when not set
+    assert llm_queue_limit(llm(vllm={"model": "m", "max_num_seqs": 8},
+                               pools=[{"replicas": 1}, {"replicas": 1, "engine": {"max_num_seqs": 12}}])) == 24
+    assert llm_queue_limit(llm(queue_limit=3)) == 3 and llm_queue_limit(llm(queue_limit=0)) == 0

@@ -53,14 +53,15 @@ class Front:
     """HAProxy for one LLM model ``chat`` over stand-in engines ``(name, weight)``."""
 
     def __init__(self, root: Path, engines: list[tuple[str, int]], routing: LLMRouting,
-                 delay_s: float = 0.0) -> None:
+                 delay_s: float = 0.0, queue_limit: int = 0) -> None:
         self.servers = []
         for name, _ in engines:
             srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _engine(name, delay_s))
             threading.Thread(target=srv.serve_forever, daemon=True).start()
             self.servers.append(srv)
         llm = llm_backend("chat", [(name, "127.0.0.1", srv.server_address[1], weight)
-                                   for (name, weight), srv in zip(engines, self.servers)], 30, routing)
+                                   for (name, weight), srv in zip(engines, self.servers)], 30, routing,
+                          queue_limit)
         self.port = free_port()
         gateway = self.servers[0].server_address[1]  # (never asked here)
         plan = FrontPlan(app="t", host="127.0.0.1", port=self.port, models={}, gateway_app="t",
@@ -86,13 +87,18 @@ class Front:
 
     def chat(self, messages: list[dict]) -> tuple[int, str]:
         """POST /v1/chat/completions as the openai client sends it (messages first)."""
+        status, text, _ = self.chat_with_headers(messages)
+        return status, text
+
+    def chat_with_headers(self, messages: list[dict]) -> tuple[int, str, dict[str, str]]:
         body = json.dumps({"messages": messages, "model": "chat", "max_tokens": 8}).encode()
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
         conn.request("POST", "/v1/chat/completions", body, {"content-type": "application/json"})
         r = conn.getresponse()
         data = r.read()
+        headers = {k.lower(): v for k, v in r.getheaders()}
         conn.close()
-        return r.status, (json.loads(data).get("by", "") if r.status == 200 else data.decode())
+        return r.status, (json.loads(data).get("by", "") if r.status == 200 else data.decode()), headers
 
     def close(self) -> None:
         self.proc.terminate()
@@ -148,3 +154,23 @@ def test_without_affinity_requests_go_to_the_least_busy_engine(front) -> None:
     assert "balance leastconn" in f.config and "balance hash" not in f.config
     seen = {f.chat(conversation(1, 2))[1] for _ in range(10)}
     assert seen == {"e0", "e1"}  # the same conversation, no affinity: both engines take turns
+
+
+def test_past_its_queue_limit_the_model_is_refused_at_once(front) -> None:
+    """``queue_limit`` 2 per engine, two slow engines: of 8 concurrent requests 4 run and 4 get
+    503 + Retry-After at once (each engine's server carries maxconn 2); then there is room."""
+    f = front([("e0", 1), ("e1", 1)], LLMRouting(), delay_s=0.6, queue_limit=2)
+    assert "maxconn 2" in f.config
+
+    def one(i: int):
+        started = time.perf_counter()
+        status, text, headers = f.chat_with_headers(conversation(i, 0))
+        return status, time.perf_counter() - started, headers.get("retry-after"), text
+
+    with cf.ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(one, range(8)))
+    ok = [r for r in results if r[0] == 200]
+    shed = [r for r in results if r[0] == 503]
+    assert len(ok) in (4, 5) and len(ok) + len(shed) == 8, results  # (see test_access)
+    assert all(r[1] < 0.5 and r[2] == "1" and "queue limit" in r[3] for r in shed), shed
+    assert f.chat(conversation(0, 0))[0] == 200

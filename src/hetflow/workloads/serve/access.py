@@ -23,7 +23,7 @@ Per request, HAProxy (rules from :func:`frontend_rules`, data in map files from
 5. the key's name goes to the replicas as ``x-hetflow-key`` (the client's own such headers are
    dropped first).
 
-Load shedding (:func:`shed_rule`, with or without keys): a model whose replicas that are up
+Load shedding (:func:`shed_rules`, with or without keys): a model whose replicas that are up
 each hold ``queue_limit`` requests (their ``maxconn``) answers ``503`` with ``Retry-After: 1`` at
 once.
 
@@ -181,26 +181,43 @@ def table_sections() -> list[str]:
             f"    stick-table type string len 64 size 100k expire 1h store gpc(1),gpc_rate(1,{SUSTAIN_S}s)"]
 
 
-def shed_rule(backend: str, acl: str, queue_limit: int, unless: str | None = None) -> str:
-    """503 at once when every server of ``backend`` that is up holds ``queue_limit`` requests
-    (``unless``: an ACL whose requests go elsewhere then, e.g. to an upstream). The servers
-    carry ``maxconn queue_limit`` (:func:`queue_limit_server_option`)."""
+def shed_rules(backend: str, acl: str, queue_limit: int, unless: str | None = None) -> list[str]:
+    """503 at once while no server of ``backend`` that is up has a free slot for a request of
+    ``acl`` (``unless``: an ACL whose requests go elsewhere then, e.g. to an upstream). The
+    servers carry ``maxconn queue_limit`` (:func:`queue_limit_server_option`)."""
+    return [shed_return(c + (f" !{unless}" if unless else ""), queue_limit)
+            for c in over_limit_conditions(backend, acl)]
+
+
+def shed_return(condition: str, queue_limit: int) -> str:
+    """The 503 + ``Retry-After: 1`` answer of a model at its queue limit, under ``condition``."""
     return ("    http-request return status 503 content-type application/json string "
             + _q(f"the model is at its queue limit ({queue_limit} in flight per replica); "
                  "retry after Retry-After seconds")
-            + f" hdr Retry-After 1 if {over_limit_condition(backend, acl)}"
-            + (f" !{unless}" if unless else ""))
+            + f" hdr Retry-After 1 if {condition}")
 
 
-def over_limit_condition(backend: str, acl: str) -> str:
-    """True for a request of ``acl`` while no server of ``backend`` that is up has a free slot.
+def over_limit_conditions(backend: str, acl: str) -> list[str]:
+    """Conditions (any one true) for a request of ``acl`` while ``backend`` has no free slot
+    (:func:`no_free_slot`)."""
+    return [f"is_{acl} METH_POST {branch}" for branch in no_free_slot(backend)]
+
+
+def no_free_slot(backend: str) -> list[str]:
+    """Conditions (any one true: an HAProxy rule per condition) while no server of ``backend``
+    that is up has a free slot, or a request already waits for one.
 
     ``be_conn_free`` sums ``maxconn - current`` over the servers that are up, so a replica that
     died is out of the sum the moment it is marked down (counting ``be_conn`` against the
     servers up, as before, let a dead replica's last connections fill the limit of the live
     ones for an instant). It is -1 when a server without ``maxconn`` counts: the gateway
-    backups, which count only once every replica is down - the fallback path, never shed."""
-    return f"is_{acl} METH_POST {{ nbsrv({backend}) -m int gt 0 }} {{ be_conn_free({backend}) -m int eq 0 }}"
+    backups, which count only once every replica is down - the fallback path, never shed. A
+    server's count moves when its connection is made, a moment after the check: in a burst one
+    request can pass in that moment; it waits in the server's queue for a slot, and while any
+    request waits (``queue``) the next ones are refused."""
+    up = f"{{ nbsrv({backend}) -m int gt 0 }}"
+    return [f"{up} {{ be_conn_free({backend}) -m int eq 0 }}",
+            f"{up} {{ queue({backend}) -m int gt 0 }}"]
 
 
 def queue_limit_server_option(queue_limit: int) -> str:
@@ -442,5 +459,5 @@ class KeyState:
 
 
 __all__ = ["AccessPlan", "KEY_HEADER", "KeyState", "MAPS", "MODELS_HEADER", "TOKENS_HEADER", "UsageMeter", "admit_rules", "allowed_models",
-           "apply_maps", "frontend_rules", "map_entries", "over_limit_condition", "preamble_rules", "read_table",
-           "queue_limit_server_option", "shed_rule", "table_sections", "write_maps"]
+           "apply_maps", "frontend_rules", "map_entries", "over_limit_conditions", "preamble_rules", "read_table",
+           "no_free_slot", "queue_limit_server_option", "shed_return", "shed_rules", "table_sections", "write_maps"]

@@ -277,7 +277,8 @@ class ModelServeConfig(_Section):
     queue_limit: int | None = Field(None, ge=0)
     """Requests in flight per running replica past which the front door answers ``503``
     (``Retry-After: 1``) at once instead of queueing, so admitted requests keep their latency
-    (default: ``max_ongoing_requests``; 0: never refuse)."""
+    (default: ``max_ongoing_requests``; ``engine: vllm``: twice the engines' ``max_num_seqs``,
+    256 when not set; 0: never refuse)."""
 
     @model_validator(mode="after")
     def _check_model(self) -> "ModelServeConfig":

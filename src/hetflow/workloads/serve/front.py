@@ -243,11 +243,15 @@ def render_config(plan: FrontPlan, servers: dict[str, list[Server]], admin_socke
         if plan.queue_limits.get(model):
             fallback = by_name.get(plan.upstream_fallbacks.get(model, ""))
             if fallback is not None:  # past the limit, its protocol's requests go upstream
-                over_limit[model] = acc.over_limit_condition(acl, acl)
-                lines.append(acc.shed_rule(acl, acl, plan.queue_limits[model],
-                                           unless=up.protocol_acl_name(fallback)))
+                over_limit[model] = acc.over_limit_conditions(acl, acl)
+                lines += acc.shed_rules(acl, acl, plan.queue_limits[model],
+                                        unless=up.protocol_acl_name(fallback))
             else:
-                lines.append(acc.shed_rule(acl, acl, plan.queue_limits[model]))
+                lines += acc.shed_rules(acl, acl, plan.queue_limits[model])
+    for u in plan.upstreams:  # an engine: vllm model's engines (their servers carry maxconn)
+        if u.local and u.queue_limit:
+            lines += [acc.shed_return(f"{up.protocol_acl_name(u)} {{ var(txn.model) -m str {u.name} }} "
+                                      + branch, u.queue_limit) for branch in acc.no_free_slot(u.backend)]
     if plan.access is not None:
         assert map_dir is not None
         lines += acc.admit_rules(map_dir)

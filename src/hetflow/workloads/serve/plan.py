@@ -178,6 +178,15 @@ def describe_plan(config: ServeConfig, plans: dict[str, ModelPlan],
     }
 
 
+def llm_queue_limit(entry: Any) -> int:
+    """An ``engine: vllm`` model's requests in flight per engine past which the front door
+    answers 503: ``queue_limit``, else twice the most sequences an engine of it runs at once
+    (``max_num_seqs``; vLLM's 256 when not set) - a full batch running and one waiting."""
+    if entry.queue_limit is not None:
+        return entry.queue_limit
+    return 2 * max(entry.vllm.merged(p.engine).max_num_seqs or 256 for p in entry.effective_pools)
+
+
 def _describe_engine(entry: Any, pool: int, group: ReplicaGroup) -> dict[str, Any]:
     """One planned engine group of an ``engine: vllm`` model: its pool (from 1), replicas, what
     it computes on and, when placed on hetflow devices, which (node:index, in rank order)."""
@@ -292,8 +301,8 @@ def front_plan(config: ServeConfig, plans: dict[str, ModelPlan],
     (name, host, port, weight)."""
     from hetflow.workloads.serve.upstream import llm_backend
 
-    routing = {m.name: m.routing for m in config.models}
-    llms = tuple(llm_backend(name, servers, config.limits.request_timeout_s, routing.get(name))
+    llms = tuple(llm_backend(name, servers, config.limits.request_timeout_s, config.model(name).routing,
+                             llm_queue_limit(config.model(name)))
                  for name, servers in sorted((llm_servers or {}).items()))
     return FrontPlan(
         app=config.name, host=config.http.host, port=config.http.port,

@@ -59,6 +59,7 @@ class UpstreamPlan:
     # ``affinity_bytes`` bytes (0: least outstanding requests), bounded at ``balance_factor`` %
     affinity_bytes: int = 0
     balance_factor: int = 125
+    queue_limit: int = 0  # requests in flight per replica (server maxconn); 0: never refuse
 
     @property
     def local(self) -> bool:
@@ -84,9 +85,10 @@ def key_env_name(name: str) -> str:
 
 
 def llm_backend(name: str, servers: list[tuple[str, str, int, int]], timeout_s: float,
-                routing: Any = None) -> UpstreamPlan:
+                routing: Any = None, queue_limit: int = 0) -> UpstreamPlan:
     """The front door's plan for an ``engine: vllm`` model: its replicas' vLLM servers, picked
-    as ``routing`` (an ``llm.LLMRouting``; None: its defaults) says."""
+    as ``routing`` (an ``llm.LLMRouting``; None: its defaults) says, each taking at most
+    ``queue_limit`` requests at once (0: no limit), past which the model answers 503."""
     from hetflow.workloads.serve.llm import LLMRouting
 
     routing = routing or LLMRouting()
@@ -94,7 +96,7 @@ def llm_backend(name: str, servers: list[tuple[str, str, int, int]], timeout_s: 
                         base_path="/v1", model=name, key_env=None, timeout_s=timeout_s,
                         check_interval_s=1.0, servers=tuple(servers),
                         affinity_bytes=routing.prefix_bytes if routing.affinity == "prefix" else 0,
-                        balance_factor=routing.balance_factor)
+                        balance_factor=routing.balance_factor, queue_limit=queue_limit)
 
 
 def plan_upstreams(upstreams: list[Any]) -> tuple[UpstreamPlan, ...]:
@@ -186,10 +188,10 @@ def system_ca_file() -> str:
 
 
 def routing_rules(ups: tuple[UpstreamPlan, ...], fallbacks: dict[str, str], root: str,
-                  local_backend: Any, over_limit: dict[str, str]) -> list[str]:
+                  local_backend: Any, over_limit: dict[str, list[str]]) -> list[str]:
     """``use_backend`` lines, before the local models' own: the upstream's name, then each
     local model whose fallback it is while that model has no server up or is over its queue
-    limit (``over_limit``: model -> an ACL condition that is true past the limit)."""
+    limit (``over_limit``: model -> ACL conditions, any one true past the limit)."""
     lines = []
     by_name = {u.name: u for u in ups}
     for up in ups:
@@ -200,8 +202,8 @@ def routing_rules(ups: tuple[UpstreamPlan, ...], fallbacks: dict[str, str], root
         be = local_backend(model)
         cond = f"proto_{up.backend} {{ var(txn.model) -m str {model} }}"
         lines.append(f"    use_backend {up.backend} if {cond} {{ nbsrv({be}) -m int eq 0 }}")
-        if model in over_limit:
-            lines.append(f"    use_backend {up.backend} if {cond} {over_limit[model]}")
+        for condition in over_limit.get(model, []):
+            lines.append(f"    use_backend {up.backend} if {cond} {condition}")
     return lines
 
 
@@ -313,8 +315,9 @@ def _llm_backend_section(up: UpstreamPlan, root: str) -> list[str]:
         *openai_token_rules(max(LLM_MIN_TIMEOUT_S, up.timeout_s)),
     ]
     inter_ms = max(100, int(up.check_interval_s * 1000))
+    maxconn = f" maxconn {up.queue_limit}" if up.queue_limit else ""
     for name, host, port, weight in up.servers:
-        lines.append(f"    server {_safe_server(name)} {host}:{port} weight {weight} check "
+        lines.append(f"    server {_safe_server(name)} {host}:{port} weight {weight}{maxconn} check "
                      f"inter {inter_ms} fall 2 rise 1")
     return [line for line in lines if line]
 
