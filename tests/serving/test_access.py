@@ -8,8 +8,6 @@ import http.client
 import http.server
 import json
 import re
-import socket
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -27,10 +25,10 @@ from hetflow.workloads.serve.front import (
     app_prefix,
     backend_name,
     group_prefix,
-    haproxy_binary,
     render_config,
 )
 from tests.net import free_port
+from tests.serving.haproxy_run import listening, start_haproxy
 
 
 class _Backend(http.server.BaseHTTPRequestHandler):
@@ -86,21 +84,7 @@ class Front:
                    "t": [Server("g1", "127.0.0.1", port)]}
         self.config = render_config(self.plan, servers, self.admin, None, str(root / "maps"),
                                     self.keys.salt if keys else "")
-        (root / "haproxy.cfg").write_text(self.config)
-        self.log = root / "haproxy.log"
-        self.proc = subprocess.Popen([haproxy_binary(), "-W", "-db", "-f", str(root / "haproxy.cfg")],
-                                     stdout=subprocess.DEVNULL, stderr=self.log.open("wb"))
-        deadline = time.monotonic() + 10
-        while not self._up():
-            assert self.proc.poll() is None and time.monotonic() < deadline, self.log.read_text()
-            time.sleep(0.05)
-
-    def _up(self) -> bool:
-        try:
-            socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-            return True
-        except OSError:
-            return False
+        self.proc, self.log = start_haproxy(root, self.config, lambda: listening(self.port))
 
     def refresh(self) -> None:
         self.keys.refresh(lambda c: admin_call(self.admin, c))

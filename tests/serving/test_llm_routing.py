@@ -9,18 +9,17 @@ import concurrent.futures as cf
 import http.client
 import http.server
 import json
-import socket
-import subprocess
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from hetflow.workloads.serve.front import FrontPlan, Server, haproxy_binary, render_config
+from hetflow.workloads.serve.front import FrontPlan, Server, render_config
 from hetflow.workloads.serve.llm import LLMRouting
 from hetflow.workloads.serve.upstream import llm_backend, write_lua
 from tests.net import free_port
+from tests.serving.haproxy_run import listening, start_haproxy
 
 SYSTEM = ("You are a careful assistant for a platform team. Answer in one short paragraph, cite "
           "the configuration key you rely on, and say when you are unsure. ") * 3
@@ -69,21 +68,10 @@ class Front:
                          upstreams=(llm,), default_model=None)
         self.config = render_config(plan, {"t": [Server("g1", "127.0.0.1", gateway)]},
                                     str(root / "admin.sock"), None, None, "", write_lua(str(root)))
-        (root / "haproxy.cfg").write_text(self.config)
-        self.log = root / "haproxy.log"
-        self.proc = subprocess.Popen([haproxy_binary(), "-W", "-db", "-f", str(root / "haproxy.cfg")],
-                                     stdout=subprocess.DEVNULL, stderr=self.log.open("wb"))
-        deadline = time.monotonic() + 10
-        while not self._answers():
-            assert self.proc.poll() is None and time.monotonic() < deadline, self.log.read_text()
-            time.sleep(0.1)
+        self.proc, self.log = start_haproxy(root, self.config, self._answers)
 
     def _answers(self) -> bool:
-        try:
-            socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-        except OSError:
-            return False
-        return self.chat([{"role": "user", "content": "ping"}])[0] == 200  # engines up
+        return listening(self.port) and self.chat([{"role": "user", "content": "ping"}])[0] == 200  # engines up
 
     def chat(self, messages: list[dict]) -> tuple[int, str]:
         """POST /v1/chat/completions as the openai client sends it (messages first)."""

@@ -10,7 +10,6 @@ import http.client
 import http.server
 import json
 import os
-import socket
 import subprocess
 import threading
 import time
@@ -31,6 +30,7 @@ from hetflow.workloads.serve.front import (
     write_error_files,
 )
 from tests.net import free_port
+from tests.serving.haproxy_run import listening, start_haproxy
 
 SECRET = "sk-upstream-test-secret-0123456789"
 
@@ -172,23 +172,9 @@ class Front:
         lua = up.write_lua(str(root))
         errors = write_error_files(self.plan, str(root))  # hetflow's one-line JSON errors
         self.config_text = render_config(self.plan, self.servers, self.admin, errors, None, "", lua)
-        (root / "haproxy.cfg").write_text(self.config_text)
-        self.log = root / "haproxy.log"
         env = {**os.environ, **up.upstream_secrets(config.upstreams, {"HF_TEST_UPSTREAM_KEY": SECRET})}
-        self.proc = subprocess.Popen([haproxy_binary(), "-W", "-db", "-f", str(root / "haproxy.cfg")],
-                                     stdout=subprocess.DEVNULL, stderr=self.log.open("wb"), env=env)
-        deadline = time.monotonic() + 10
-        while not self._up():
-            assert self.proc.poll() is None and time.monotonic() < deadline, self.log.read_text()
-            time.sleep(0.05)
+        self.proc, self.log = start_haproxy(root, self.config_text, lambda: listening(self.port), env)
         self.wait_upstreams(True)
-
-    def _up(self) -> bool:
-        try:
-            socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-            return True
-        except OSError:
-            return False
 
     def stats(self) -> dict:
         return up.read_upstream_stats(admin_call(self.admin, "show stat"))

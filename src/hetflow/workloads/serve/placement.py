@@ -28,10 +28,10 @@ Pure: no ray import; the live snapshot and Ray's GPU count are passed in.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from hetflow.core.errors import InputError, Unschedulable
-from hetflow.core.placement import DeviceRef
+from hetflow.core.placement import DeviceRef, Placement
 from hetflow.core.request import PlacementRequest, parse_vendor
 from hetflow.core.topology import ClusterSnapshot, Vendor
 from hetflow.runtime.resources import (
@@ -190,24 +190,34 @@ def _planned_groups(base: str, entry: ModelServeConfig, snapshot: ClusterSnapsho
     return groups
 
 
-def plan_slots(base: str, entry: ModelServeConfig, snapshot: ClusterSnapshot,
-               memory_bytes: int) -> list[DeviceRef]:
-    """One device per replica slot, planned one slot at a time on the updated snapshot."""
-    slots = []
-    for i in range(entry.planned_replicas):
-        request = PlacementRequest.parse(
-            f"{base}-{i}", count=1, memory=memory_bytes, memory_note="serving replica",
-            vendor=entry.vendor, model=entry.accelerator, share=entry.share_devices,
-            strategy=entry.strategy)
+def plan_in_turn(requests: list[PlacementRequest], snapshot: ClusterSnapshot,
+                 refusal: Callable[[int, Unschedulable], str]) -> tuple[list[Placement], ClusterSnapshot]:
+    """Plan ``requests`` one after another, each on the snapshot with the earlier ones taken;
+    the placements and the snapshot with all of them taken. A request that does not fit raises
+    Unschedulable with ``refusal(index, the planner's reason)``."""
+    placements = []
+    for i, request in enumerate(requests):
         try:
             placement = plan(snapshot, request)
         except Unschedulable as exc:
-            raise Unschedulable(f"model {entry.name}: replica {i + 1} of "
-                                f"{entry.planned_replicas} does not fit ({exc}); lower replicas "
-                                "or memory, or allow share_devices") from None
+            raise Unschedulable(refusal(i, exc)) from None
         snapshot = placement.apply_to(snapshot)
-        slots.append(placement.devices[0])
-    return slots
+        placements.append(placement)
+    return placements, snapshot
+
+
+def plan_slots(base: str, entry: ModelServeConfig, snapshot: ClusterSnapshot,
+               memory_bytes: int) -> list[DeviceRef]:
+    """One device per replica slot, planned one slot at a time on the updated snapshot."""
+    n = entry.planned_replicas
+    requests = [PlacementRequest.parse(
+        f"{base}-{i}", count=1, memory=memory_bytes, memory_note="serving replica",
+        vendor=entry.vendor, model=entry.accelerator, share=entry.share_devices,
+        strategy=entry.strategy) for i in range(n)]
+    placements, _ = plan_in_turn(requests, snapshot, lambda i, exc: (
+        f"model {entry.name}: replica {i + 1} of {n} does not fit ({exc}); lower replicas "
+        "or memory, or allow share_devices"))
+    return [p.devices[0] for p in placements]
 
 
 def check_memory(entry: ModelServeConfig, estimate: int) -> int:
@@ -218,4 +228,4 @@ def check_memory(entry: ModelServeConfig, estimate: int) -> int:
     return given if given is not None else estimate
 
 
-__all__ = ["ReplicaGroup", "check_memory", "has_devices", "plan_replica_groups", "plan_slots"]
+__all__ = ["ReplicaGroup", "check_memory", "has_devices", "plan_in_turn", "plan_replica_groups", "plan_slots"]

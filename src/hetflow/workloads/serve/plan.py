@@ -243,8 +243,7 @@ def _tensor_parallel_groups(app: str, entry: Any, index: int, pool: Any, tp: int
     from hetflow.core.errors import Unschedulable
     from hetflow.core.request import PlacementRequest
     from hetflow.runtime.resources import device_ask
-    from hetflow.scheduling.planner import plan
-    from hetflow.workloads.serve.placement import has_devices
+    from hetflow.workloads.serve.placement import has_devices, plan_in_turn
 
     base = f"{app}.{entry.name}-p{index}"
     where = f"model {entry.name}: pool {index + 1}"
@@ -256,22 +255,18 @@ def _tensor_parallel_groups(app: str, entry: Any, index: int, pool: Any, tp: int
         options = {"num_cpus": pool.cpus_per_replica, "num_gpus": tp}
         return [ReplicaGroup(entry.name, f"{base}-tp{tp}", pool.replicas, None, options,
                              compute="gpu")], snapshot
+    requests = [PlacementRequest.parse(
+        f"{base}-r{r}", count=tp, memory=memory, memory_note="LLM replica (per device)",
+        vendor=pool.vendor, model=pool.accelerator, share=False) for r in range(pool.replicas)]
+    placements, snapshot = plan_in_turn(requests, snapshot, lambda r, exc: (
+        f"{where}: replica {r + 1} of {pool.replicas} (tensor_parallel_size {tp}) does not fit "
+        f"({exc}); lower replicas or tensor_parallel_size"))
     groups = []
-    for r in range(pool.replicas):
-        request = PlacementRequest.parse(
-            f"{base}-r{r}", count=tp, memory=memory, memory_note="LLM replica (per device)",
-            vendor=pool.vendor, model=pool.accelerator, share=False)
-        try:
-            placement = plan(snapshot, request)
-        except Unschedulable as exc:
-            raise Unschedulable(f"{where}: replica {r + 1} of {pool.replicas} (tensor_parallel_size "
-                                f"{tp}) does not fit ({exc}); lower replicas or "
-                                "tensor_parallel_size") from None
+    for r, placement in enumerate(placements):
         if len(placement.nodes) != 1:
             raise Unschedulable(f"{where}: replica {r + 1}'s {tp} devices must be on one node; "
                                 f"the best placement spans {', '.join(placement.nodes)} - lower "
                                 "tensor_parallel_size to a node's device count")
-        snapshot = placement.apply_to(snapshot)
         ask = device_ask(snapshot, placement.devices, None, exclusive=True)
         name = f"{base}-r{r}-{'-'.join(str(ref.device) for ref in placement.devices)}"
         groups.append(ReplicaGroup(
