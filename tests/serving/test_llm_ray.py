@@ -273,27 +273,35 @@ def test_bad_requests_are_4xx_and_the_next_one_is_served(llm) -> None:
 
 def test_a_client_that_leaves_mid_stream_stops_its_generation(llm) -> None:
     # vLLM generates at its own pace whatever the client reads, so the generation asked for is long
-    # (4,000 tokens) against how soon the client leaves: most of it must never be made.
-    before = sum(engine_metric(llm, "vllm:generation_tokens_total").values())
-    t0 = time.monotonic()
-    r = requests.post(llm["url"] + "/v1/completions", stream=True, timeout=60,
-                      headers={"Authorization": f"Bearer {llm['keys']['all']}"},
-                      json={"model": "tiny", "prompt": "count", "max_tokens": 4000, "stream": True,
-                            "ignore_eos": True})
-    assert r.status_code == 200
-    lines = r.iter_lines()
-    got = [next(lines) for _ in range(3)]
-    assert got[0].startswith(b"data: ")
-    first = time.monotonic() - t0
-    r.close()  # the client goes away after a few tokens
-    deadline = time.monotonic() + 60
-    while sum(engine_metric(llm, "vllm:num_requests_running").values()) and time.monotonic() < deadline:
-        time.sleep(0.5)  # the engine drops the request once it sees the connection gone
-    gone = time.monotonic() - t0
-    assert sum(engine_metric(llm, "vllm:num_requests_running").values()) == 0
-    time.sleep(2)
-    made = sum(engine_metric(llm, "vllm:generation_tokens_total").values()) - before
-    assert 0 < made < 2000, (made, f"first lines after {first:.1f} s, engine idle after {gone:.1f} s")
+    # (4,000 tokens) against how soon the client leaves: most of it must never be made. On a
+    # starved machine the engine's server can hold its first events back until the whole
+    # generation is made (seen once in CI: first lines after 11.6 s, 4,000 tokens made): then the
+    # client never left mid-stream, and the attempt is repeated (at most 3; all 3 so is a failure).
+    attempts = []
+    for _ in range(3):
+        before = sum(engine_metric(llm, "vllm:generation_tokens_total").values())
+        t0 = time.monotonic()
+        r = requests.post(llm["url"] + "/v1/completions", stream=True, timeout=60,
+                          headers={"Authorization": f"Bearer {llm['keys']['all']}"},
+                          json={"model": "tiny", "prompt": "count", "max_tokens": 4000, "stream": True,
+                                "ignore_eos": True})
+        assert r.status_code == 200
+        lines = r.iter_lines()
+        got = [next(lines) for _ in range(3)]
+        assert got[0].startswith(b"data: ")
+        first = time.monotonic() - t0
+        r.close()  # the client goes away after a few tokens
+        deadline = time.monotonic() + 60
+        while sum(engine_metric(llm, "vllm:num_requests_running").values()) and time.monotonic() < deadline:
+            time.sleep(0.5)  # the engine drops the request once it sees the connection gone
+        gone = time.monotonic() - t0
+        assert sum(engine_metric(llm, "vllm:num_requests_running").values()) == 0
+        time.sleep(2)
+        made = sum(engine_metric(llm, "vllm:generation_tokens_total").values()) - before
+        attempts.append((made, f"first lines after {first:.1f} s, engine idle after {gone:.1f} s"))
+        if made < 4000:  # the client left while the engine was generating: the case under test
+            break
+    assert 0 < made < 2000, attempts
 
 
 def test_bench_serve_profiles_the_pools_for_capacity_serve(llm, tmp_path) -> None:
