@@ -23,7 +23,9 @@ from hetflow.sim.sia import (SIA_CLUSTER, ReplayPolicy, SiaJob, SiaProfiles, Sia
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "sia"
 SLICE = FIX / "workloads" / "philly-workload-1-bert-deepspeech2.csv"
 REFS = {"gavel": FIX / "gavel-philly-workload-1-bert-deepspeech2.json",  # Gavel, 360 s rounds
-        "sia_rigid": FIX / "sia_rigid-philly-workload-1-bert-deepspeech2.json"}  # Sia, every job rigid, 60 s
+        "sia_rigid": FIX / "sia_rigid-philly-workload-1-bert-deepspeech2.json",  # Sia, every job rigid, 60 s
+        "sia": FIX / "sia-philly-workload-1-bert-deepspeech2.json"}  # Sia, every job adaptive, 60 s
+KIND = {"gavel": "rigid", "sia_rigid": "rigid", "sia": "adaptive"}  # how the reference ran the jobs
 
 
 @pytest.fixture(scope="module")
@@ -40,15 +42,21 @@ def specs():
 def test_replaying_a_reference_run_gives_every_job_its_reference_jct(profiles, specs, policy) -> None:
     ref = json.loads(REFS[policy].read_text())
     assert set(ref["jcts"]) == {s.name for s in specs} and len(specs) == 19
-    run = SiaSimulator(specs, profiles, ReplayPolicy(ref["changes"]), round_s=ref["round_s"]).run()
+    kind = KIND[policy]
+    run = SiaSimulator(specs, profiles, ReplayPolicy(ref["changes"]), round_s=ref["round_s"], default_kind=kind).run()
     assert not run.unfinished
     for name, jct in ref["jcts"].items():
         assert run.jcts[name] == pytest.approx(jct, abs=1e-6), name
     assert run.restarts == {k: v or 0 for k, v in ref["restarts"].items()}
     # and the replay is not trivially right: one round later for every change moves the JCTs
     late = {str(float(t) + ref["round_s"]): v for t, v in ref["changes"].items()}
-    shifted = SiaSimulator(specs, profiles, ReplayPolicy(late), round_s=ref["round_s"]).run()
+    shifted = SiaSimulator(specs, profiles, ReplayPolicy(late), round_s=ref["round_s"], default_kind=kind).run()
     assert sum(shifted.jcts.values()) > sum(run.jcts.values())
+    if kind == "adaptive":  # nor is the job model: the same allocations with the batch sizes fixed miss
+        fixed = SiaSimulator(specs, profiles, ReplayPolicy(ref["changes"]), round_s=ref["round_s"],
+                             default_kind="scale-gpus").run()
+        missed = [k for k, v in ref["jcts"].items() if abs(fixed.jcts.get(k, math.inf) - v) > 1e-6]
+        assert len(missed) > len(specs) // 2
 
 
 def test_rigid_configuration_follows_the_profiles(profiles) -> None:
@@ -139,6 +147,32 @@ def test_the_live_policy_class_runs_sias_protocol(profiles, specs) -> None:
     assert ours >= bound - 1e-6
 
 
+def test_an_adaptive_job_learns_its_batch_size(profiles, specs) -> None:
+    for app in ("bert", "deepspeech2"):
+        spec = next(s for s in specs if s.app == app)
+        job = SiaJob(spec, profiles, "adaptive")
+        job.migrate("A100", (8,))
+        a = job.app("A100")
+        # no goodput model yet: the least batch the placement allows
+        assert job.batch_size == max(a.init_batch_size, a.min_local_bsz * 8) and job.model("A100") is None
+        job.step(600)
+        # a model fitted to what it ran, on that type only; the batch re-chosen with it
+        assert job.model("A100") is not None and job.model("T4") is None
+        assert job.batch_size > max(a.init_batch_size, a.min_local_bsz * 8)
+        assert job.batch_size <= a.max_batch_size
+
+
+def test_the_live_policy_gives_adaptive_jobs_their_sizes(profiles, specs) -> None:
+    adaptive = simulate_sia(specs, profiles, "hetflow", default_kind="adaptive")
+    rigid = simulate_sia(specs, profiles, "hetflow", default_kind="rigid")
+    fifo = simulate_sia(specs, profiles, "fifo", default_kind="adaptive")
+    assert not adaptive.unfinished
+    # the same jobs finish sooner when the policy picks their GPU counts and they their batch sizes,
+    # and hetflow's sizes beat fifo's (which keeps each job at its size)
+    assert adaptive.summary()["avg_jct_s"] < 0.9 * rigid.summary()["avg_jct_s"]
+    assert adaptive.summary()["avg_jct_s"] < fifo.summary()["avg_jct_s"]
+
+
 def test_cli_sia_protocol(tmp_path, profiles) -> None:
     from hetflow.cli.main import main
 
@@ -149,11 +183,17 @@ def test_cli_sia_protocol(tmp_path, profiles) -> None:
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary) == {"fifo", "hetflow"}
     got = summary["hetflow"]["workloads"][SLICE.name]
-    direct = simulate_sia(load_workload(SLICE), profiles, "hetflow", round_s=360).summary()
+    direct = simulate_sia(load_workload(SLICE), profiles, "hetflow", round_s=360, default_kind="adaptive").summary()
     assert got["avg_jct_s"] == pytest.approx(direct["avg_jct_s"]) and got["completed"] == 19
     assert "reference" not in got  # a slice is not one of Sia's workloads
     lines = (out / "jobs.csv").read_text().splitlines()
     assert lines[0] == "policy,workload,job,arrival_s,jct_s,restarts" and len(lines) == 1 + 2 * 19
+    assert json.loads((out / "inputs.json").read_text())["job_kind"] == "adaptive"  # as Sia runs such workloads
+    rigid = tmp_path / "r"
+    assert main(args[:-1] + [str(rigid), "--job-kind", "rigid", "--policies", "hetflow"]) == 0
+    got = json.loads((rigid / "summary.json").read_text())["hetflow"]["workloads"][SLICE.name]
+    assert got["avg_jct_s"] == pytest.approx(simulate_sia(load_workload(SLICE), profiles, "hetflow",
+                                                          round_s=360).summary()["avg_jct_s"])
 
 
 @pytest.mark.parametrize("extra", [
@@ -181,6 +221,13 @@ def test_cli_sia_rejects_a_file_that_is_not_a_workload(tmp_path) -> None:
     big = tmp_path / "big.csv"
     big.write_text("name,time,application,num_replicas,batch_size\nbert-0,0,bert,64,384\n")
     assert main(["simulate", "--protocol", "sia", "--trace", str(big), "--throughputs", str(FIX / "profiles"),
+                 "--job-kind", "rigid", "--out", str(tmp_path / "o")]) == 2  # a 64-GPU gang fits no type
+    cat = tmp_path / "cat.csv"
+    cat.write_text("name,time,application,num_replicas,batch_size,category\nbert-0,0,bert,4,384,elastic\n")
+    assert main(["simulate", "--protocol", "sia", "--trace", str(cat), "--throughputs", str(FIX / "profiles"),
+                 "--out", str(tmp_path / "o")]) == 2
+    # --job-kind is Sia's
+    assert main(["simulate", "--protocol", "gavel", "--trace", str(SLICE), "--job-kind", "rigid",
                  "--out", str(tmp_path / "o")]) == 2
 
 

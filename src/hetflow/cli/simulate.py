@@ -75,6 +75,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--arrival-order", metavar="F", help="--protocol fgd: replay the artifact's pod sequence per seed "
                    "(arrival_order_seed42-51.csv)")
     p.add_argument("--node-ranks", metavar="F", help="--protocol fgd: the artifact's tie-break node ranks per seed")
+    p.add_argument("--job-kind", choices=("adaptive", "rigid", "scale-gpus"), default=None,
+                   help="--protocol sia: how jobs without a category column run - adaptive (GPU count from the "
+                        "policy, batch size from the job's goodput model: Sia's simulator under its own policy; "
+                        "the default), rigid (their num_replicas and batch_size, as under Gavel's), scale-gpus "
+                        "(their batch_size, any GPU count)")
     p.add_argument("--out", required=True, metavar="DIR", help="directory for summary.json, per-job files, plots")
     p.add_argument("--round-s", type=float, default=None,
                    help="lease length of preemptive policies (s; default 360, --protocol sia 60)")
@@ -106,6 +111,9 @@ def run(args: argparse.Namespace) -> int:
     if args.protocol != "hetflow" and (args.elastic_fraction or args.elastic_scaling):
         raise InputError(f"--elastic-fraction/--elastic-scaling apply to hetflow's own model; --protocol "
                          f"{args.protocol} replays the reference simulator's rigid jobs (drop them, or the --protocol)")
+    if args.protocol != "sia" and args.job_kind:
+        raise InputError(f"--job-kind applies to --protocol sia (Sia's job categories); drop it for --protocol "
+                         f"{args.protocol}")
     if args.protocol == "gavel":
         from hetflow.cli.simulate_protocols import run_gavel
 

@@ -262,6 +262,7 @@ def run_sia(args: argparse.Namespace) -> int:
         raise InputError("--rank-planner does not apply to --protocol sia (Sia's simulator prices placements "
                          "by GPUs per node); drop it")
     round_s = DEFAULT_ROUND_S if args.round_s is None else args.round_s
+    kind = args.job_kind or "adaptive"
     policies = _policies(args.policies, "hetflow", tuple(POLICIES))
     for name in policies:
         if name in UNEXPRESSED:
@@ -269,6 +270,8 @@ def run_sia(args: argparse.Namespace) -> int:
     files = workload_files(args.trace)
     workloads = [(f, load_workload(f)) for f in files]
     profiles = SiaProfiles(_sia_profiles_dir(args))
+    for _, specs in workloads:  # a job no GPU type can run: exit 2 before any simulation
+        SiaSimulator(specs, profiles, live_sia_policy(policies[0]), round_s=round_s, default_kind=kind)
     out = _out_dir(args.out)
     reference = load_sia_reference()
     refs = {f: sia_reference_of(f) for f, _ in workloads}
@@ -278,7 +281,7 @@ def run_sia(args: argparse.Namespace) -> int:
     for name in policies:
         per: dict[str, Any] = {}
         for f, specs in workloads:
-            run = SiaSimulator(specs, profiles, live_sia_policy(name), round_s=round_s).run()
+            run = SiaSimulator(specs, profiles, live_sia_policy(name), round_s=round_s, default_kind=kind).run()
             s = run.summary()
             ref = refs[f]
             if ref is not None:
@@ -299,10 +302,11 @@ def run_sia(args: argparse.Namespace) -> int:
     _write_atomic(out / "inputs.json", json.dumps({
         "schema": "hetflow.simulation/v1", "protocol": "sia", "trace": args.trace,
         "workloads": [str(f) for f, _ in workloads], "profiles": str(profiles.root), "round_s": round_s,
+        "job_kind": kind,
         "cluster": {t: {"sia_name": c[0], "nodes": c[1], "gpus_per_node": c[2]} for t, c in SIA_CLUSTER.items()},
         "jobs": sum(len(s) for _, s in workloads)}, indent=2) + "\n")
-    table = Table(title=f"Sia protocol (6 x 4 T4 + 2 x 8 A100 + 3 x 8 RTX 2080Ti; {round_s:g} s rounds; JCT in hours; "
-                        "Sia, Sia rigid, Gavel: Sia's own simulator)")
+    table = Table(title=f"Sia protocol (6 x 4 T4 + 2 x 8 A100 + 3 x 8 RTX 2080Ti; {round_s:g} s rounds; jobs without "
+                        f"a category {kind}; JCT in hours; Sia, Sia rigid, Gavel: Sia's own simulator)")
     for col in ("policy", "workload", "avg JCT", "p95 JCT", "makespan", "restarts", "Sia", "Sia rigid", "Gavel",
                 "wall s"):
         table.add_column(col, justify="left" if col in ("policy", "workload") else "right")

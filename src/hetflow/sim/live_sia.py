@@ -39,12 +39,24 @@ from hetflow.scheduling.policies.base import Policy
 from hetflow.scheduling.policies.capacity import Assignment, ClusterModel, FreeCapacity, PoolNode, Request, _Shape
 from hetflow.scheduling.policies.rounds import DemandMix, build_round
 from hetflow.sim.live_base import ProtocolAdapter
+from hetflow.scheduling.elastic import elastic_sizes
 from hetflow.sim.sia import (DEFAULT_ROUND_S, Allocation, RoundPolicy, SiaJob, SiaJobSpec, SiaProfiles, SiaRun,
-                              SiaSimulator, placement_of)
+                              SiaSimulator, packed_placement, placement_of)
 
 NODE_GBPS = 100.0  # links inside a node (the profiles price every placement; this only orders choices)
 NETWORK_GBPS = 12.5  # between nodes
 UNEXPRESSED: dict[str, str] = {}  # registry policy -> why Sia's protocol cannot run it
+
+
+def declared_size(sim: SiaSimulator, job: SiaJob, active: int) -> int:
+    """The size a job's work is counted at and that it asks for first: a rigid or scale-gpus
+    job's ``num_replicas``. An adaptive job has none (Sia's simulator ignores the column for
+    it): its fair share of the cluster with ``active`` jobs - the GPUs over the jobs, rounded
+    down to a power of two, between 1 and the largest GPU type."""
+    if job.kind != "adaptive":
+        return job.spec.num_replicas
+    share = max(1, sum(sim.capacity.values()) // max(active, 1))
+    return min(1 << (share.bit_length() - 1), max(sim.capacity.values()))
 
 
 def sia_cluster_model(sim: SiaSimulator) -> tuple[ClusterModel, list[tuple[str, int]]]:
@@ -67,16 +79,17 @@ class SiaJobInfo:
 
     __slots__ = ("job_id", "job_type", "arrival_s", "request", "num_gpus", "weight", "preemptible",
                  "restore_s", "total_work", "done_work", "remaining_work", "assignment", "needs_restore",
-                 "attained_s", "service_by_type", "ideal_rates", "best_rate", "index", "_job", "_left")
+                 "attained_s", "service_by_type", "ideal_rates", "best_rate", "index", "_job", "_left",
+                 "sizes", "size_rates")
 
     def __init__(self, sim: SiaSimulator, index: int, job: SiaJob, total: float,
-                 assignment: Assignment | None) -> None:
+                 assignment: Assignment | None, declared: int) -> None:
         self._job = job
         self.index = index
         self.job_id = job.name
         self.job_type = job.spec.app
         self.arrival_s = job.submission_time
-        self.num_gpus = job.spec.num_replicas
+        self.num_gpus = declared
         self.request = Request(self.num_gpus)
         self.weight = 1.0
         self.preemptible = True
@@ -87,6 +100,9 @@ class SiaJobInfo:
         self.attained_s = job.attained_service
         self.service_by_type = dict(job.service_by_type)
         left = {t: job.remaining_s(t, p) for t, p in sim.runnable_types(job).items()}
+        if job.resizable:
+            left = {t: job.remaining_s(t, packed_placement(self.num_gpus, sim.per_node[t])) for t in left
+                    if self.num_gpus <= sim.capacity[t]}
         left = {t: s for t, s in left.items() if math.isfinite(s)}
         self._left = left
         self.remaining_work = min(left.values(), default=0.0)
@@ -94,6 +110,22 @@ class SiaJobInfo:
         self.done_work = self.total_work - self.remaining_work
         self.ideal_rates = {t: (self.remaining_work / s if s > 0 else 1.0) for t, s in left.items()}
         self.best_rate = max(self.ideal_rates.values(), default=0.0)
+        self.size_rates: dict[int, dict[str, float]] = {self.num_gpus: self.ideal_rates}
+        if job.resizable and self.remaining_work > 0:
+            for n in elastic_sizes(1, max(sim.capacity.values()), self.num_gpus):
+                at = {}
+                for t in sim.types:
+                    if n <= sim.capacity[t]:
+                        s = job.remaining_s(t, packed_placement(n, sim.per_node[t]))
+                        if math.isfinite(s) and s > 0:
+                            at[t] = self.remaining_work / s
+                if at:
+                    self.size_rates[n] = at
+        self.sizes = tuple(sorted(self.size_rates))
+
+    def rates_at(self, n: int) -> Mapping[str, float]:
+        """Rate on each GPU type at ``n`` GPUs (packed placement); empty for other sizes."""
+        return self.size_rates.get(n, {})
 
     def rate_on(self, gpu_type: str, placement: tuple[int, ...]) -> float:
         s = self._job.remaining_s(gpu_type, placement)
@@ -131,12 +163,12 @@ class LiveSiaRounds(ProtocolAdapter):
         running: dict[str, SiaJobInfo] = {}
         waiting: list[SiaJobInfo] = []
         infos: dict[str, SiaJobInfo] = {}
-        for job in sim.active():
+        active = sim.active()
+        for job in active:
             last = self._last.get(job.name)
-            if job.name not in self._total:
-                left = [job.remaining_s(t, p) for t, p in sim.runnable_types(job).items()]
-                self._total[job.name] = min((s for s in left if math.isfinite(s)), default=0.0)
-            info = SiaJobInfo(sim, self._order[job.name], job, self._total[job.name], last)
+            info = SiaJobInfo(sim, self._order[job.name], job, self._total.get(job.name, 0.0), last,
+                              declared_size(sim, job, len(active)))
+            self._total.setdefault(job.name, info.total_work)  # its work when first seen
             if not info.ideal_rates:
                 continue  # no GPU type of the cluster can run it (its gang is larger than every type)
             infos[info.job_id] = info
@@ -172,8 +204,9 @@ def live_sia_policy(name: str) -> LiveSiaRounds:
 
 
 def simulate_sia(specs: Sequence[SiaJobSpec], profiles: SiaProfiles, policy: str | RoundPolicy,
-                 round_s: float = DEFAULT_ROUND_S) -> SiaRun:
+                 round_s: float = DEFAULT_ROUND_S, default_kind: str = "rigid") -> SiaRun:
     """Sia's protocol on ``specs`` with a registry policy by name (through the adapter) or a
-    protocol policy object (e.g. :class:`~hetflow.sim.sia.ReplayPolicy`)."""
+    protocol policy object (e.g. :class:`~hetflow.sim.sia.ReplayPolicy`); jobs without a
+    category run as ``default_kind``."""
     pol = live_sia_policy(policy) if isinstance(policy, str) else policy
-    return SiaSimulator(specs, profiles, pol, round_s=round_s).run()
+    return SiaSimulator(specs, profiles, pol, round_s=round_s, default_kind=default_kind).run()

@@ -52,6 +52,7 @@ from typing import Any, Mapping, Protocol, Sequence
 import numpy as np
 
 from hetflow.core.errors import InputError
+from hetflow.scheduling.goodput import GoodputModel, GradParams, PerfParams, fit_perf_params
 from hetflow.sim.textio import existing, read_text
 
 # GPU type (as hetflow names it) -> (Sia's cluster name / profile suffix, nodes, GPUs per node),
@@ -114,6 +115,7 @@ class SiaApp:
         self.rescale_time = RESTART_S.get(app, 30)
         self._nd = None
         self._xput: dict[tuple[tuple[int, ...], int], tuple[float, float]] = {}
+        self._best: dict[tuple[int, ...], np.ndarray] = {}
         self._progress = [0.0] + [min(float(v["progress"][e - 1]) for v in self.validation.values())
                                   for e in range(1, self.max_epochs + 1)]
 
@@ -142,6 +144,50 @@ class SiaApp:
         sqr = ((batch_size - lo) * us + (hi - batch_size) * ls) / (hi - lo)
         var = ((batch_size - lo) * uv + (hi - batch_size) * lv) / (hi - lo)
         return float(sqr), float(var)
+
+    def grad_stats_all(self, batch_size: float) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`grad_stats` at ``batch_size`` for every epoch at once."""
+        lo, hi = self._bounds(batch_size)
+        ls, lv = self.validation[lo]["grad_sqr"], self.validation[lo]["grad_var"]
+        if lo == hi:
+            return ls, lv
+        us, uv = self.validation[hi]["grad_sqr"], self.validation[hi]["grad_var"]
+        return (((batch_size - lo) * us + (hi - batch_size) * ls) / (hi - lo),
+                ((batch_size - lo) * uv + (hi - batch_size) * lv) / (hi - lo))
+
+    def best_cost(self, placement: Sequence[int]) -> np.ndarray:
+        """Per epoch, the seconds one unit of progress takes on ``placement`` at the batch size
+        that makes progress fastest in that epoch (profiled step times, the epoch's gradient
+        statistics; the batch grid of :meth:`GoodputModel.optimize`); inf where no batch
+        runs. What an adaptive job approaches once its model has learnt the placement."""
+        p = self._normal(placement)
+        got = self._best.get(p)
+        if got is not None:
+            return got
+        reps = sum(p)
+        max_local = self.max_local_bsz_at(p)
+        least = max(self.init_batch_size, self.min_local_bsz * reps)
+        cost = np.full(self.max_epochs, np.inf)
+        if least <= self.max_batch_size and max_local == max_local:
+            seen = set()
+            for b in np.geomspace(least, self.max_batch_size):
+                local = b / reps
+                accum = math.ceil(local / max_local - 1e-8) - 1
+                if reps == 1 and local > self.init_batch_size + 1e-8:
+                    accum = max(accum, 1)
+                atomic = math.ceil(local / (accum + 1) - 1e-8)
+                if not self.min_local_bsz <= atomic <= max_local or (atomic, accum) in seen:
+                    continue
+                seen.add((atomic, accum))
+                cfg = fitted_config(self, p, atomic, accum)
+                if not cfg.ok or cfg.batch_size < self.init_batch_size:
+                    continue
+                sqr, var = self.grad_stats_all(cfg.batch_size)
+                scale = cfg.batch_size / self.init_batch_size
+                gain = (var + sqr) / (var / scale + sqr)
+                cost = np.minimum(cost, cfg.iteration_s / gain[: self.max_epochs])
+        self._best[p] = cost
+        return cost
 
     # the throughput profiles -----------------------------------------------------------------
 
@@ -256,12 +302,33 @@ def rigid_config(app: SiaApp, placement: Sequence[int], batch_size: int) -> Rigi
     if replicas == 1 and batch_size > app.init_batch_size:
         accum = max(1, accum)
     atomic = math.ceil(local / (accum + 1) - 1e-8)
+    return fitted_config(app, p, atomic, accum)
+
+
+def fitted_config(app: SiaApp, placement: tuple[int, ...], atomic: int, accum: int) -> RigidConfig:
+    """A per-GPU batch and accumulation steps, capped by the memory limit of ``n``-GPU profiles
+    and the model's largest validated batch (the end of ``Job.update_local_bsz``)."""
+    replicas = sum(placement)
     mask = app.p_replicas == replicas
     if mask.any():
         atomic = int(min(atomic, app.p_local_bsz[mask].max()))
-    atomic = min(atomic, int(app.max_batch_size / (replicas * (accum + 1))))
-    step, sync = app.step_sync(p, atomic)
-    return RigidConfig(atomic, accum, replicas * atomic * (accum + 1), step, sync)
+    atomic = min(int(atomic), int(app.max_batch_size / (replicas * (accum + 1))))
+    step, sync = app.step_sync(placement, atomic)
+    return RigidConfig(atomic, int(accum), replicas * atomic * (accum + 1), step, sync)
+
+
+def adaptive_config(app: SiaApp, placement: Sequence[int], model: GoodputModel | None) -> RigidConfig:
+    """The artifact's ``Job.update_local_bsz`` with batch-size tuning on: the batch size the
+    job's fitted goodput model (:mod:`hetflow.scheduling.goodput`) rates best at this
+    placement; before the job has a model on this GPU type, the least batch the placement
+    allows (the model's initial batch, or the smallest per-GPU batch on every GPU)."""
+    p = tuple(x for x in placement if x)
+    replicas = sum(p)
+    max_local = app.max_local_bsz_at(p)
+    if model is None:
+        return rigid_config(app, p, int(max(app.init_batch_size, app.min_local_bsz * replicas)))
+    _, atomic, accum = model.optimize(len(p), replicas, app.max_batch_size, (app.min_local_bsz, max_local))
+    return fitted_config(app, p, atomic, accum)
 
 
 def packed_placement(num_gpus: int, per_node: int) -> tuple[int, ...]:
@@ -275,6 +342,9 @@ def packed_placement(num_gpus: int, per_node: int) -> tuple[int, ...]:
 # -- jobs and the simulator -----------------------------------------------------------------------
 
 
+JOB_KINDS = ("rigid", "adaptive", "scale-gpus")
+
+
 @dataclass(frozen=True)
 class SiaJobSpec:
     name: str
@@ -282,10 +352,19 @@ class SiaJobSpec:
     app: str
     num_replicas: int
     batch_size: int
+    category: str | None = None  # the workload's category column (None: not given)
+
+    def kind(self, default: str = "rigid") -> str:
+        """How the job runs: ``rigid`` (its GPU count and batch), ``scale-gpus`` (its batch,
+        any GPU count) or ``adaptive`` (any GPU count, batch size chosen by goodput); a job
+        without a category runs as ``default``."""
+        return self.category or default
 
 
 def load_workload(path: str | Path) -> list[SiaJobSpec]:
-    """A Sia workload CSV (``name,time,application,num_replicas,batch_size[,category]``)."""
+    """A Sia workload CSV (``name,time,application,num_replicas,batch_size[,category]``;
+    category ``rigid``, ``adaptive`` or ``scale-gpus``, as the artifact's
+    ``utils/categorize_jobs.py`` writes it)."""
     p = Path(path)
     try:
         rows = list(csv.DictReader(read_text(existing(p)).splitlines()))
@@ -297,9 +376,11 @@ def load_workload(path: str | Path) -> list[SiaJobSpec]:
     for i, r in enumerate(rows, start=2):
         try:
             spec = SiaJobSpec(r["name"], float(r["time"]), r["application"], int(r["num_replicas"]),
-                              int(float(r["batch_size"])))
+                              int(float(r["batch_size"])), (r.get("category") or "").strip() or None)
         except (TypeError, ValueError):
             raise InputError(f"{p}:{i}: bad row {r}: time a number, num_replicas and batch_size integers") from None
+        if spec.category is not None and spec.category not in JOB_KINDS:
+            raise InputError(f"{p}:{i}: category {spec.category!r}: give one of {', '.join(JOB_KINDS)} or leave it empty")
         if spec.app not in MAX_EPOCHS or spec.num_replicas <= 0 or spec.batch_size <= 0:
             raise InputError(f"{p}:{i}: application {spec.app!r} x{spec.num_replicas} batch {spec.batch_size}: "
                              f"models are {', '.join(sorted(MAX_EPOCHS))}, GPUs and batch > 0")
@@ -325,12 +406,23 @@ def workload_files(trace: str | Path) -> list[Path]:
 
 
 class SiaJob:
-    """One rigid job's state (the artifact's ``Job`` with batch-size tuning off)."""
+    """One job's state (the artifact's ``Job``): ``rigid`` and ``scale-gpus`` jobs train at
+    their batch size (batch-size tuning off); an ``adaptive`` job re-chooses its batch size
+    after every step with the goodput model it fits to what it has run (the step times of the
+    placements and per-GPU batches it has seen on each GPU type, the gradient statistics of its
+    last step)."""
 
-    def __init__(self, spec: SiaJobSpec, profiles: SiaProfiles) -> None:
+    def __init__(self, spec: SiaJobSpec, profiles: SiaProfiles, kind: str = "rigid") -> None:
         self.spec = spec
         self.name = spec.name
         self.profiles = profiles
+        if kind not in JOB_KINDS:
+            raise InputError(f"job kind {kind!r}: give one of {', '.join(JOB_KINDS)}")
+        self.kind = kind
+        self._current: RigidConfig | None = None  # an adaptive job's per-GPU batch now
+        self.grad_params: GradParams | None = None
+        self._seen: dict[str, dict[tuple[int, int, int], tuple[float, float]]] = {}
+        self._perf: dict[str, PerfParams] = {}
         self.epoch = 0
         self.progress = 0.0
         self.current_time = 0.0
@@ -343,7 +435,7 @@ class SiaJob:
         self.attained_service = 0.0
         self.service_by_type: dict[str, float] = {}
         self._cfg: dict[tuple[str, tuple[int, ...]], RigidConfig] = {}
-        self._remaining: dict[tuple[str, int], np.ndarray] = {}
+        self._remaining: dict[tuple[str, object], np.ndarray] = {}
 
     @property
     def submission_time(self) -> float:
@@ -352,7 +444,51 @@ class SiaJob:
     def app(self, gpu_type: str) -> SiaApp:
         return self.profiles.app(self.spec.app, gpu_type)
 
+    @property
+    def resizable(self) -> bool:
+        """Whether the job runs at any GPU count (``adaptive``, ``scale-gpus``)."""
+        return self.kind != "rigid"
+
+    @property
+    def batch_size(self) -> int:
+        """The batch the job trains with now (0 without GPUs)."""
+        if not self.placement:
+            return 0
+        return self._config_now().batch_size
+
+    def _config_now(self) -> RigidConfig:
+        if self.kind == "adaptive":
+            assert self._current is not None
+            return self._current
+        return self.config(self.gpu_type, self.placement)  # type: ignore[arg-type]
+
+    def model(self, gpu_type: str) -> GoodputModel | None:
+        """The job's fitted goodput model on ``gpu_type`` (None before it has run there)."""
+        perf = self._perf.get(gpu_type)
+        if perf is None or self.grad_params is None:
+            return None
+        return GoodputModel(perf, self.grad_params, self.app(gpu_type).init_batch_size)
+
+    def _rechoose(self) -> None:
+        """An adaptive job's batch for its placement (the artifact's ``update_local_bsz``)."""
+        if self.kind == "adaptive" and self.placement:
+            assert self.gpu_type is not None
+            self._current = adaptive_config(self.app(self.gpu_type), self.placement, self.model(self.gpu_type))
+
+    def _observe(self, cfg: RigidConfig, sqr: float, var: float) -> None:
+        """Record a step (the artifact's ``update_params``): the gradient statistics, and a new
+        (nodes, GPUs, per-GPU batch) point of this GPU type refits its step-time model."""
+        self.grad_params = GradParams(sqr, var)
+        seen = self._seen.setdefault(self.gpu_type, {})  # type: ignore[arg-type]
+        key = (len(self.placement), sum(self.placement), cfg.atomic_bsz)
+        if key in seen:
+            return
+        seen[key] = (cfg.step_time, cfg.sync_time)
+        pts = np.array([(*k, v[0] - v[1], v[0]) for k, v in seen.items()], dtype=float)
+        self._perf[self.gpu_type] = fit_perf_params(*pts.T)  # type: ignore[index]
+
     def config(self, gpu_type: str, placement: Sequence[int]) -> RigidConfig:
+        """The job at its own batch size on a placement (rigid and scale-gpus jobs)."""
         key = (gpu_type, tuple(x for x in placement if x))
         c = self._cfg.get(key)
         if c is None:
@@ -376,15 +512,18 @@ class SiaJob:
         self.rescale_time -= delay
         seconds -= delay
         app = self.app(self.gpu_type)
-        cfg = self.config(self.gpu_type, self.placement)
-        assert cfg.ok, f"{self.name}: no profile for {self.placement} x {self.gpu_type}"
         if seconds > 0:
             self.service_by_type[self.gpu_type] = self.service_by_type.get(self.gpu_type, 0.0) + seconds
         cf = 1.0 / SLOWDOWN.get(self.spec.app, 1.2)
-        scale = cfg.batch_size / app.init_batch_size
+        adaptive = self.kind == "adaptive"
         while seconds > 0 and self.completion_time is None:
             assert self.epoch < app.max_epochs
+            cfg = self._config_now()
+            assert cfg.ok, f"{self.name}: no profile for {self.placement} x {self.gpu_type}"
+            scale = cfg.batch_size / app.init_batch_size
             sqr, var = app.grad_stats(cfg.batch_size, self.epoch)
+            if adaptive:
+                self._observe(cfg, sqr, var)
             gain = (var + sqr) / (var / scale + sqr)
             goodput = gain / cfg.iteration_s * cf
             nxt = app.progress_at(self.epoch + 1)
@@ -403,10 +542,15 @@ class SiaJob:
                 self.current_time += delta
                 self.attained_service += delta * n
                 seconds -= delta
+            if adaptive:
+                self._rechoose()
         self.current_time += seconds
 
     def remaining_s(self, gpu_type: str, placement: Sequence[int]) -> float:
-        """Seconds of training left on this placement (no restart, no rounding)."""
+        """Seconds of training left on this placement (no restart, no rounding); an adaptive
+        job's at the fastest batch size of each remaining epoch (:meth:`SiaApp.best_cost`)."""
+        if self.kind == "adaptive":
+            return self._adaptive_remaining_s(gpu_type, placement)
         cfg = self.config(gpu_type, placement)
         if not cfg.ok:
             return math.inf
@@ -429,6 +573,24 @@ class SiaJob:
         work = (app.progress_at(e + 1) - self.progress) / gain + (tail[e + 1] if e + 1 < len(tail) else 0.0)
         return float(work * cfg.iteration_s * SLOWDOWN.get(self.spec.app, 1.2))
 
+    def _adaptive_remaining_s(self, gpu_type: str, placement: Sequence[int]) -> float:
+        app = self.app(gpu_type)
+        p = tuple(x for x in placement if x)
+        key = (gpu_type, p)
+        tail = self._remaining.get(key)  # type: ignore[arg-type]
+        if tail is None:
+            cost = app.best_cost(p)
+            marks = np.array([app.progress_at(e) for e in range(app.max_epochs + 1)])
+            per = np.append(np.diff(marks) * cost, 0.0)
+            with np.errstate(invalid="ignore"):
+                tail = self._remaining[key] = np.cumsum(per[::-1])[::-1]  # type: ignore[index]
+        e = self.epoch
+        if e >= app.max_epochs:
+            return 0.0
+        cost = app.best_cost(p)
+        work = (app.progress_at(e + 1) - self.progress) * cost[e] + tail[e + 1]
+        return float(work * SLOWDOWN.get(self.spec.app, 1.2))
+
     # allocation changes (the artifact's Job.migrate / Job.reallocate) ---------------------------
 
     def _restart(self) -> None:
@@ -439,6 +601,7 @@ class SiaJob:
         self.gpu_type = gpu_type
         if placement:
             self.placement = placement
+            self._rechoose()
             self._restart()
             if self.start_time is None:
                 self.start_time = self.current_time
@@ -449,6 +612,7 @@ class SiaJob:
         if placement:
             if placement != self.placement:
                 self.placement = placement
+                self._rechoose()
                 self._restart()
         else:
             self.placement = ()
@@ -502,10 +666,10 @@ class SiaSimulator:
 
     def __init__(self, specs: Sequence[SiaJobSpec], profiles: SiaProfiles, policy: RoundPolicy,
                  round_s: float = DEFAULT_ROUND_S, cluster: Mapping[str, tuple[str, int, int]] = SIA_CLUSTER,
-                 max_rounds: int = 200_000) -> None:
+                 max_rounds: int = 200_000, default_kind: str = "rigid") -> None:
         if round_s <= 0 or round_s != int(round_s):
             raise InputError(f"--round-s {round_s}: Sia's rounds are whole seconds > 0 (60; Gavel's 360)")
-        self.jobs = [SiaJob(s, profiles) for s in specs]
+        self.jobs = [SiaJob(s, profiles, s.kind(default_kind)) for s in specs]
         self.by_name = {j.name: j for j in self.jobs}
         if len(self.by_name) != len(self.jobs):
             raise InputError("the workload names a job twice")
@@ -532,9 +696,15 @@ class SiaSimulator:
         return [j for j in self.jobs if j.submission_time <= self.now and j.completion_time is None]
 
     def runnable_types(self, job: SiaJob) -> dict[str, tuple[int, ...]]:
-        """GPU types where the job's gang fits and its packed placement has a profile."""
+        """GPU types where the job's gang fits and its packed placement has a profile (a
+        resizable job: where one GPU has a profile; the value is that placement)."""
         out = {}
         for t in self.types:
+            if job.resizable:  # at least one GPU of the type
+                app = job.app(t)
+                if app.step_sync((1,), int(app.min_local_bsz))[0] > 0:
+                    out[t] = (1,)
+                continue
             if job.spec.num_replicas > self.capacity[t]:
                 continue
             p = packed_placement(job.spec.num_replicas, self.per_node[t])
@@ -549,7 +719,8 @@ class SiaSimulator:
             if j is None or j.completion_time is not None or j.submission_time > self.now:
                 raise AssertionError(f"policy {self.policy.name} allocated {name}, which is not active")
             assert t in self.nodes, f"{name}: unknown GPU type {t}"
-            assert len(nodes) == j.spec.num_replicas, f"{name}: rigid job of {j.spec.num_replicas} given {len(nodes)}"
+            assert j.resizable or len(nodes) == j.spec.num_replicas, \
+                f"{name}: rigid job of {j.spec.num_replicas} given {len(nodes)}"
             for n in nodes:
                 assert 0 <= n < self.nodes[t], f"{name}: node {n} of {t}"
                 used[(t, n)] = used.get((t, n), 0) + 1

@@ -10,8 +10,9 @@ One decision (every round, and whenever devices free up or jobs arrive), in four
    the gain pays for the checkpoint-restore ("preemption where it pays").
 2. **Match jobs to device types** with an assignment program: the jobs of the head of the queue
    are admitted in priority order until their gangs fill the free devices; each (job, device
-   type) pair is worth devices x the job's *relative speed* on that type (rate / best rate, less
-   the restore a move would cost out of this lease) / area ** ``urgency_power`` (0.5), and
+   type) pair is worth devices x the job's *relative speed* on that type (rate / best rate; for
+   a running job on another type, less ``1 + hysteresis`` restores spread over the time it
+   would run there, at least one lease) / area ** ``urgency_power`` (0.5), and
    HiGHS maximises the total under each type's free devices. Short jobs come first, but a short
    job that runs nearly as fast on a K80 as on a V100 takes the K80 and leaves the V100 to a job
    that gains 10x from it: heterogeneity is used for throughput without giving up
@@ -136,13 +137,19 @@ class HetflowPolicy:
     # -- 2. device types ---------------------------------------------------------------------
 
     def speed(self, job: JobInfo, t: str, lease_s: float) -> float:
-        """Relative speed on ``t`` this lease: rate / best rate, less the restore a move costs."""
+        """Relative speed on ``t``: rate / best rate. A running job moving to another type pays
+        ``1 + hysteresis`` restores (the restart, and a margin against moving back, as growing
+        does), spread over the time it would run there (its remaining work at that rate, at
+        least one lease): a long job moves to a faster type that frees up, a job about to end
+        stays. (Spread over one lease only, a 60 s round made every move of a job with a
+        restart of 50 s or more worthless, and a 360 s round made moves nearly free.)"""
         rate = job.ideal_rates.get(t, 0.0)
         if rate <= 0:
             return 0.0
         speed = rate / job.best_rate
-        if job.assignment is not None and job.assignment.device_type != t:
-            speed *= max(0.0, 1.0 - job.restore_s / lease_s)
+        if job.assignment is not None and job.assignment.device_type != t and job.restore_s > 0:
+            horizon = max(lease_s, job.remaining_work / rate)
+            speed *= max(0.0, 1.0 - (1 + self.hysteresis) * job.restore_s / horizon)
         return speed
 
     def match_types(self, jobs: Sequence[JobInfo], keys: Mapping[str, float], free: FreeCapacity,

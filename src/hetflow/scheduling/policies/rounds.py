@@ -109,11 +109,12 @@ def check_decision(decision: Mapping[str, Assignment], inputs: RoundInputs) -> N
         j = candidates.get(jid)
         assert j is not None, f"policy scheduled unknown or finished job {jid}"
         req = j.request
-        assert a.device_type in j.ideal_rates, f"job {jid} cannot run on {a.device_type}"
         sizes = getattr(j, "sizes", None) or (req.num_gpus,)  # elastic jobs: any of their sizes
         assert len(a.slots) in sizes and a.milli == req.milli, f"job {jid}: wrong gang or share"
-        if len(sizes) > 1:
+        if len(sizes) > 1:  # an elastic job may run on a type only at some of its sizes
             assert a.device_type in j.rates_at(len(a.slots)), f"job {jid} cannot run on {len(a.slots)} x {a.device_type}"
+        else:
+            assert a.device_type in j.ideal_rates, f"job {jid} cannot run on {a.device_type}"
         assert all(m.nodes[n].device_type == a.device_type for n, _ in a.slots), f"job {jid}: mixed types"
         if req.uses_host:
             assert a.host is not None and a.cpu_milli == req.cpu_milli and a.memory_mib == req.memory_mib
