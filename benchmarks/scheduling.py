@@ -36,11 +36,13 @@ Three experiments, one table:
 
 S. **Sia's protocol** (``--sia DIR``, a ``hetflow traces fetch sia`` folder: Sia's workloads
    carry no licence, so the repository ships none and this part runs only when given one):
-   hetflow (the live policy, every job rigid, 60 s rounds) on every Philly and Helios (saturn)
-   workload with a reference run of Sia's own simulator (hetflow/sim/data/sia_reference.yaml);
-   ``hetflow_over_sia`` / ``hetflow_over_sia_rigid`` / ``hetflow_over_sia_gavel``: the mean over
-   those workloads of hetflow's average JCT over Sia's (adaptive jobs), Sia's with every job
-   rigid, and Gavel's. They join the RESULT line; ``--sia-only`` prints just them.
+   the live policy, 60 s rounds, on every Philly and Helios (saturn) workload with a reference
+   run of Sia's own simulator (hetflow/sim/data/sia_reference.yaml), run as each reference ran
+   its jobs: ``hetflow_over_sia`` - every job adaptive (GPU count from the policy, batch size
+   from the job's goodput model) against Sia's runs (the same); ``hetflow_over_sia_rigid`` -
+   every job rigid against Sia's runs with every job rigid; ``hetflow_over_sia_gavel`` - every
+   job rigid against Gavel's; each the mean over those workloads of the ratio of average JCTs.
+   They join the RESULT line; ``--sia-only`` prints just them.
 
 E. **Elastic jobs**: hetflow on the gavel-108 and mixed-1024 traces with ``--elastic-fraction``
    (0.5) of the jobs elastic (``hetflow.scheduling.elastic.mark_elastic``, ``--elastic-scaling``
@@ -379,12 +381,13 @@ def print_table(sections: list[tuple[str, dict[str, dict[str, Any]]]]) -> None:
         print(line(r))
 
 
-def sia_workload(path: str, profiles: str) -> tuple[str, float | None]:
-    """hetflow's average JCT on one of Sia's workloads (a worker process)."""
+def sia_workload(path: str, profiles: str, kind: str) -> tuple[str, str, float | None]:
+    """hetflow's average JCT on one of Sia's workloads with every job ``kind`` (a worker process)."""
     from hetflow.sim.live_sia import simulate_sia
     from hetflow.sim.sia import SiaProfiles, load_workload
 
-    return path, simulate_sia(load_workload(Path(path)), SiaProfiles(Path(profiles)), "hetflow").summary()["avg_jct_s"]
+    run = simulate_sia(load_workload(Path(path)), SiaProfiles(Path(profiles)), "hetflow", default_kind=kind)
+    return path, kind, run.summary()["avg_jct_s"]
 
 
 def sia_part(root: Path, workers: int) -> str:
@@ -392,30 +395,37 @@ def sia_part(root: Path, workers: int) -> str:
     from hetflow.cli.simulate_protocols import load_sia_reference, sia_reference_of
 
     reference = load_sia_reference()["results"]
-    todo = []
+    todo = []  # (workload file, (trace, workload), the reference policies run on it)
     for trace in ("philly", "saturn"):
         for f in sorted((root / "workloads" / trace).glob("workload-*.csv")):
             ref = sia_reference_of(f)
-            if ref and reference.get(ref[0], {}).get(ref[1], {}).get("sia"):
-                todo.append((f, ref))
-    if not todo:
+            got = reference.get(ref[0], {}).get(ref[1], {}) if ref else {}
+            if got:
+                todo.append((f, ref, got))
+    if not any("sia" in got for _, _, got in todo):
         raise SystemExit(f"--sia {root}: no workload of Sia's with a reference run there "
                          "(hetflow traces fetch sia --dest DIR, then --sia DIR)")
-    _progress(f"Sia's protocol: hetflow on {len(todo)} workloads with Sia references")
+    # each reference ran its jobs one way: Sia adaptive; Sia rigid and Gavel rigid
+    runs = [(str(f), kind) for f, _, got in todo for kind in ("adaptive", "rigid")
+            if (kind == "adaptive" and "sia" in got) or (kind == "rigid" and ({"sia_rigid", "gavel"} & set(got)))]
+    _progress(f"Sia's protocol: hetflow on {len(todo)} workloads with references ({len(runs)} runs)")
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        got = dict(pool.map(sia_workload, [str(f) for f, _ in todo], [str(root / "profiles")] * len(todo)))
-    ratios: dict[str, list[float]] = {"sia": [], "sia_rigid": [], "gavel": []}
+        got_runs = {(p, k): v for p, k, v in pool.map(sia_workload, [r[0] for r in runs],
+                                                      [str(root / "profiles")] * len(runs), [r[1] for r in runs])}
+    pairs = {"sia": "adaptive", "sia_rigid": "rigid", "gavel": "rigid"}
+    ratios: dict[str, list[float]] = {k: [] for k in pairs}
     print("Sia's protocol (avg JCT, h; Sia, Sia rigid, Gavel: Sia's own simulator)")
-    for f, (trace, workload) in todo:
-        mine, ref = got[str(f)], reference[trace][workload]
-        print(f"  {trace:7s} {workload:12s} hetflow {mine / 3600:6.3f}  " + "  ".join(
-            f"{k} {ref[k]['avg_jct_s'] / 3600:6.3f}" if k in ref else f"{k} -" for k in ratios))
-        for k in ratios:
-            if k in ref:
-                ratios[k].append(mine / ref[k]["avg_jct_s"])
+    for f, (trace, workload), ref in todo:
+        mine = {k: got_runs.get((str(f), k)) for k in ("adaptive", "rigid")}
+        print(f"  {trace:7s} {workload:12s} " + "  ".join(
+            f"hetflow {k} {v / 3600:6.3f}" if v else f"hetflow {k} -" for k, v in mine.items()) + "  " + "  ".join(
+            f"{k} {ref[k]['avg_jct_s'] / 3600:6.3f}" if k in ref else f"{k} -" for k in pairs))
+        for k, kind in pairs.items():
+            if k in ref and mine[kind]:
+                ratios[k].append(mine[kind] / ref[k]["avg_jct_s"])
     mean = {k: sum(v) / len(v) for k, v in ratios.items() if v}
     return (f"hetflow_over_sia={mean['sia']:.3f} hetflow_over_sia_rigid={mean.get('sia_rigid', float('nan')):.3f} "
-            f"hetflow_over_sia_gavel={mean.get('gavel', float('nan')):.3f} sia_workloads={len(todo)}")
+            f"hetflow_over_sia_gavel={mean.get('gavel', float('nan')):.3f} sia_workloads={len(ratios['sia'])}")
 
 
 def main() -> None:
