@@ -12,7 +12,7 @@ One decision (every round, and whenever devices free up or jobs arrive), in four
    are admitted in priority order until their gangs fill the free devices; each (job, device
    type) pair is worth devices x the job's *relative speed* on that type (rate / best rate; for
    a running job on another type, less ``1 + hysteresis`` restores spread over the time it
-   would run there, at least one lease) / area ** ``urgency_power`` (0.5), and
+   would run there, at least one lease) / area ** ``urgency_power`` (0.25), and
    HiGHS maximises the total under each type's free devices. Short jobs come first, but a short
    job that runs nearly as fast on a K80 as on a V100 takes the K80 and leaves the V100 to a job
    that gains 10x from it: heterogeneity is used for throughput without giving up
@@ -104,7 +104,7 @@ class HetflowPolicy:
 
     def __init__(self, placer: Placer | None = None, *, hysteresis: float = 2.0,
                  min_efficiency: float = 0.6, elastic: bool = True, eager_growth: bool = False,
-                 growth_efficiency: float = 0.8, urgency_power: float = 0.5) -> None:
+                 growth_efficiency: float = 0.8, urgency_power: float = 0.25) -> None:
         self.placer = placer or TopologyPlacer()
         self.hysteresis = hysteresis  # restores a running job's priority is credited with
         self.min_efficiency = min_efficiency  # least share of ideal speed a placement must keep
@@ -114,7 +114,8 @@ class HetflowPolicy:
         # this share of one at its current size (a poor curve turns idle devices that a waiting
         # gang could gather into little progress, and a shrink later).
         self.growth_efficiency = growth_efficiency
-        # how strongly the type matching favours short jobs (value ~ speed / area ** power)
+        # how strongly the type matching favours short jobs (value ~ speed / area ** power);
+        # 0.25 from a sweep on Gavel's calibration traces (docs/benchmarks.md, "The urgency power")
         self.urgency_power = urgency_power
 
     # -- 1. order ---------------------------------------------------------------------------
