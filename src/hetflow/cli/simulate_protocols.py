@@ -21,7 +21,6 @@ DIR/jobs.csv (policy, workload, job, arrival_s, jct_s, restarts). Rules: docs/si
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import tempfile
