@@ -101,21 +101,30 @@ class GoodputModel:
                  atomic_bsz_range: tuple[float, float]) -> tuple[float, int, int]:
         """(goodput, per-replica batch, accumulation steps) of the best batch size for one
         placement, accumulation allowed; goodput 0 where no batch size fits the range."""
-        lo_atomic, hi_atomic = atomic_bsz_range
-        lo_atomic = lo_atomic or 1
-        hi_atomic = hi_atomic or max_batch_size
-        least = max(self.init_batch_size, lo_atomic * num_replicas)
-        batch = np.geomspace(least, max_batch_size) if least <= max_batch_size else np.array([least])
-        local = batch / num_replicas
-        accum = np.ceil(local / hi_atomic - EPS) - 1
-        if num_replicas == 1:
-            accum = np.where(local > self.init_batch_size + EPS, np.maximum(accum, 1), accum)
-        accum = accum.astype(int)
-        atomic = np.ceil(local / (accum + 1) - EPS).astype(int)
-        good = self.goodput(num_nodes, num_replicas, atomic, accum)
-        good = np.where((lo_atomic <= atomic) & (atomic <= hi_atomic), good, 0.0)
+        atomic, accum, ok = batch_grid(num_replicas, self.init_batch_size, max_batch_size, atomic_bsz_range)
+        good = np.where(ok, self.goodput(num_nodes, num_replicas, atomic, accum), 0.0)
         i = int(np.argmax(good))
         return float(good[i]), int(atomic[i]), int(accum[i])
+
+
+def batch_grid(num_replicas: int, init_batch_size: float, max_batch_size: float,
+               atomic_bsz_range: tuple[float, float]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The candidates :meth:`GoodputModel.optimize` chooses among: (per-replica batch,
+    accumulation steps, inside the per-replica range) for 50 global batches on a geometric grid
+    from the least the placement allows to ``max_batch_size``; more than the per-replica
+    maximum goes to accumulation steps (one replica accumulates past the initial batch)."""
+    lo_atomic, hi_atomic = atomic_bsz_range
+    lo_atomic = lo_atomic or 1
+    hi_atomic = hi_atomic or max_batch_size
+    least = max(init_batch_size, lo_atomic * num_replicas)
+    batch = np.geomspace(least, max_batch_size) if least <= max_batch_size else np.array([least])
+    local = batch / num_replicas
+    accum = np.ceil(local / hi_atomic - EPS) - 1
+    if num_replicas == 1:
+        accum = np.where(local > init_batch_size + EPS, np.maximum(accum, 1), accum)
+    accum = accum.astype(int)
+    atomic = np.ceil(local / (accum + 1) - EPS).astype(int)
+    return atomic, accum, (lo_atomic <= atomic) & (atomic <= hi_atomic)
 
 
 # -- fitting ------------------------------------------------------------------------------------
@@ -195,4 +204,4 @@ def fit_perf_params(num_nodes, num_replicas, atomic_bsz, compute_time, step_time
     return PerfParams(*x)
 
 
-__all__ = ["GoodputModel", "GradParams", "PerfParams", "fit_perf_params"]
+__all__ = ["GoodputModel", "GradParams", "PerfParams", "batch_grid", "fit_perf_params"]

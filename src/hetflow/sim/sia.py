@@ -52,7 +52,7 @@ from typing import Any, Mapping, Protocol, Sequence
 import numpy as np
 
 from hetflow.core.errors import InputError
-from hetflow.scheduling.goodput import GoodputModel, GradParams, PerfParams, fit_perf_params
+from hetflow.scheduling.goodput import GoodputModel, GradParams, PerfParams, batch_grid, fit_perf_params
 from hetflow.sim.textio import existing, read_text
 
 # GPU type (as hetflow names it) -> (Sia's cluster name / profile suffix, nodes, GPUs per node),
@@ -169,16 +169,9 @@ class SiaApp:
         least = max(self.init_batch_size, self.min_local_bsz * reps)
         cost = np.full(self.max_epochs, np.inf)
         if least <= self.max_batch_size and max_local == max_local:
-            seen = set()
-            for b in np.geomspace(least, self.max_batch_size):
-                local = b / reps
-                accum = math.ceil(local / max_local - 1e-8) - 1
-                if reps == 1 and local > self.init_batch_size + 1e-8:
-                    accum = max(accum, 1)
-                atomic = math.ceil(local / (accum + 1) - 1e-8)
-                if not self.min_local_bsz <= atomic <= max_local or (atomic, accum) in seen:
-                    continue
-                seen.add((atomic, accum))
+            atomics, accums, ok = batch_grid(reps, self.init_batch_size, self.max_batch_size,
+                                             (self.min_local_bsz, max_local))
+            for atomic, accum in sorted({(int(a), int(c)) for a, c, k in zip(atomics, accums, ok) if k}):
                 cfg = fitted_config(self, p, atomic, accum)
                 if not cfg.ok or cfg.batch_size < self.init_batch_size:
                     continue
