@@ -239,3 +239,19 @@ def test_the_reference_results_file_names_its_source() -> None:
     for trace in ("philly", "saturn"):
         runs = ref["results"][trace]
         assert runs and all(r["gavel"]["avg_jct_s"] > 0 for r in runs.values())
+
+
+def test_an_adaptive_job_asks_for_its_fair_share_at_a_size_it_can_run(profiles, specs) -> None:
+    from hetflow.sim.live_sia import declared_size
+
+    sim = SiaSimulator(specs, profiles, ReplayPolicy({}), round_s=60, default_kind="adaptive")
+    job = sim.jobs[0]
+    assert declared_size(sim, job, 1) == 24  # alone: as many as the largest type holds
+    assert declared_size(sim, job, 3) == 16  # 64 GPUs over 3 jobs, rounded down to a power of two
+    assert declared_size(sim, job, 100) == 1
+    rigid = SiaJob(specs[0], profiles, "rigid")
+    assert declared_size(sim, rigid, 3) == specs[0].num_replicas
+    # where no type runs it at its share (here: nothing above 4 GPUs), it asks for less
+    real = job.remaining_s
+    job.remaining_s = lambda t, p: real(t, p) if sum(p) <= 4 else math.inf
+    assert declared_size(sim, job, 1) == 4

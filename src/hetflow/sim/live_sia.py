@@ -52,11 +52,17 @@ def declared_size(sim: SiaSimulator, job: SiaJob, active: int) -> int:
     """The size a job's work is counted at and that it asks for first: a rigid or scale-gpus
     job's ``num_replicas``. An adaptive job has none (Sia's simulator ignores the column for
     it): its fair share of the cluster with ``active`` jobs - the GPUs over the jobs, rounded
-    down to a power of two, between 1 and the largest GPU type."""
+    down to a power of two, at most the largest GPU type's count (24 here, with one or two jobs
+    active) - and the next power of two below while no GPU type runs the job at that size (a
+    job with no size in view would wait every round)."""
     if job.kind != "adaptive":
         return job.spec.num_replicas
     share = max(1, sum(sim.capacity.values()) // max(active, 1))
-    return min(1 << (share.bit_length() - 1), max(sim.capacity.values()))
+    n = min(1 << (share.bit_length() - 1), max(sim.capacity.values()))
+    while n > 1 and not any(n <= sim.capacity[t] and math.isfinite(
+            job.remaining_s(t, packed_placement(n, sim.per_node[t]))) for t in sim.types):
+        n = 1 << ((n - 1).bit_length() - 1)  # the next power of two below
+    return n
 
 
 def sia_cluster_model(sim: SiaSimulator) -> tuple[ClusterModel, list[tuple[str, int]]]:
@@ -99,10 +105,11 @@ class SiaJobInfo:
         self.needs_restore = assignment is None
         self.attained_s = job.attained_service
         self.service_by_type = dict(job.service_by_type)
-        left = {t: job.remaining_s(t, p) for t, p in sim.runnable_types(job).items()}
-        if job.resizable:
-            left = {t: job.remaining_s(t, packed_placement(self.num_gpus, sim.per_node[t])) for t in left
+        if job.resizable:  # at its declared size, packed
+            left = {t: job.remaining_s(t, packed_placement(self.num_gpus, sim.per_node[t])) for t in sim.types
                     if self.num_gpus <= sim.capacity[t]}
+        else:
+            left = {t: job.remaining_s(t, p) for t, p in sim.runnable_types(job).items()}
         left = {t: s for t, s in left.items() if math.isfinite(s)}
         self._left = left
         self.remaining_work = min(left.values(), default=0.0)
