@@ -188,7 +188,7 @@ def test_cli_sia_protocol(tmp_path, profiles) -> None:
     assert "reference" not in got  # a slice is not one of Sia's workloads
     lines = (out / "jobs.csv").read_text().splitlines()
     assert lines[0] == "policy,workload,job,arrival_s,jct_s,restarts" and len(lines) == 1 + 2 * 19
-    assert json.loads((out / "inputs.json").read_text())["job_kind"] == "adaptive"  # as Sia runs such workloads
+    assert json.loads((out / "inputs.json").read_text())["job_kind"]["hetflow"] == "adaptive"  # as Sia runs them
     rigid = tmp_path / "r"
     assert main(args[:-1] + [str(rigid), "--job-kind", "rigid", "--policies", "hetflow"]) == 0
     got = json.loads((rigid / "summary.json").read_text())["hetflow"]["workloads"][SLICE.name]

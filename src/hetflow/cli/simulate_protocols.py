@@ -25,7 +25,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 from rich.console import Console
@@ -248,7 +248,11 @@ def load_sia_reference() -> dict[str, Any]:
 def run_sia(args: argparse.Namespace) -> int:
     from hetflow.scheduling.policies.registry import POLICIES
     from hetflow.sim.live_sia import UNEXPRESSED
-    from hetflow.sim.sia import DEFAULT_ROUND_S, SIA_CLUSTER, SiaProfiles, SiaSimulator, load_workload, workload_files
+    from dataclasses import replace
+
+    from hetflow.sim.sia import (DEFAULT_ROUND_S, SIA_CLUSTER, SiaJobSpec, SiaProfiles, SiaSimulator, load_workload,
+                                 workload_files)
+    from hetflow.sim.sia_reference import REFERENCE_POLICIES
     from hetflow.sim.live_sia import live_sia_policy
 
     for flag, value in (("--cluster", args.cluster), ("--window", args.window), ("--packing", args.packing),
@@ -260,17 +264,35 @@ def run_sia(args: argparse.Namespace) -> int:
     if args.rank_planner:
         raise InputError("--rank-planner does not apply to --protocol sia (Sia's simulator prices placements "
                          "by GPUs per node); drop it")
-    round_s = DEFAULT_ROUND_S if args.round_s is None else args.round_s
-    kind = args.job_kind or "adaptive"
-    policies = _policies(args.policies, "hetflow", tuple(POLICIES))
+    policies = _policies(args.policies, "hetflow", tuple(POLICIES) + tuple(REFERENCE_POLICIES))
     for name in policies:
         if name in UNEXPRESSED:
             raise InputError(f"policy {name!r} cannot run on --protocol sia: {UNEXPRESSED[name]}")
+        if name == "gavel" and args.job_kind not in (None, "rigid"):
+            raise InputError(f"policy gavel runs every job rigid (Sia's simulator turns batch-size tuning off "
+                             f"under Gavel); drop --job-kind {args.job_kind} or run it without gavel")
+
+    def setting(name: str) -> tuple[float, str, Callable[[], Any]]:
+        """(round length, kind of jobs without a category, a fresh policy) for one policy: Sia's
+        reference policies at their own runs' rounds (gavel 360 s, every job rigid; sia 60 s)."""
+        ref = REFERENCE_POLICIES.get(name)
+        if ref is not None:
+            return (float(ref.round_s if args.round_s is None else args.round_s),
+                    args.job_kind or ref.job_kind, ref)
+        return (float(DEFAULT_ROUND_S if args.round_s is None else args.round_s), args.job_kind or "adaptive",
+                lambda: live_sia_policy(name))
+
+    def specs_for(name: str, specs: list[SiaJobSpec]) -> list[SiaJobSpec]:
+        # Sia's simulator builds Gavel's jobs without their category: every one rigid
+        return [replace(s, category=None) for s in specs] if name == "gavel" else specs
+
     files = workload_files(args.trace)
     workloads = [(f, load_workload(f)) for f in files]
     profiles = SiaProfiles(_sia_profiles_dir(args))
     for _, specs in workloads:  # a job no GPU type can run: exit 2 before any simulation
-        SiaSimulator(specs, profiles, live_sia_policy(policies[0]), round_s=round_s, default_kind=kind)
+        for name in policies:
+            round_s, kind, make = setting(name)
+            SiaSimulator(specs_for(name, specs), profiles, make(), round_s=round_s, default_kind=kind)
     out = _out_dir(args.out)
     reference = load_sia_reference()
     refs = {f: sia_reference_of(f) for f, _ in workloads}
@@ -279,8 +301,9 @@ def run_sia(args: argparse.Namespace) -> int:
     table_rows = []
     for name in policies:
         per: dict[str, Any] = {}
+        round_s, kind, make = setting(name)
         for f, specs in workloads:
-            run = SiaSimulator(specs, profiles, live_sia_policy(name), round_s=round_s, default_kind=kind).run()
+            run = SiaSimulator(specs_for(name, specs), profiles, make(), round_s=round_s, default_kind=kind).run()
             s = run.summary()
             ref = refs[f]
             if ref is not None:
@@ -295,25 +318,29 @@ def run_sia(args: argparse.Namespace) -> int:
                             f"{'' if jct is None else f'{jct:.3f}'},{run.restarts.get(spec.name, 0)}")
             table_rows.append((name, label, s))
         avgs = [s["avg_jct_s"] for s in per.values() if s["avg_jct_s"] is not None]
-        summary[name] = {"avg_jct_s": float(np.mean(avgs)) if avgs else None, "workloads": per}
+        summary[name] = {"avg_jct_s": float(np.mean(avgs)) if avgs else None, "round_s": round_s, "job_kind": kind,
+                         "workloads": per}
     _write_atomic(out / "summary.json", json.dumps(summary, indent=2) + "\n")
     _write_atomic(out / "jobs.csv", "\n".join(rows) + "\n")
     _write_atomic(out / "inputs.json", json.dumps({
         "schema": "hetflow.simulation/v1", "protocol": "sia", "trace": args.trace,
-        "workloads": [str(f) for f, _ in workloads], "profiles": str(profiles.root), "round_s": round_s,
-        "job_kind": kind,
+        "workloads": [str(f) for f, _ in workloads], "profiles": str(profiles.root),
+        "round_s": {name: setting(name)[0] for name in policies},
+        "job_kind": {name: setting(name)[1] for name in policies},
         "cluster": {t: {"sia_name": c[0], "nodes": c[1], "gpus_per_node": c[2]} for t, c in SIA_CLUSTER.items()},
         "jobs": sum(len(s) for _, s in workloads)}, indent=2) + "\n")
-    table = Table(title=f"Sia protocol (6 x 4 T4 + 2 x 8 A100 + 3 x 8 RTX 2080Ti; {round_s:g} s rounds; jobs without "
-                        f"a category {kind}; JCT in hours; Sia, Sia rigid, Gavel: Sia's own simulator)")
-    for col in ("policy", "workload", "avg JCT", "p95 JCT", "makespan", "restarts", "Sia", "Sia rigid", "Gavel",
-                "wall s"):
-        table.add_column(col, justify="left" if col in ("policy", "workload") else "right")
+    table = Table(title="Sia protocol (6 x 4 T4 + 2 x 8 A100 + 3 x 8 RTX 2080Ti; kind: how jobs without a category "
+                        "run; JCT in hours; Sia, Sia rigid, Gavel: Sia's own simulator)")
+    for col in ("policy", "round s", "kind", "workload", "avg JCT", "p95 JCT", "makespan", "restarts", "Sia",
+                "Sia rigid", "Gavel", "wall s"):
+        table.add_column(col, justify="left" if col in ("policy", "kind", "workload") else "right")
     h = (lambda v: "-" if v is None else f"{v / 3600:.3f}")  # noqa: E731
     for name, label, s in table_rows:
         r = s.get("reference", {})
-        table.add_row(name, label, h(s["avg_jct_s"]), h(s["p95_jct_s"]), h(s["makespan_s"]), str(s["restarts"]),
-                      h(r.get("sia")), h(r.get("sia_rigid")), h(r.get("gavel")), f"{s['wall_s']:.1f}")
+        round_s, kind, _ = setting(name)
+        table.add_row(name, f"{round_s:g}", kind, label, h(s["avg_jct_s"]), h(s["p95_jct_s"]), h(s["makespan_s"]),
+                      str(s["restarts"]), h(r.get("sia")), h(r.get("sia_rigid")), h(r.get("gavel")),
+                      f"{s['wall_s']:.1f}")
     Console(width=120).print(table)
     Console(stderr=True).print(f"wrote {out}/summary.json, inputs.json, jobs.csv")
     return 0

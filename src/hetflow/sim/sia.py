@@ -403,7 +403,8 @@ class SiaJob:
     their batch size (batch-size tuning off); an ``adaptive`` job re-chooses its batch size
     after every step with the goodput model it fits to what it has run (the step times of the
     placements and per-GPU batches it has seen on each GPU type, the gradient statistics of its
-    last step)."""
+    last step). A scale-gpus job fits the same model without using it (Sia's policy reads it:
+    :mod:`hetflow.sim.sia_reference`)."""
 
     def __init__(self, spec: SiaJobSpec, profiles: SiaProfiles, kind: str = "rigid") -> None:
         self.spec = spec
@@ -480,6 +481,10 @@ class SiaJob:
         pts = np.array([(*k, v[0] - v[1], v[0]) for k, v in seen.items()], dtype=float)
         self._perf[self.gpu_type] = fit_perf_params(*pts.T)  # type: ignore[index]
 
+    def max_profiled_replicas(self, gpu_type: str) -> int:
+        """The most GPUs the job has run on with ``gpu_type`` (0: never ran there)."""
+        return max((k[1] for k in self._seen.get(gpu_type, {})), default=0)
+
     def config(self, gpu_type: str, placement: Sequence[int]) -> RigidConfig:
         """The job at its own batch size on a placement (rigid and scale-gpus jobs)."""
         key = (gpu_type, tuple(x for x in placement if x))
@@ -509,13 +514,14 @@ class SiaJob:
             self.service_by_type[self.gpu_type] = self.service_by_type.get(self.gpu_type, 0.0) + seconds
         cf = 1.0 / SLOWDOWN.get(self.spec.app, 1.2)
         adaptive = self.kind == "adaptive"
+        observe = self.resizable  # what Sia's policy reads of a resizable job (sim/sia_reference.py)
         while seconds > 0 and self.completion_time is None:
             assert self.epoch < app.max_epochs
             cfg = self._config_now()
             assert cfg.ok, f"{self.name}: no profile for {self.placement} x {self.gpu_type}"
             scale = cfg.batch_size / app.init_batch_size
             sqr, var = app.grad_stats(cfg.batch_size, self.epoch)
-            if adaptive:
+            if observe:
                 self._observe(cfg, sqr, var)
             gain = (var + sqr) / (var / scale + sqr)
             goodput = gain / cfg.iteration_s * cf
