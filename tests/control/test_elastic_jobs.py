@@ -12,7 +12,7 @@ import yaml
 
 from hetflow.accelerators.synthetic import synthetic_node
 from hetflow.control.jobspec import JobSpec, job_from_dict, load_job, resolve
-from hetflow.control.scheduler import ControllerSettings, LiveScheduler
+from hetflow.control.scheduler import ControllerSettings, LiveScheduler, Why
 from hetflow.control.state import HeldDevices, JobRecord, Slot, Status
 from hetflow.core.errors import InputError
 from hetflow.core.topology import ClusterSnapshot
@@ -147,7 +147,7 @@ def test_an_elastic_job_shrinks_through_its_checkpoint_for_a_shorter_job_and_gro
     plan = scheduler.decide([e, short], SNAPSHOT, 10.0, True)
     assert [(s.job_id, len(s.moving_to.slots)) for s in plan.stops] == [("e-1", 2)]  # type: ignore[union-attr]
     assert plan.stops[0].reason.startswith("resized by policy hetflow from 4 to 2 devices (2x L40S on a [")
-    assert plan.stops[0].reason.endswith("through its checkpoint for r-2")
+    assert plan.stops[0].reason.endswith("through its checkpoint for r-2") and plan.stops[0].reason.why is Why.RESIZED
     assert not plan.launches  # both wait for e-1's checkpoint; e-1 keeps its stop's reason
     assert "e-1" not in plan.reasons and "still held by e-1" in plan.reasons["r-2"]
 

@@ -13,7 +13,7 @@ import pytest
 
 from hetflow.accelerators.synthetic import synthetic_node
 from hetflow.control.jobspec import JobSpec, job_from_dict
-from hetflow.control.scheduler import ControllerSettings, LiveScheduler, live_throughputs
+from hetflow.control.scheduler import ControllerSettings, LiveScheduler, Why, live_throughputs
 from hetflow.control.state import HeldDevices, JobRecord, Slot, Status
 from hetflow.core.errors import Unschedulable
 from hetflow.core.topology import Allocation, ClusterSnapshot
@@ -114,6 +114,25 @@ def test_a_boundary_preempts_for_a_shorter_job_and_waits_for_the_checkpoint() ->
         [("short-2", [("a", 0), ("a", 1)])]
     assert after.launches[0].placement.devices[1].node == "a"
     assert after.reasons["long-1"].startswith("waiting: needs 2x MI210; MI210: none free")
+    # every reason says what it is, typed: the steps that made them
+    assert between.reasons["short-2"].why is Why.WAITING
+    assert plan.stops[0].reason.why is Why.PREEMPTED and plan.reasons["short-2"].why is Why.HELD
+    assert after.launches[0].reason.why is Why.STARTED and after.reasons["long-1"].why is Why.WAITING
+
+
+def test_reasons_without_a_decision_are_typed_too() -> None:
+    never = record(1, spec("huge", 64, 10, devices={"type": "MI210"}))
+    plan = LiveScheduler(ControllerSettings()).decide([never], SNAPSHOT, 0.0, boundary=False, force=True)
+    assert plan.reasons["huge-1"].why is Why.NEVER_FITS and "can never run on this cluster" in plan.reasons["huge-1"]
+    empty = LiveScheduler(ControllerSettings()).decide([never], ClusterSnapshot(nodes=()), 0.0, boundary=False)
+    assert empty.reasons["huge-1"] == "waiting: the cluster has no nodes to run on"
+    assert empty.reasons["huge-1"].why is Why.NO_NODES
+    # a reason is its line: it is stored and compared as text, and survives a copy and a pickle
+    import copy
+    import pickle
+
+    for again in (copy.deepcopy(plan.reasons["huge-1"]), pickle.loads(pickle.dumps(plan.reasons["huge-1"]))):
+        assert again == plan.reasons["huge-1"] and again.why is Why.NEVER_FITS
 
 
 def test_a_job_that_is_not_preemptible_keeps_its_devices_at_a_boundary() -> None:

@@ -14,7 +14,8 @@ import pytest
 
 from hetflow.accelerators.synthetic import synthetic_node
 from hetflow.control.jobspec import JobSpec, job_from_dict
-from hetflow.control.scheduler import ControllerSettings, CpuHold, LiveCluster, LiveScheduler, job_request, live_throughputs
+from hetflow.control.scheduler import (ControllerSettings, CpuHold, LiveCluster, LiveScheduler, Why, job_request,
+                                      live_throughputs)
 from hetflow.control.state import HeldDevices, JobRecord, Slot, Status
 from hetflow.core.errors import Unschedulable
 from hetflow.core.topology import ClusterSnapshot, NodeTopology
@@ -203,6 +204,7 @@ def test_a_running_cpu_job_keeps_its_node_at_a_boundary_and_can_be_preempted() -
     assert not plan.launches  # the CPUs are long-1's until it has checkpointed
     assert plan.reasons["short-2"] == ("waiting: policy srtf chose 2 CPUs on cpu, but cpu has 0 CPUs free now; "
                                        "long-1 is checkpointing to free them")
+    assert plan.reasons["short-2"].why is Why.SHORT_OF_CPUS
     stopped = replace(long, status=Status.QUEUED, held=None, needs_restore=True)
     after = scheduler.decide([stopped, short], CPU_ONLY, 11.0, boundary=False, force=True)
     assert launched(after) == {"short-2": "2 CPUs on cpu"}

@@ -27,9 +27,10 @@ types the model does not know run at 1.0 unit/s on every allowed type (:class:`U
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from hetflow.accelerators.catalog import default_catalog
 from hetflow.control.jobspec import JobSpec
@@ -316,19 +317,49 @@ class CpuHold:
 # -- decisions ---------------------------------------------------------------------------------------
 
 
+class Why(enum.Enum):
+    """What a reason says happens to a job (:class:`Reason`)."""
+
+    NO_NODES = "no-nodes"  # the cluster has nothing to schedule on
+    DEVICES_GONE = "devices-gone"  # a running job's devices left the cluster
+    NEVER_FITS = "never-fits"  # no allowed device type could ever hold it
+    STARTED = "started"  # the policy started it (a Launch)
+    PREEMPTED = "preempted"  # stopped at a round boundary (a Stop, nowhere to go)
+    RESIZED = "resized"  # an elastic job stopped to restart at another size
+    MOVED = "moved"  # stopped to restart on other devices
+    SHORT_OF_CPUS = "short-of-cpus"  # the policy's choice lacks CPUs or host memory right now
+    HELD = "held"  # the policy's choice is still held by a job that is checkpointing
+    WAITING = "waiting"  # no room now (the free devices, and who took them, are named)
+
+
+class Reason(str):
+    """The line ``hetflow status`` shows for a job, with what it says as a :class:`Why`
+    (``reason.why``). It is the line as a string: records store it, tests and users read it."""
+
+    why: Why
+
+    def __new__(cls, why: Why, text: str) -> "Reason":
+        out = super().__new__(cls, text)
+        out.why = why
+        return out
+
+    def __reduce__(self):  # pickles (Ray) as itself
+        return (Reason, (self.why, str(self)))
+
+
 @dataclass(frozen=True)
 class Launch:
     job_id: str
     held: HeldDevices
     placement: Placement | None  # None for a CPU job (``held`` names its node and CPUs)
-    reason: str
+    reason: Reason
 
 
 @dataclass(frozen=True)
 class Stop:
     job_id: str
     moving_to: HeldDevices | None  # None: preempted; else it will be started there next
-    reason: str
+    reason: Reason
 
 
 @dataclass
@@ -338,7 +369,29 @@ class Plan:
     decided: bool = False  # the policy was asked (else only reasons were refreshed)
     stops: list[Stop] = field(default_factory=list)
     launches: list[Launch] = field(default_factory=list)
-    reasons: dict[str, str] = field(default_factory=dict)
+    reasons: dict[str, Reason] = field(default_factory=dict)
+
+
+@dataclass
+class Observed:
+    """Step 1 of a decision (:meth:`LiveScheduler.observe`): the unfinished jobs by state and
+    what is free for them."""
+
+    free: FreeCapacity  # devices, CPUs and memory not held by running or stopping jobs or others
+    demand: DemandMix  # every admitted job, finished ones too (as the simulator counts arrivals)
+    running: dict[str, LiveJob] = field(default_factory=dict)
+    waiting: list[LiveJob] = field(default_factory=list)
+    stopping: list[tuple[JobRecord, Assignment]] = field(default_factory=list)  # checkpointing now
+    ours: set[str] = field(default_factory=set)  # the controller's unfinished jobs
+
+
+@dataclass
+class Asked:
+    """Step 2 (:meth:`LiveScheduler.ask`): the policy's answer, checked and diffed."""
+
+    inputs: Any  # the round's inputs (``build_round``): the view the policy saw
+    changes: Any  # ``diff_decision``: the starts and stops it implies
+    after: FreeCapacity  # what is free once the decision is applied
 
 
 class LiveScheduler:
@@ -488,7 +541,10 @@ class LiveScheduler:
 
     def decide(self, records: Sequence[JobRecord], snapshot: ClusterSnapshot, now: float,
                boundary: bool, force: bool = False, cpu_holds: Sequence[CpuHold] = ()) -> Plan:
-        """One decision over every unfinished record (see the module docstring).
+        """One decision over every unfinished record (see the module docstring), in steps:
+        :meth:`observe` the jobs and what is free, :meth:`ask` the policy (only when worth it),
+        turn its answer into :meth:`stops` and :meth:`launches`, and give every job left waiting
+        its reason (:meth:`waiting_reasons`).
 
         ``boundary``: a round boundary (preemptive policies may move running jobs). The policy
         is asked at a boundary, or when ``force`` and someone waits and devices (or, for a
@@ -496,128 +552,164 @@ class LiveScheduler:
         otherwise only reasons are refreshed. ``cpu_holds``: CPUs held by placement groups;
         those of jobs the controller did not start are not free for its jobs.
         """
+        plan = Plan()
         cluster = _cluster_or_none(snapshot)
         if cluster is None:
-            plan = Plan()
             for record in records:
                 if not record.status.finished and not record.status.holds_devices:
-                    plan.reasons[record.job_id] = "waiting: the cluster has no nodes to run on"
+                    plan.reasons[record.job_id] = Reason(Why.NO_NODES, "waiting: the cluster has no nodes to run on")
             return plan
-        free = FreeCapacity(cluster.model)
-        demand = DemandMix()
-        running: dict[str, LiveJob] = {}
-        waiting: list[LiveJob] = []
-        stopping: list[tuple[JobRecord, Assignment]] = []
-        plan = Plan()
-        ours = set()
+        seen = self.observe(records, snapshot, cluster, now, cpu_holds, plan)
+        unpin = boundary and self.policy.preemptive
+        if not self.worth_asking(seen, cluster, unpin, force):
+            self.waiting_reasons(plan, seen.waiting, cluster, seen.free, seen.free, set(), seen.stopping)
+            return plan
+        asked = self.ask(seen, cluster, now, unpin)
+        plan.decided = True
+        blocked = self.stops(plan, asked, cluster, seen)
+        launched = self.launches(plan, asked, cluster, seen, blocked)
+        still_waiting = [j for j in seen.waiting if j.job_id not in launched and j.job_id not in plan.reasons]
+        self.waiting_reasons(plan, still_waiting, cluster, asked.inputs.view.free, asked.after,
+                             {jid for jid, _ in asked.changes.starts}, seen.stopping)
+        return plan
+
+    def observe(self, records: Sequence[JobRecord], snapshot: ClusterSnapshot, cluster: LiveCluster,
+                now: float, cpu_holds: Sequence[CpuHold], plan: Plan) -> Observed:
+        """Step 1: each unfinished job as running, stopping or waiting (or, with its reason,
+        neither: its devices are gone, or it can never fit), and what is free - less the
+        devices other placements hold and the CPUs device ranks and other groups reserve."""
+        seen = Observed(FreeCapacity(cluster.model), DemandMix())
         for record in sorted(records, key=lambda r: r.seq):
             spec = self.spec_of(record)  # finished ones too: demand counts every admitted job
             request = job_request(spec)
             rates = self.rates(spec, cluster)
             if rates:
-                demand.add(request)  # every job ever admitted, as the simulator counts arrivals
+                seen.demand.add(request)
             if record.status.finished:
                 continue
-            ours.add(record.job_id)
+            seen.ours.add(record.job_id)
             sized = self.size_rates(spec, self.sizes_of(record), rates, cluster)
             held = cluster.assignment(record.held) if record.held is not None else None
             if record.status.holds_devices:
                 if held is None:
-                    plan.reasons[record.job_id] = "its devices are no longer in the cluster; waiting for its runner to end"
+                    plan.reasons[record.job_id] = Reason(
+                        Why.DEVICES_GONE, "its devices are no longer in the cluster; waiting for its runner to end")
                     continue
-                free.take(held)
-                self._charge_cpus(free, cluster, self._device_cpus(spec, held, cluster))
+                seen.free.take(held)
+                self._charge_cpus(seen.free, cluster, self._device_cpus(spec, held, cluster))
                 if record.status is Status.PREEMPTING:
-                    stopping.append((record, held))
+                    seen.stopping.append((record, held))
                     continue
                 job = LiveJob(record, spec, request, rates, held, 0.0, now, self.settings.restore_s, sized)
                 job.seg_rate = self._rate(cluster, job, held)
-                running[record.job_id] = job
+                seen.running[record.job_id] = job
             elif rates:
-                waiting.append(LiveJob(record, spec, request, rates, None, 0.0, now, self.settings.restore_s, sized))
+                seen.waiting.append(LiveJob(record, spec, request, rates, None, 0.0, now, self.settings.restore_s,
+                                            sized))
             else:
-                plan.reasons[record.job_id] = "waiting: " + self._never_fits(spec, cluster)
-        self._take_foreign(snapshot, cluster, free, ours)
+                plan.reasons[record.job_id] = Reason(Why.NEVER_FITS, "waiting: " + self._never_fits(spec, cluster))
+        self._take_foreign(snapshot, cluster, seen.free, seen.ours)
         for hold in cpu_holds:
-            if hold.job not in ours and hold.node in cluster.cpu_pool_of:
-                self._charge_cpus(free, cluster, {cluster.cpu_pool_of[hold.node]: round(hold.cpus * 1000)})
-        unpin = boundary and self.policy.preemptive
-        cpus_free = any(free.cpu[i] > 0 for i in cluster.cpu_pool_of.values())
-        worth = (any(j.num_gpus > 0 for j in waiting) and free.total_free_milli() > 0) or (
-            cpus_free and any(j.num_gpus == 0 for j in waiting))
-        if not (unpin and (running or waiting)) and not (force and worth):
-            self._waiting_reasons(plan, waiting, cluster, free, free, set(), stopping)
-            return plan
-        inputs = build_round(now, unpin, cluster.model, free, running, waiting,
-                             lambda j: (j.arrival_s, j.record.seq), demand, self.settings.round_s,
+            if hold.job not in seen.ours and hold.node in cluster.cpu_pool_of:
+                self._charge_cpus(seen.free, cluster, {cluster.cpu_pool_of[hold.node]: round(hold.cpus * 1000)})
+        return seen
+
+    @staticmethod
+    def worth_asking(seen: Observed, cluster: LiveCluster, unpin: bool, force: bool) -> bool:
+        """Whether the policy is asked: at a boundary of a preemptive policy with any job, or
+        when forced and a waiting job could use what is free (devices, or CPUs for a CPU job)."""
+        if unpin and (seen.running or seen.waiting):
+            return True
+        cpus_free = any(seen.free.cpu[i] > 0 for i in cluster.cpu_pool_of.values())
+        worth = (any(j.num_gpus > 0 for j in seen.waiting) and seen.free.total_free_milli() > 0) or (
+            cpus_free and any(j.num_gpus == 0 for j in seen.waiting))
+        return force and worth
+
+    def ask(self, seen: Observed, cluster: LiveCluster, now: float, unpin: bool) -> Asked:
+        """Step 2: the policy's decision on the round's view, checked as the simulator checks
+        it, and the starts and stops it implies."""
+        inputs = build_round(now, unpin, cluster.model, seen.free, seen.running, seen.waiting,
+                             lambda j: (j.arrival_s, j.record.seq), seen.demand, self.settings.round_s,
                              lambda j, a: self._rate(cluster, j, a))
         decision = self.policy.schedule(inputs.view)
         check_decision(decision, inputs)
-        changes = diff_decision(decision, inputs.movable)
-        plan.decided = True
-        after = inputs.view.free.fork()  # what is free once the decision is applied
-        for jid, a in decision.items():
+        after = inputs.view.free.fork()
+        for a in decision.values():
             after.take(a)
-        blocked = {slot for _, a in stopping for slot in a.slots}
-        started = {jid for jid, _ in changes.starts}
-        for job, new in changes.stops:
-            blocked.update(job.assignment.slots)  # type: ignore[union-attr]
-            takers = sorted(jid for jid, a in changes.starts
-                            if jid != job.job_id and set(a.slots) & set(job.assignment.slots))  # type: ignore[union-attr]
+        return Asked(inputs, diff_decision(decision, inputs.movable), after)
+
+    def stops(self, plan: Plan, asked: Asked, cluster: LiveCluster, seen: Observed) -> set[tuple[int, int]]:
+        """Step 3: a Stop for every running job the decision moves, resizes or preempts (named
+        with the jobs that take its devices); returns the device slots that stay held until
+        their jobs have checkpointed (these and the ones already stopping)."""
+        blocked = {slot for _, a in seen.stopping for slot in a.slots}
+        name = self.policy.name
+        for job, new in asked.changes.stops:
+            old = job.assignment
+            blocked.update(old.slots)
+            takers = sorted(jid for jid, a in asked.changes.starts if jid != job.job_id and set(a.slots) & set(old.slots))
             for_whom = f" for {', '.join(takers)}" if takers else ""
             if new is None:
-                why = f"preempted by policy {self.policy.name} at a round boundary{for_whom}"
-            elif len(new.slots) != len(job.assignment.slots):  # type: ignore[union-attr]
-                why = (f"resized by policy {self.policy.name} from {len(job.assignment.slots)} to "  # type: ignore[union-attr]
-                       f"{len(new.slots)} devices ({cluster.held(new).text()}) through its checkpoint{for_whom}")
+                why = Reason(Why.PREEMPTED, f"preempted by policy {name} at a round boundary{for_whom}")
+            elif len(new.slots) != len(old.slots):
+                why = Reason(Why.RESIZED, f"resized by policy {name} from {len(old.slots)} to {len(new.slots)} "
+                                          f"devices ({cluster.held(new).text()}) through its checkpoint{for_whom}")
             else:
-                why = f"moved by policy {self.policy.name} to {cluster.held(new).text()}{for_whom}"
+                why = Reason(Why.MOVED, f"moved by policy {name} to {cluster.held(new).text()}{for_whom}")
             plan.stops.append(Stop(job.job_id, None if new is None else cluster.held(new), why))
-        launched = set()
-        stopped_now = {j.job_id for j, _ in changes.stops}
+        return blocked
+
+    def launches(self, plan: Plan, asked: Asked, cluster: LiveCluster, seen: Observed,
+                 blocked: set[tuple[int, int]]) -> set[str]:
+        """Step 4: a Launch for every start whose devices are free now and whose node has the
+        CPUs (else the job waits with that reason); a job that moves or resizes starts at the
+        next decision, after its checkpoint. Returns the launched job ids."""
+        launched: set[str] = set()
+        stopped_now = {j.job_id for j, _ in asked.changes.stops}
         ranks: RankPlanner | None = None  # made at the first device job that starts
-        physical = free.fork()  # free now: stopping jobs still hold theirs until they have stopped
-        for jid, a in changes.starts:
-            job = inputs.view.jobs[[j.job_id for j in inputs.view.jobs].index(jid)]
+        physical = seen.free.fork()  # free now: stopping jobs still hold theirs until they have stopped
+        name = self.policy.name
+        jobs = {j.job_id: j for j in asked.inputs.view.jobs}
+        for jid, a in asked.changes.starts:
+            job = jobs[jid]
             short = self._cpus_short(physical, cluster, a, job.spec)
             if short is not None:
-                holders = [r.job_id for r, held in stopping if held.host == a.host and not held.slots]
-                holders += [j.job_id for j, _ in changes.stops if j.job_id != jid and not j.assignment.slots  # type: ignore[union-attr]
-                            and j.assignment.host == a.host]  # type: ignore[union-attr]
+                holders = [r.job_id for r, held in seen.stopping if held.host == a.host and not held.slots]
+                holders += [j.job_id for j, _ in asked.changes.stops if j.job_id != jid and not j.assignment.slots
+                            and j.assignment.host == a.host]
                 by = f"; {', '.join(dict.fromkeys(holders))} is checkpointing to free them" if holders else ""
-                plan.reasons[jid] = (f"waiting: policy {self.policy.name} chose {cluster.held(a).text()}, "
-                                     f"but {short}{by}")
+                plan.reasons[jid] = Reason(Why.SHORT_OF_CPUS, f"waiting: policy {name} chose "
+                                                              f"{cluster.held(a).text()}, but {short}{by}")
                 continue
             if jid in stopped_now:
                 continue  # it moves or resizes: it checkpoints first (its stop's reason says so), then starts
             if set(a.slots) & blocked:
-                holders = sorted(r.job_id for r, held in stopping if set(held.slots) & set(a.slots))
-                holders += sorted(j.job_id for j, _ in changes.stops
-                                  if set(j.assignment.slots) & set(a.slots) and j.job_id != jid)  # type: ignore[union-attr]
-                plan.reasons[jid] = (f"waiting: policy {self.policy.name} chose {cluster.held(a).text()}, "
-                                     f"still held by {', '.join(dict.fromkeys(holders))} until it checkpoints")
+                holders = sorted(r.job_id for r, held in seen.stopping if set(held.slots) & set(a.slots))
+                holders += sorted(j.job_id for j, _ in asked.changes.stops
+                                  if set(j.assignment.slots) & set(a.slots) and j.job_id != jid)
+                plan.reasons[jid] = Reason(Why.HELD, f"waiting: policy {name} chose {cluster.held(a).text()}, "
+                                                     f"still held by {', '.join(dict.fromkeys(holders))} until it "
+                                                     "checkpoints")
                 continue
-            spec = job.spec  # type: ignore[attr-defined]
+            spec = job.spec
             placement = None
             size = ""
-            if len(job.sizes) > 1:  # type: ignore[attr-defined]  # elastic: the ranks of the size it got
+            if len(job.sizes) > 1:  # elastic: the ranks of the size it got
                 lo, hi = spec.devices.bounds(spec.num_devices)
                 size = f" ({len(a.slots)} of its {lo}..{hi} devices)"
                 spec = spec.at_size(len(a.slots))
             if a.slots:  # the planner decides which devices inside the policy's choice get which rank
                 ranks = ranks or RankPlanner(cluster.snapshot, cluster.model, cluster.slot_of, self.planner)
-                a, placement = cluster.plan_ranks(jid, a, spec, after, blocked, ranks)
+                a, placement = cluster.plan_ranks(jid, a, spec, asked.after, blocked, ranks)
             held = cluster.held(a)
             if a.slots:  # its devices are free (``blocked`` above); its ranks' CPUs are taken now
                 self._charge_cpus(physical, cluster, self._device_cpus(spec, a, cluster))
             else:
                 physical.take(a)
-            why = f"started by policy {self.policy.name} on {held.text()}{size}"
-            plan.launches.append(Launch(jid, held, placement, why))
+            plan.launches.append(Launch(jid, held, placement,
+                                        Reason(Why.STARTED, f"started by policy {name} on {held.text()}{size}")))
             launched.add(jid)
-        still_waiting = [j for j in waiting if j.job_id not in launched and j.job_id not in plan.reasons]
-        self._waiting_reasons(plan, still_waiting, cluster, inputs.view.free, after, started, stopping)
-        return plan
+        return launched
 
     @staticmethod
     def _device_cpus(spec: JobSpec, a: Assignment, cluster: LiveCluster) -> dict[int, int]:
@@ -669,9 +761,11 @@ class LiveScheduler:
             if slot is not None and free.milli[slot] == WHOLE:
                 free.take(Assignment(cluster.model.nodes[slot[0]].device_type, (slot,)))
 
-    def _waiting_reasons(self, plan: Plan, waiting: Sequence[LiveJob], cluster: LiveCluster,
-                         before: FreeCapacity, after: FreeCapacity, started: set[str],
-                         stopping: Sequence[tuple[JobRecord, Assignment]]) -> None:
+    def waiting_reasons(self, plan: Plan, waiting: Sequence[LiveJob], cluster: LiveCluster,
+                        before: FreeCapacity, after: FreeCapacity, started: set[str],
+                        stopping: Sequence[tuple[JobRecord, Assignment]]) -> None:
+        """Step 5: why each job still waits - what it needs, what is free once the decision is
+        applied, and who took the devices it could have had (or is checkpointing to free them)."""
         for job in waiting:
             if job.job_id in plan.reasons:
                 continue
@@ -692,7 +786,7 @@ class LiveScheduler:
                 tail = f"; {', '.join(r.job_id for r, _ in stopping)} is checkpointing to free devices"
             else:
                 tail = ""
-            plan.reasons[job.job_id] = f"waiting: {need}; {cluster.free_text(after, types)}{tail}"
+            plan.reasons[job.job_id] = Reason(Why.WAITING, f"waiting: {need}; {cluster.free_text(after, types)}{tail}")
 
 
 def _cluster_or_none(snapshot: ClusterSnapshot) -> LiveCluster | None:
