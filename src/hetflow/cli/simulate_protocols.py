@@ -333,7 +333,8 @@ def run_sia(args: argparse.Namespace) -> int:
                         "run; JCT in hours; Sia, Sia rigid, Gavel: Sia's own simulator)")
     for col in ("policy", "round s", "kind", "workload", "avg JCT", "p95 JCT", "makespan", "restarts", "Sia",
                 "Sia rigid", "Gavel", "wall s"):
-        table.add_column(col, justify="left" if col in ("policy", "kind", "workload") else "right")
+        table.add_column(col, justify="left" if col in ("policy", "kind", "workload") else "right",
+                         min_width=max((len(r[1]) for r in table_rows), default=8) if col == "workload" else None)
     h = (lambda v: "-" if v is None else f"{v / 3600:.3f}")  # noqa: E731
     for name, label, s in table_rows:
         r = s.get("reference", {})
@@ -341,6 +342,6 @@ def run_sia(args: argparse.Namespace) -> int:
         table.add_row(name, f"{round_s:g}", kind, label, h(s["avg_jct_s"]), h(s["p95_jct_s"]), h(s["makespan_s"]),
                       str(s["restarts"]), h(r.get("sia")), h(r.get("sia_rigid")), h(r.get("gavel")),
                       f"{s['wall_s']:.1f}")
-    Console(width=120).print(table)
+    Console(width=140).print(table)
     Console(stderr=True).print(f"wrote {out}/summary.json, inputs.json, jobs.csv")
     return 0

@@ -136,14 +136,10 @@ class SiaApp:
         return self._progress[epoch]
 
     def grad_stats(self, batch_size: float, epoch: int) -> tuple[float, float]:
-        lo, hi = self._bounds(batch_size)
-        ls, lv = self.validation[lo]["grad_sqr"][epoch], self.validation[lo]["grad_var"][epoch]
-        if lo == hi:
-            return float(ls), float(lv)
-        us, uv = self.validation[hi]["grad_sqr"][epoch], self.validation[hi]["grad_var"][epoch]
-        sqr = ((batch_size - lo) * us + (hi - batch_size) * ls) / (hi - lo)
-        var = ((batch_size - lo) * uv + (hi - batch_size) * lv) / (hi - lo)
-        return float(sqr), float(var)
+        """(gradient square, gradient variance) at ``batch_size`` in ``epoch``: linear between
+        the two validated batches around it."""
+        sqr, var = self.grad_stats_all(batch_size)
+        return float(sqr[epoch]), float(var[epoch])
 
     def grad_stats_all(self, batch_size: float) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`grad_stats` at ``batch_size`` for every epoch at once."""
