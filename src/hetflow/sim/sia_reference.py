@@ -383,7 +383,9 @@ class SiaMipPolicy:
         for i, j in enumerate(rigid):
             thr = self._rigid_throughputs(sim, j)
             g = np.array([thr[t] for t in types])
-            r_mat[i] = g * (j.spec.num_replicas / g.min())
+            runs = g > 0  # a type without a profile for the gang: goodput 0 (the cap of 3000 after the power)
+            if runs.any():
+                r_mat[i] = np.where(runs, g * (j.spec.num_replicas / g[runs].min()), 0.0)
         r_fac = [realloc_factor(j, sim.now, rigid=True) for j in rigid]
         fixed_r = {i for i, j in enumerate(rigid) if j.rescale_time > 0}
         fixed_a = {i for i, j in enumerate(adapt) if j.rescale_time > 0}
