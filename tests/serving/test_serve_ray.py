@@ -302,6 +302,10 @@ def test_openai_completions_stream_with_the_openai_client(served) -> None:
                                       temperature=0)
     assert whole.choices[0].text == streamed  # greedy: the same tokens both ways
     assert whole.usage.completion_tokens == 12 and whole.usage.prompt_tokens == 9
+    counted = list(client.completions.create(model="tinygpt", prompt="def f(x):", max_tokens=12, temperature=0,
+                                             stream=True, stream_options={"include_usage": True}))
+    assert counted[-1].choices == [] and counted[-1].usage.completion_tokens == 12
+    assert counted[-1].usage.prompt_tokens == 9
 
 
 def test_openai_bad_requests_are_400_with_a_message(served) -> None:

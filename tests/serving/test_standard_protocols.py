@@ -67,6 +67,52 @@ def test_completion_requests_are_checked() -> None:
     for doc, words in [({"max_tokens": 9}, "over the limit of 8"), ({"n": 3}, "not supported"),
                        ({"model": "digits"}, "not generative"), ({"bogus": 1}, "unknown field"),
                        ({"prompt": ""}, "must not be empty"),
-                       ({"top_p": 0, "max_tokens": 4}, "above 0")]:
+                       ({"top_p": 0, "max_tokens": 4}, "above 0"),
+                       ({"stream_options": {"include_usage": True}, "max_tokens": 4}, "only to streamed"),
+                       ({"stream": True, "stream_options": {"include_usage": "yes"}, "max_tokens": 4},
+                        "include_usage"),
+                       ({"stream": True, "stream_options": {"other": 1}, "max_tokens": 4}, "one field"),
+                       ({"stream": True, "stream_options": [1], "max_tokens": 4}, "one field")]:
         with pytest.raises(RequestError, match=words):
             parse(**doc)
+    assert parse(stream=True, stream_options={"include_usage": True}, max_tokens=4).include_usage
+    assert not parse(stream=True, stream_options={}, max_tokens=4).include_usage
+    assert not parse(stream=True, max_tokens=4).include_usage
+
+
+def _sse(body: list[bytes]) -> list:
+    events = b"".join(body).decode().split("\n\n")
+    return [e[len("data: "):] for e in events if e]
+
+
+@pytest.mark.parametrize("include_usage", [False, True])
+def test_a_stream_ends_with_its_usage_when_the_client_asks(include_usage: bool) -> None:
+    """OpenAI's ``stream_options.include_usage``: every chunk carries ``"usage": null`` and one
+    last chunk, with no choices, the whole request's usage, before ``[DONE]``."""
+    import asyncio
+
+    from hetflow.workloads.serve.web import completion_answer
+
+    doc = {"model": "gpt", "prompt": "hi", "max_tokens": 5, "stream": True}
+    if include_usage:
+        doc["stream_options"] = {"include_usage": True}
+    req = openai_api.parse_completion(json.dumps(doc).encode(), {"gpt": 16}, ["gpt"], default_model="gpt",
+                                      max_new_tokens=8)
+
+    async def tokens():
+        for t in b"abcde":
+            yield t
+
+    async def run() -> list[bytes]:
+        response = await completion_answer(req, tokens(), lambda: None, lambda: None, "x-tokens")
+        return [part async for part in response.body_iterator]
+
+    events = _sse(asyncio.run(run()))
+    assert events[-1] == "[DONE]"
+    docs = [json.loads(e) for e in events[:-1]]
+    assert "".join(c["text"] for d in docs for c in d["choices"]) == "abcde"
+    if include_usage:
+        assert all(d["usage"] is None for d in docs[:-1]) and docs[-1]["choices"] == []
+        assert docs[-1]["usage"] == {"prompt_tokens": 2, "completion_tokens": 5, "total_tokens": 7}
+    else:
+        assert all("usage" not in d for d in docs)

@@ -41,6 +41,7 @@ class CompletionRequest:
     echo: bool
     seed: int | None
     stop: tuple[str, ...] = field(default_factory=tuple)
+    include_usage: bool = False  # stream_options.include_usage: a last chunk with the usage
 
 
 def error_body(message: str, param: str | None = None) -> bytes:
@@ -89,6 +90,15 @@ def parse_completion(body: bytes, generative: dict[str, int], all_models: list[s
     for key, value in (("stream", stream), ("echo", echo)):
         if not isinstance(value, bool) and value is not None:
             raise RequestError(400, f"'{key}' must be true or false")
+    options = doc.get("stream_options")
+    if options is not None:
+        if not stream:
+            raise RequestError(400, "'stream_options' applies only to streamed completions; "
+                                    "set 'stream': true or leave it out")
+        if not isinstance(options, dict) or set(options) - {"include_usage"} or not isinstance(
+                options.get("include_usage", False), bool):
+            raise RequestError(400, "'stream_options' takes one field, include_usage (true or false)")
+    include_usage = bool((options or {}).get("include_usage", False))
     seed = doc.get("seed")
     if seed is not None and (type(seed) is not int or not -2**63 <= seed < 2**64):
         raise RequestError(400, "'seed' must be a whole number from -2**63 to 2**64-1")
@@ -103,7 +113,7 @@ def parse_completion(body: bytes, generative: dict[str, int], all_models: list[s
     if any(not s for s in stops):
         raise RequestError(400, "'stop' strings must not be empty")
     return CompletionRequest(model, tokens, prompt_text, max_tokens, temperature, top_p,
-                             bool(stream), bool(echo), seed, stops)
+                             bool(stream), bool(echo), seed, stops, include_usage)
 
 
 def _prompt(prompt: Any, vocab: int) -> tuple[str, list[int]]:
@@ -171,10 +181,23 @@ def completion_id() -> str:
     return f"cmpl-{uuid.uuid4().hex[:24]}"
 
 
-def chunk(cid: str, model: str, text: str, finish: str | None, created: int) -> bytes:
-    """One server-sent event of a streamed completion."""
-    doc = {"id": cid, "object": "text_completion", "created": created, "model": model,
-           "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}]}
+def chunk(cid: str, model: str, text: str, finish: str | None, created: int,
+          with_usage: bool = False) -> bytes:
+    """One server-sent event of a streamed completion (``"usage": null`` in it when the client
+    asked for the usage chunk: OpenAI's shape)."""
+    doc: dict[str, Any] = {"id": cid, "object": "text_completion", "created": created, "model": model,
+                           "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}]}
+    if with_usage:
+        doc["usage"] = None
+    return b"data: " + json.dumps(doc).encode() + b"\n\n"
+
+
+def usage_chunk(cid: str, model: str, created: int, prompt_tokens: int, completion_tokens: int) -> bytes:
+    """The last event of a stream whose client set ``stream_options.include_usage``: no
+    choices, the whole request's usage (as OpenAI sends it, before ``[DONE]``)."""
+    doc = {"id": cid, "object": "text_completion", "created": created, "model": model, "choices": [],
+           "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                     "total_tokens": prompt_tokens + completion_tokens}}
     return b"data: " + json.dumps(doc).encode() + b"\n\n"
 
 
@@ -189,4 +212,4 @@ def completion(cid: str, model: str, text: str, finish: str, prompt_tokens: int,
 DONE = b"data: [DONE]\n\n"
 
 __all__ = ["CompletionRequest", "DONE", "TextStream", "chunk", "completion", "completion_id",
-           "error_body", "parse_completion"]
+           "error_body", "parse_completion", "usage_chunk"]

@@ -83,7 +83,8 @@ async def completion_answer(req: Any, tokens: AsyncIterator[int], stop: Callable
                       ended: Callable[[], None], tokens_header: str) -> Response:
     """The answer to a checked OpenAI completion request (``openai_api.CompletionRequest``)
     from ``tokens``, the model's next tokens (``stop()`` ends them early, at a stop string):
-    server-sent events for ``stream: true``, else one JSON body with its usage. ``ended()``
+    server-sent events for ``stream: true`` (with ``stream_options.include_usage``, a last
+    event with the usage, as OpenAI's), else one JSON body with its usage. ``ended()``
     runs once the last token is out. ``tokens_header`` carries the tokens the key is charged
     (the front door counts them): the prompt and what was generated; for a stream, whose usage
     is known only after the headers, what the request may use (prompt + max_tokens), as
@@ -113,7 +114,9 @@ async def completion_answer(req: Any, tokens: AsyncIterator[int], stop: Callable
     if req.stream:
         async def events():
             async for piece, finish in pieces():
-                yield openai_api.chunk(cid, req.model, piece, finish, created)
+                yield openai_api.chunk(cid, req.model, piece, finish, created, req.include_usage)
+            if req.include_usage:
+                yield openai_api.usage_chunk(cid, req.model, created, len(req.prompt), generated[0])
             yield openai_api.DONE
 
         return StreamingResponse(events(), media_type="text/event-stream",
