@@ -49,6 +49,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from hetflow.core.errors import InputError
 from hetflow.core.request import ParallelLayout, PlacementRequest
+from hetflow.core.topology import AcceleratorVendor
 from hetflow.core.units import parse_bytes
 from hetflow.core.validation import describe
 from hetflow.core.yamlfile import read_yaml
@@ -71,7 +72,7 @@ class DeviceRequest(_Section):
     """Only devices of this model, by the planner's rule (``hetflow plan --model``): a catalog
     name or alias (``MI300X``, ``H100-SXM``), or its first words - ``H100`` is H100-SXM and
     H100-PCIe, ``A10`` is not A100."""
-    vendor: Literal["nvidia", "amd"] | None = None
+    vendor: AcceleratorVendor | None = None
     """Only devices of this vendor."""
     memory: str | None = None
     """Device memory each rank needs, e.g. ``40GiB``: types whose devices are all smaller are out."""

@@ -10,13 +10,19 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, Literal, get_args
 
 
 class Vendor(str, enum.Enum):
     NVIDIA = "nvidia"
     AMD = "amd"
     CPU = "cpu"
+
+
+AcceleratorVendor = Literal["nvidia", "amd"]
+"""The vendors a config may ask devices of (every :class:`Vendor` but the CPU): the one type every
+config schema's ``vendor`` field uses, so that a new vendor is added here and in ``Vendor``."""
+assert set(get_args(AcceleratorVendor)) == {v.value for v in Vendor} - {"cpu"}
 
 
 class LinkKind(str, enum.Enum):

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from hetflow.core.request import ParallelLayout
 from hetflow.runtime.tracking import TrackingConfig
+from hetflow.core.topology import AcceleratorVendor
 
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 
@@ -38,7 +39,7 @@ class LaunchSpec(BaseModel):
     """Layout hint: pipeline stages (groups of tp ranks, neighbours next fastest)."""
     device: Literal["auto", "cpu", "gpu"] = "auto"
     """``auto``: GPUs when the cluster has them, else CPU; ``cpu``; ``gpu`` (fails without)."""
-    vendor: Literal["nvidia", "amd"] | None = None
+    vendor: AcceleratorVendor | None = None
     """Only GPUs of this vendor (hetflow-managed nodes)."""
     model: str | None = None
     """Only GPUs of this catalog model, e.g. ``H100`` or ``MI300X`` (hetflow-managed nodes)."""

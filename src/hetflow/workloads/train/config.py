@@ -47,6 +47,7 @@ from hetflow.workloads.models.spec import (
     spec_label,
     spec_of,
 )
+from hetflow.core.topology import AcceleratorVendor
 
 
 class _Section(BaseModel):
@@ -163,7 +164,7 @@ class ResourcesConfig(_Section):
     """CPUs Ray reserves for each rank's actor."""
     threads_per_rank: int = Field(1, gt=0)
     """torch intra-op threads in each rank (``torch.set_num_threads``)."""
-    vendor: Literal["nvidia", "amd"] | None = None
+    vendor: AcceleratorVendor | None = None
     """Only GPUs of this vendor (hetflow-managed nodes)."""
     accelerator: str | None = None
     """Only GPUs of this catalog model, e.g. ``MI300X`` (hetflow-managed nodes)."""

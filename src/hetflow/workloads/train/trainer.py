@@ -46,6 +46,7 @@ from typing import Any, Literal
 
 from hetflow.core.errors import InputError
 from hetflow.workloads.train.api import Result, TrainingFailed, _layout, run
+from hetflow.core.topology import AcceleratorVendor
 
 TrainingFailedError = TrainingFailed  # Ray Train's name for it
 
@@ -62,7 +63,7 @@ class ScalingConfig:
     trainer_resources: Mapping[str, float] | None = None
     # hetflow's own
     layout: Any = None
-    vendor: Literal["nvidia", "amd"] | None = None
+    vendor: AcceleratorVendor | None = None
     memory: str | None = None
     threads_per_worker: int | None = None
     placement_timeout_s: float | None = None
