@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,6 +71,35 @@ class RouteTable:
     def app_of(self, deployment: str) -> str:
         return self.apps.get(deployment, deployment)
 
+
+
+def _release(inflight: dict[str, int], deployment: str) -> None:
+    inflight[deployment] -= 1
+
+
+class CountedStream:
+    """A streamed answer's tokens, counted in flight on ``deployment`` from the moment it is
+    admitted - so a burst of streams cannot pass the queue check together, as when the count
+    began at the first token - until it ends, its client leaves, or (never iterated: the client
+    gone before the first byte) it is dropped. The count is released exactly once."""
+
+    def __init__(self, inflight: dict[str, int], deployment: str, tokens: Any) -> None:
+        self._tokens = tokens.__aiter__()
+        inflight[deployment] += 1
+        self._release = weakref.finalize(self, _release, inflight, deployment)
+
+    def __aiter__(self) -> "CountedStream":
+        return self
+
+    async def __anext__(self) -> Any:
+        try:
+            return await self._tokens.__anext__()
+        except BaseException:  # the end (StopAsyncIteration), the client gone, an error
+            self._release()
+            raise
+
+    async def aclose(self) -> None:
+        self._release()
 
 class _QueueFull(Exception):
     """A model routed through the gateway holds its queue limit: 503 with Retry-After."""
@@ -267,7 +297,7 @@ class Gateway:
             self.metrics.served(req.model, name, time.perf_counter() - started, 1)
             self.reporter.changed()  # a stream ends after __call__ returned
 
-        return await completion_answer(req, self._counted(deployment, stream), stream.cancel,
+        return await completion_answer(req, CountedStream(self.inflight, deployment, stream), stream.cancel,
                                        ended, TOKENS_HEADER)
 
     def _front_ready(self) -> bool:
@@ -340,15 +370,6 @@ class Gateway:
         if sum(self.inflight[d] for d in deployments) >= share:
             raise _QueueFull(model, limit)
 
-    async def _counted(self, deployment: str, tokens: Any) -> Any:
-        """``tokens`` (a streamed answer), counted in flight on ``deployment`` from its first
-        token until it ends or its client leaves."""
-        self.inflight[deployment] += 1
-        try:
-            async for token in tokens:
-                yield token
-        finally:
-            self.inflight[deployment] -= 1
 
     async def _predict_group(self, model: str, reqs: list[PredictRequest],
                              model_down: bool = False) -> list[tuple[int, dict[str, Any]]]:
@@ -525,4 +546,4 @@ def _check_allowed(request: Request, model: str) -> None:
         raise RequestError(403, "this API key may not use this model")
 
 
-__all__ = ["Gateway", "RouteTable"]
+__all__ = ["CountedStream", "Gateway", "RouteTable"]
