@@ -255,3 +255,22 @@ def test_an_adaptive_job_asks_for_its_fair_share_at_a_size_it_can_run(profiles, 
     real = job.remaining_s
     job.remaining_s = lambda t, p: real(t, p) if sum(p) <= 4 else math.inf
     assert declared_size(sim, job, 1) == 4
+
+
+def test_cli_finds_the_profiles_beside_a_linked_workloads_folder(tmp_path) -> None:
+    """``--trace DIR/workloads/...`` finds ``DIR/profiles`` even when ``workloads`` is a link to a
+    folder elsewhere (the path as given is searched before the links are followed)."""
+    import shutil
+
+    from hetflow.cli.main import main
+
+    elsewhere = tmp_path / "elsewhere" / "w"
+    elsewhere.mkdir(parents=True)
+    shutil.copy(SLICE, elsewhere / SLICE.name)
+    (tmp_path / "sia").mkdir()
+    (tmp_path / "sia" / "workloads").symlink_to(elsewhere)
+    (tmp_path / "sia" / "profiles").symlink_to(FIX / "profiles")
+    args = ["simulate", "--protocol", "sia", "--trace", str(tmp_path / "sia" / "workloads" / SLICE.name),
+            "--policies", "gavel", "--out", str(tmp_path / "o")]
+    assert main(args) == 0
+    assert json.loads((tmp_path / "o" / "inputs.json").read_text())["profiles"] == str(tmp_path / "sia" / "profiles")

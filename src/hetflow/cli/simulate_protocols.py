@@ -210,7 +210,8 @@ def _sia_profiles_dir(args: argparse.Namespace) -> Path:
 
     if args.throughputs:
         return Path(args.throughputs)
-    for parent in Path(args.trace).resolve().parents:
+    trace = Path(args.trace)
+    for parent in (*trace.absolute().parents, *trace.resolve().parents):  # as given, then links followed
         if (parent / "profiles").is_dir():
             return parent / "profiles"
     cached = default_dest("sia") / "profiles"
