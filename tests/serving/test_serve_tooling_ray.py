@@ -64,6 +64,11 @@ def serving_file(digits_model, tmp_path_factory) -> tuple[Path, int]:
              "replicas": 1, "cpus_per_replica": 0.5, "fallback": "small"},
             {"name": "small", "weights": "random", "device": "cpu", "cpus_per_replica": 0.25,
              "train": {"model": {"kind": "mlp", "hidden": [16]}}},
+            # generative: under Serve's tooling its completions stream through the gateway,
+            # which counts them against its queue limit (gateway.CountedStream)
+            {"name": "tinygpt", "weights": "random", "device": "cpu", "cpus_per_replica": 0.25,
+             "batching": {"enabled": False}, "queue_limit": 4,
+             "train": {"model": {"kind": "gpt", "layers": 1, "dim": 32, "heads": 2, "seq_len": 16}}},
         ],
     }))
     return path, port
@@ -123,7 +128,7 @@ def test_serve_deploy_of_the_written_config_serves_every_endpoint(cluster, servi
     # serve status shows the application with hetflow's deployments
     app = _cli_app(cluster["dashboard"], "tooled")
     assert app["status"] == "RUNNING", app
-    assert set(app["deployments"]) == {"tooled.gateway", "tooled.digits", "tooled.small"}, app
+    assert set(app["deployments"]) == {"tooled.gateway", "tooled.digits", "tooled.small", "tooled.tinygpt"}, app
     assert all(d["status"] == "HEALTHY" for d in app["deployments"].values()), app
 
     base = f"http://127.0.0.1:{port}"
@@ -156,7 +161,33 @@ def test_serve_deploy_of_the_written_config_serves_every_endpoint(cluster, servi
     assert requests.post(f"{base}/v1/models/digits/predict", json={"inputs": rows},
                          timeout=30).status_code == 200
     listing = requests.get(f"{base}/v1/models", timeout=30).json()["models"]
-    assert set(listing) == {"digits", "small"} and listing["digits"]["fallback"] == ["small"]
+    assert set(listing) == {"digits", "small", "tinygpt"} and listing["digits"]["fallback"] == ["small"]
+    # streamed completions through the gateway, with the usage chunk, many at once: each is
+    # counted from its admission to its end, so none is left counted and the next is answered
+    import concurrent.futures as cf
+
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=30)
+
+    def stream() -> list:
+        return list(client.completions.create(model="tinygpt", prompt="hi", max_tokens=6, temperature=0,
+                                              stream=True, stream_options={"include_usage": True}))
+
+    chunks = stream()
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 6
+    import openai
+
+    with cf.ThreadPoolExecutor(8) as pool:
+        futures = [pool.submit(stream) for _ in range(8)]
+    outcomes = []
+    for f in futures:
+        try:
+            outcomes.append(f.result()[-1].usage.completion_tokens)
+        except openai.InternalServerError as exc:  # 503: the queue limit (4) held
+            outcomes.append(exc.status_code)
+    assert outcomes.count(6) >= 4 and set(outcomes) <= {6, 503}, outcomes
+    assert stream()[-1].usage.completion_tokens == 6  # every count released
 
 
 def test_serve_run_builds_from_the_import_path(cluster, serving_file, tmp_path) -> None:
