@@ -421,8 +421,10 @@ def sia_part(root: Path, workers: int) -> str:
     runs = sorted({(str(f), "hetflow", kind) for f, _, got in todo for k, (_, kind) in pairs.items() if k in got}
                   | {(str(f), policy, kind) for f, _, got in todo for k, (policy, kind) in pairs.items() if k in got},
                   key=lambda r: (r[1] == "gavel", r))  # the long ones first
+    from hetflow.sim.sia_reference import cbc_available
+
     _progress(f"Sia's protocol: {len(todo)} workloads with references, {len(runs)} runs (hetflow; Sia's and "
-              "Gavel's policies re-stated)")
+              f"Gavel's policies re-stated; Sia's program solved with {'CBC' if cbc_available() else 'HiGHS: no cylp'})")
     with ProcessPoolExecutor(max_workers=workers) as pool:
         got_runs = {(p, pol, k): v for p, pol, k, v in pool.map(
             sia_workload, [r[0] for r in runs], [str(root / "profiles")] * len(runs), [r[1] for r in runs],
