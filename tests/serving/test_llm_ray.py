@@ -42,6 +42,10 @@ SERVER_LINE = re.compile(r"^\s+(p(\d+)-r\d+): ([\d.]+):(\d+) weight (\d+)$", re.
 def user_env(keys_dir: Path) -> dict[str, str]:
     out = {k: v for k, v in os.environ.items() if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"}
     out["HETFLOW_KEYS_DIR"] = str(keys_dir)
+    # vLLM's engine core in its API server's process, not two processes more: each engine
+    # starts on 17 CPU-s instead of 27 (2 cores; the suite is CPU-bound). Routing, pools and
+    # usage are hetflow's and the same either way.
+    out["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     return out
 
 
