@@ -25,8 +25,10 @@ from hetflow.workloads.serve.front import (
     app_prefix,
     backend_name,
     group_prefix,
+    needs_lua,
     render_config,
 )
+from hetflow.workloads.serve import upstream as up
 from tests.net import free_port
 from tests.serving.haproxy_run import listening, start_haproxy
 
@@ -83,7 +85,8 @@ class Front:
                    "t.slow-model": [Server("r2", "127.0.0.1", port), Server("r3", "127.0.0.1", port)],
                    "t": [Server("g1", "127.0.0.1", port)]}
         self.config = render_config(self.plan, servers, self.admin, None, str(root / "maps"),
-                                    self.keys.salt if keys else "")
+                                    self.keys.salt if keys else "",
+                                    up.write_lua(str(root)) if needs_lua(self.plan) else None)
         self.proc, self.log = start_haproxy(root, self.config, lambda: listening(self.port))
 
     def refresh(self) -> None:

@@ -113,6 +113,9 @@ def test_openai_client_needs_a_key(gateway) -> None:
     assert done.usage.completion_tokens == 4
     streamed = list(client.completions.create(model="tinygpt", prompt="hi", max_tokens=3, stream=True))
     assert streamed and streamed[-1].choices[0].finish_reason == "length"
+    # the front door asked the replica for the stream's usage (to charge it at its end) and
+    # took that event out again: this client did not ask for it
+    assert all(chunk.choices and chunk.usage is None for chunk in streamed)
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=gateway["url"] + "/v1", api_key="hf-wrong", max_retries=0
                       ).completions.create(model="tinygpt", prompt="hi", max_tokens=2)

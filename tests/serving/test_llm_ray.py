@@ -252,6 +252,36 @@ def test_a_keys_tokens_per_minute_counts_the_engines_usage(llm) -> None:
     assert counted == sum(used)
 
 
+def key_tokens(llm, name: str) -> float:
+    auth = {"Authorization": f"Bearer {llm['keys']['all']}"}
+    text = requests.get(llm["url"] + "/metrics", headers=auth, timeout=60).text
+    line = [ln for ln in text.splitlines() if ln.startswith(f'hetflow_key_tokens_total{{key="{name}"}}')]
+    return float(line[0].split()[-1]) if line else 0.0
+
+
+def test_a_stream_is_charged_its_real_usage_at_its_end(llm) -> None:
+    """A streamed completion whose client did not ask for usage: the client sees no usage
+    event, and the key is charged the stream's usage (prompt + generated) once it ended - not
+    its max_tokens up front, as before."""
+    c = client(llm)
+    before, deadline = key_tokens(llm, "all"), time.monotonic() + 10
+    while time.monotonic() < deadline:  # the earlier tests' counts reach the metric first
+        time.sleep(1.0)
+        if (now := key_tokens(llm, "all")) == before:
+            break
+        before = now
+    args = dict(model="tiny", prompt="0 1 2 3", max_tokens=6, extra_body={"ignore_eos": True})
+    chunks = list(c.completions.create(stream=True, **args))
+    assert chunks and all(ch.choices and ch.usage is None for ch in chunks)
+    whole = c.completions.create(**args)
+    usage = whole.usage.total_tokens
+    assert usage > 6  # the prompt counts too, which max_tokens alone did not
+    want, deadline = before + 2 * usage, time.monotonic() + 10
+    while (got := key_tokens(llm, "all")) != want and time.monotonic() < deadline:
+        time.sleep(0.25)
+    assert got == want, (before, usage, got)
+
+
 def test_bad_requests_are_4xx_and_the_next_one_is_served(llm) -> None:
     import openai
 

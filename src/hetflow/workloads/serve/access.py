@@ -16,7 +16,8 @@ Per request, HAProxy (rules from :func:`frontend_rules`, data in map files from
    the quota's reset (``reset.map``);
 4. requests per second (``rps.map``; a stick table counting admitted requests per key over a
    sliding second) and generated tokens per sliding minute (``tpm.map``; the tokens come from
-   the answer's ``x-hetflow-tokens`` header): over either, ``429`` with ``Retry-After``. A key
+   the answer's ``x-hetflow-tokens`` header, a stream's from its usage at its end:
+   :mod:`.stream_usage`): over either, ``429`` with ``Retry-After``. A key
    with a burst allows that many requests in any sliding second (``rps.map`` then holds the
    burst) and its rate sustained over :data:`SUSTAIN_S` seconds (``sustain.map``: rate x
    SUSTAIN_S requests in any sliding window that long, a third stick table);
@@ -42,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from hetflow.workloads.serve.keys import KeyRecord, KeyStore, open_store, period_end, period_key
+from hetflow.workloads.serve.stream_usage import AT_END_VAR
 from hetflow.workloads.serve.upstream import model_var_rules
 
 MAPS = ("keys", "allow", "models", "rps", "sustain", "tpm", "quota_req", "quota_tok", "reset")
@@ -157,8 +159,10 @@ def admit_rules(map_dir: str) -> list[str]:
         f"    http-request set-header {KEY_HEADER} %[var(txn.kname)] if has_key",
         f"    http-request set-var(txn.kmodels) var(txn.kname),map({models_map}) if has_key",
         f"    http-request set-header {MODELS_HEADER} %[var(txn.kmodels)] if has_key",
+        # (a stream the usage filter took is charged at its end: stream_usage.py)
         f"    http-response sc-add-gpc(0,1) res.hdr({TOKENS_HEADER}) "
-        f"if {{ var(txn.kname) -m found }} {{ res.hdr({TOKENS_HEADER}) -m found }}",
+        f"if {{ var(txn.kname) -m found }} {{ res.hdr({TOKENS_HEADER}) -m found }} "
+        f"!{{ var({AT_END_VAR}) -m found }}",
     ]
 
 

@@ -47,6 +47,7 @@ from typing import Any
 
 from hetflow.core.errors import InputError
 from hetflow.workloads.serve import access as acc
+from hetflow.workloads.serve import stream_usage
 from hetflow.workloads.serve import upstream as up
 from hetflow.workloads.serve.config import is_loopback
 from hetflow.workloads.serve.metrics import ReplicaReports
@@ -171,8 +172,10 @@ def render_config(plan: FrontPlan, servers: dict[str, list[Server]], admin_socke
     ``lua_path``: :func:`.upstream.write_lua`'s file when ``plan.upstreams`` has any."""
     if plan.access is not None and map_dir is None:
         raise ValueError("plan.access needs map_dir (the key maps)")
-    if plan.upstreams and lua_path is None:
-        raise ValueError("plan.upstreams needs lua_path (the model rewrite filter)")
+    if needs_lua(plan) and lua_path is None:
+        raise ValueError("plan.upstreams, or keys with a model that streams, need lua_path "
+                         "(upstream.write_lua: the model rewrite and stream usage filters)")
+    usage = charges_streams(plan)
     timeout_s = max(1, int(plan.request_timeout_s + 0.999))
     bind = f"[{plan.host}]:{plan.port}" if ":" in plan.host else f"{plan.host}:{plan.port}"
     lines = [
@@ -184,7 +187,7 @@ def render_config(plan: FrontPlan, servers: dict[str, list[Server]], admin_socke
         # fit one is still served, only not repeated by an L7 retry).
         "    nbthread 4",
         "    tune.bufsize 16384",
-        *([f"    lua-load {lua_path}"] if plan.upstreams else []),
+        *([f"    lua-load {lua_path}"] if needs_lua(plan) else []),
         "defaults",
         "    mode http",
         "    option http-keep-alive",
@@ -271,6 +274,7 @@ def render_config(plan: FrontPlan, servers: dict[str, list[Server]], admin_socke
     for model, apps in sorted(plan.models.items()):
         deepest = group_prefix(plan.app, model, len(apps) - 1)
         lines += [f"backend {backend_name(model)}",
+                  *([stream_usage.FILTER] if usage and model in plan.generative else []),
                   "    option httpchk GET /-/healthz",
                   # "safe": a request that opens a client connection never rides an idle
                   # server connection that may have died (such a request cannot be retried)
@@ -293,6 +297,7 @@ def render_config(plan: FrontPlan, servers: dict[str, list[Server]], admin_socke
         for s in gateway:
             lines.append(f"    server gw-{s.name} {s.host}:{s.port} backup")
     lines += ["backend gateway",
+              *([stream_usage.FILTER] if usage and plan.generative & plan.via_gateway else []),
               "    option httpchk GET /-/healthz",
               "    http-reuse always",
               _client_path_header(root),
@@ -300,10 +305,24 @@ def render_config(plan: FrontPlan, servers: dict[str, list[Server]], admin_socke
               check]
     for s in gateway:
         lines.append(f"    server {s.name} {s.host}:{s.port}")
-    lines += up.backend_sections(plan.upstreams, root)
+    lines += up.backend_sections(plan.upstreams, root, usage=usage)
     if plan.access is not None:
         lines += acc.table_sections()
+    if usage:
+        assert lua_path is not None
+        lines += stream_usage.charge_frontend(os.path.dirname(lua_path), acc.TOKENS_TABLE,
+                                              acc.KEY_HEADER, acc.TOKENS_HEADER)
     return "\n".join(lines) + "\n"
+
+
+def charges_streams(plan: FrontPlan) -> bool:
+    """Keys on and a model that can stream completions (:mod:`.stream_usage`)."""
+    return plan.access is not None and bool(plan.generative or any(
+        u.protocol == "openai" for u in plan.upstreams))
+
+
+def needs_lua(plan: FrontPlan) -> bool:
+    return bool(plan.upstreams) or charges_streams(plan)
 
 
 def _client_path_header(root: str) -> str:
@@ -455,7 +474,7 @@ class FrontDoor:
         from hetflow.workloads.serve.llm import PoolMeter
 
         self.pools = PoolMeter()  # engine: vllm models' replicas, read from their own /metrics
-        self.lua = up.write_lua(self.dir) if plan.upstreams else None
+        self.lua = up.write_lua(self.dir) if needs_lua(plan) else None
         self._write(self._render({}))
         self._start()
         self._task: asyncio.Task | None = None
@@ -655,5 +674,5 @@ class FrontDoor:
 
 __all__ = ["FAST_ENV", "admin_call", "FrontDoor", "FrontPlan", "INTERNAL_PREFIX", "Server", "app_prefix",
            "backend_name", "direct_ingress_enabled", "group_prefix", "error_files", "haproxy_binary", "reachable", "read_servers",
-           "render_config",
+           "render_config", "charges_streams", "needs_lua",
            "write_error_files"]

@@ -33,6 +33,9 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import Any, Iterator
 
+from hetflow.workloads.serve import stream_usage
+from hetflow.workloads.serve.stream_usage import AT_END_VAR
+
 OPENAI_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/embeddings")
 LUA_FILE = "upstream.lua"
 
@@ -207,11 +210,14 @@ def routing_rules(ups: tuple[UpstreamPlan, ...], fallbacks: dict[str, str], root
     return lines
 
 
-def backend_sections(ups: tuple[UpstreamPlan, ...], root: str) -> list[str]:
+def backend_sections(ups: tuple[UpstreamPlan, ...], root: str, usage: bool = False) -> list[str]:
+    """The upstreams' backends; ``usage``: streamed OpenAI answers charged at their end
+    (:mod:`.stream_usage`; keys on)."""
     lines: list[str] = []
     for up in ups:
         if up.local:
-            lines += _llm_backend_section(up, root)
+            section = _llm_backend_section(up, root)
+            lines += section[:1] + ([usage_filter_line()] if usage else []) + section[1:]
             continue
         if up.protocol == "openai":
             path = f"    http-request replace-path ^{re.escape(root)}/v1/(.*) {up.base_path}/\\1"
@@ -240,6 +246,7 @@ def backend_sections(ups: tuple[UpstreamPlan, ...], root: str) -> list[str]:
             "    http-reuse safe",
             "    retries 1",
             "    filter lua.hetflow_model",
+            *([usage_filter_line()] if usage and up.protocol == "openai" else []),
             f"    http-request set-var(txn.up_model) str({up.model})",
             # a body the filter cannot rewrite whole (larger than one buffer) is not sent
             # with another model's name
@@ -269,7 +276,8 @@ def openai_token_rules(timeout_s: float) -> list[str]:
     """An OpenAI-protocol answer's tokens, for the key's tokens-per-minute and quota (the
     frontend adds ``x-hetflow-tokens`` to the key's counter): ``usage.total_tokens`` of a
     whole JSON answer (HAProxy waits for its body, up to one buffer); a streamed answer, or a
-    body whose usage is past the buffer, is charged the request's ``max_tokens`` up front.
+    body whose usage is past the buffer, is charged the request's ``max_tokens`` up front -
+    except a stream that :mod:`.stream_usage`'s filter charges at its end (with keys on).
     Whatever the server itself says in the header is dropped first."""
     json = "{ res.hdr(content-type) -m beg -i application/json }"
     return [
@@ -279,7 +287,8 @@ def openai_token_rules(timeout_s: float) -> list[str]:
         f"    http-response set-var(txn.used) res.body,json_query('$.usage.total_tokens') if {json}",
         "    http-response set-header x-hetflow-tokens %[var(txn.used)] if { var(txn.used) -m found }",
         "    http-response set-header x-hetflow-tokens %[var(txn.max_tokens)] "
-        "if !{ var(txn.used) -m found } { var(txn.max_tokens) -m found } { status 200 }",
+        "if !{ var(txn.used) -m found } { var(txn.max_tokens) -m found } { status 200 } "
+        f"!{{ var({AT_END_VAR}) -m found }}",
     ]
 
 
@@ -343,33 +352,12 @@ def _safe_server(name: str) -> str:
 LUA = r'''
 local function model_span(body)
   -- the quotes of the top-level "model" string value, or nil
-  local depth, i, n = 0, 1, #body
-  local want_key, key = true, nil
-  while i <= n do
-    local c = body:sub(i, i)
-    if c == '"' then
-      local j = i + 1
-      while j <= n do
-        local d = body:sub(j, j)
-        if d == '\\' then j = j + 2
-        elseif d == '"' then break
-        else j = j + 1 end
-      end
-      if j > n then return nil end
-      if depth == 1 then
-        if want_key then key = body:sub(i + 1, j - 1)
-        elseif key == "model" then return i, j end
-      end
-      i = j + 1
-    else
-      if c == '{' or c == '[' then depth = depth + 1
-      elseif c == '}' or c == ']' then depth = depth - 1
-      elseif depth == 1 and c == ':' then want_key = false
-      elseif depth == 1 and c == ',' then want_key = true; key = nil end
-      i = i + 1
-    end
-  end
-  return nil
+  local keys = hetflow_top_level(body)
+  local i = keys and keys["model"]
+  if i == nil or body:sub(i, i) ~= '"' then return nil end
+  local j = hetflow_string_end(body, i)
+  if j == nil then return nil end
+  return i, j
 end
 
 HetflowModel = {}
@@ -402,12 +390,18 @@ core.register_filter("hetflow_model", HetflowModel, function(f, args) return f e
 
 
 def write_lua(directory: str) -> str:
+    """The front door's Lua (the model rewrite, and :mod:`.stream_usage`'s filter charging
+    through a socket in ``directory``) written there; its path."""
     import os
 
     path = os.path.join(directory, LUA_FILE)
     with open(path, "w") as f:
-        f.write(LUA)
+        f.write(stream_usage.JSON_LUA + LUA + stream_usage.lua_source(directory))
     return path
+
+
+def usage_filter_line() -> str:
+    return stream_usage.FILTER
 
 
 def server_rows(show_stat: str) -> Iterator[dict[str, str]]:

@@ -87,8 +87,9 @@ async def completion_answer(req: Any, tokens: AsyncIterator[int], stop: Callable
     event with the usage, as OpenAI's), else one JSON body with its usage. ``ended()``
     runs once the last token is out. ``tokens_header`` carries the tokens the key is charged
     (the front door counts them): the prompt and what was generated; for a stream, whose usage
-    is known only after the headers, what the request may use (prompt + max_tokens), as
-    OpenAI's own limits count it."""
+    is known only after the headers, what the request may use (prompt + max_tokens): the front
+    door's stream usage filter charges a stream its usage event at its end and falls back to
+    this bound only when it saw none (``stream_usage.py``)."""
     from hetflow.workloads.serve import openai_api
 
     cid, created = openai_api.completion_id(), int(time.time())
