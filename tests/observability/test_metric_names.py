@@ -27,6 +27,8 @@ COUNTS = {
     "hetflow_serve_request_batch_size", "hetflow_job_samples_per_second",
     "hetflow_upstream_up",  # a 0/1 state, as Prometheus's own `up`
     "hetflow_llm_replicas_answering", "hetflow_llm_requests_running", "hetflow_llm_requests_waiting",
+    "hetflow_llm_routing_weight",  # HAProxy's server weight, 1..256
+    "hetflow_llm_capacity_tokens_per_second",  # a rate in tokens, as samples_per_second
 }
 SCALED = re.compile(r"_(?:k|m|g|t|p|kilo|mega|giga|tera|milli|micro|nano)(?:flops|bytes|seconds|watts)\b"
                     r"|_(?:kib|mib|gib|kb|mb|gb|ms|us|ns|percent)\b")

@@ -195,6 +195,9 @@ def test_each_pool_in_metrics_and_top(llm) -> None:
         # the pool's counter is its engine's (read a moment before or after this one)
         assert 0 < got[("hetflow_llm_generation_tokens_total", str(pool))] <= engines[server]
         assert got[("hetflow_llm_first_token_duration_seconds_count", str(pool))] > 0
+    # the routing weight each pool's engines get from what they sustain (256: the best one's)
+    weights = [got[("hetflow_llm_routing_weight", str(p))] for _s, p, *_ in llm["engines"]]
+    assert max(weights) == 256 and all(1 <= w <= 256 for w in weights), weights
     # the cluster hetflow serve names (an `auto` lookup scans this machine's Ray processes: on CI
     # another test process's cluster is running too), with the token as its line says
     env = {**user_env(llm["dir"]), **({"RAY_AUTH_MODE": "token"} if llm["token"] else {})}
@@ -206,7 +209,8 @@ def test_each_pool_in_metrics_and_top(llm) -> None:
     assert top.returncode == 0, top.stderr
     rows = [r for r in json.loads(top.stdout)["llm_pools"] if r["app"] == "llmt" and r["model"] == "tiny"]
     assert sorted(r["pool"] for r in rows) == [0, 1]
-    assert all(r["answering"] == 1 and r["generation_tokens"] > 0 and r["ttft_ms"] > 0 for r in rows)
+    assert all(r["answering"] == 1 and r["generation_tokens"] > 0 and r["ttft_ms"] > 0
+               and 1 <= r["weight"] <= 256 for r in rows)
     assert llm["keys"]["all"] not in top.stdout + top.stderr
     if llm["token"]:  # without the token the command says so in one line, at once
         bare = subprocess.run([*HETFLOW, "top", "--once", "--no-start", "--address", llm["ray"]],

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from hetflow.workloads.serve.front import FrontPlan, Server, render_config
-from hetflow.workloads.serve.llm import LLMRouting
+from hetflow.workloads.serve.front import FrontPlan, Server, admin_call, render_config, weight_commands
+from hetflow.workloads.serve.llm import CapacityMeter, LLMRouting, capacity_weights
 from hetflow.workloads.serve.upstream import llm_backend, write_lua
 from tests.net import free_port
 from tests.serving.haproxy_run import listening, start_haproxy
@@ -66,8 +66,9 @@ class Front:
         plan = FrontPlan(app="t", host="127.0.0.1", port=self.port, models={}, gateway_app="t",
                          request_timeout_s=30, retries=1, max_body_bytes=1 << 20,
                          upstreams=(llm,), default_model=None)
+        self.llm, self.admin = llm, str(root / "admin.sock")
         self.config = render_config(plan, {"t": [Server("g1", "127.0.0.1", gateway)]},
-                                    str(root / "admin.sock"), None, None, "", write_lua(str(root)))
+                                    self.admin, None, None, "", write_lua(str(root)))
         self.proc, self.log = start_haproxy(root, self.config, self._answers)
 
     def _answers(self) -> bool:
@@ -165,3 +166,60 @@ def test_past_its_queue_limit_the_model_is_refused_at_once(front) -> None:
     assert len(ok) in (4, 5) and len(ok) + len(shed) == 8, results  # (see test_access)
     assert all(r[1] < 0.5 and r[2] == "1" and "queue limit" in r[3] for r in shed), shed
     assert f.chat(conversation(0, 0))[0] == 200
+
+
+def _stats(waiting: float = 0, running: float = 1, tokens: float = 0) -> dict[str, float]:
+    return {"waiting": waiting, "running": running, "generation_tokens": tokens}
+
+
+def test_an_engine_counts_what_it_sustained_while_requests_waited() -> None:
+    m = CapacityMeter(alpha=0.5)
+    m.observe("a", _stats(waiting=0, tokens=0), 0.0)
+    m.observe("a", _stats(waiting=0, tokens=100), 2.0)  # 50 tok/s, but nothing waited
+    assert "a" not in m.capacity
+    m.observe("a", _stats(waiting=3, tokens=400), 4.0)  # 150 tok/s with requests waiting
+    assert m.capacity["a"] == 150
+    m.observe("a", _stats(waiting=3, tokens=450), 4.5)  # under a second later: not a reading
+    m.observe("a", _stats(waiting=2, tokens=500), 5.0)  # 100 tok/s: smoothed
+    assert m.capacity["a"] == 125
+    m.observe("a", _stats(waiting=2, tokens=10), 7.0)  # the engine restarted: no reading
+    assert m.capacity["a"] == 125
+    m.observe("a", None, 9.0)  # not answering: nothing learnt
+    assert m.capacity["a"] == 125
+
+
+def test_weights_follow_measured_capacity_and_fill_in_from_configured_ones() -> None:
+    servers = [("p0-r0", "h", 1, 1), ("p1-r0", "h", 2, 3), ("p1-r1", "h", 3, 3)]
+    # nothing measured: the configured weights (1:3:3), the largest at 256
+    assert capacity_weights(servers, {}, {}) == {"p0-r0": 85, "p1-r0": 256, "p1-r1": 256}
+    # pool 0's engine measured at 300 tok/s (300 per unit of its weight 1): pool 1's engines,
+    # configured 3, count 900 until measured - then what they sustain
+    assert capacity_weights(servers, {"p0-r0": 300.0}, {}) == {"p0-r0": 85, "p1-r0": 256, "p1-r1": 256}
+    got = capacity_weights(servers, {"p0-r0": 300.0, "p1-r0": 100.0, "p1-r1": 100.0}, {})
+    assert got == {"p0-r0": 256, "p1-r0": 85, "p1-r1": 85}  # the configured 1:3 was wrong
+    # an engine with requests waiting is worth less while they wait (1 + waiting / running)
+    got = capacity_weights(servers, {"p0-r0": 300.0, "p1-r0": 300.0, "p1-r1": 300.0},
+                           {"p1-r1": _stats(waiting=4, running=4)})
+    assert got == {"p0-r0": 256, "p1-r0": 256, "p1-r1": 128}
+    assert capacity_weights([("a", "h", 1, 0)], {}, {}) == {"a": 1}  # never 0: HAProxy drains 0
+
+
+def test_capacity_weights_reach_haproxy_and_move_the_traffic(front) -> None:
+    """The weights the front door sets (``weight_commands`` over the admin socket) on the real
+    HAProxy: two engines configured 1:1; e1 measured three times e0's tokens/s - it then
+    holds about three requests in flight for each of e0's (least outstanding requests per unit
+    of weight), so it answers about three in four of a concurrent load."""
+    f = front([("e0", 1), ("e1", 1)], LLMRouting(), delay_s=0.2)
+    weights = {"chat": capacity_weights(list(f.llm.servers), {"e0": 100.0, "e1": 300.0}, {})}
+    applied: dict[str, int] = {}
+    commands = weight_commands([f.llm], weights, applied)
+    assert sorted(w for _s, w in commands) == [85, 256]
+    for server, weight in commands:
+        admin_call(f.admin, f"set weight {server} {weight}")
+        applied[server] = weight
+    assert weight_commands([f.llm], weights, applied) == []  # nothing changed: nothing sent
+    for server, weight in commands:
+        assert admin_call(f.admin, f"get weight {server}").split()[0] == str(weight)
+    with cf.ThreadPoolExecutor(16) as pool:
+        by = list(pool.map(lambda i: f.chat(conversation(i, 0))[1], range(64)))
+    assert by.count("e1") >= 40 and by.count("e0") >= 8, (by.count("e0"), by.count("e1"))

@@ -626,6 +626,8 @@ def test_health_and_metrics(served) -> None:
                      # engine: vllm pools (none in this config: the families are there, empty)
                      "hetflow_llm_replicas_answering": "gauge", "hetflow_llm_requests_running": "gauge",
                      "hetflow_llm_requests_waiting": "gauge", "hetflow_llm_kv_cache_usage_ratio": "gauge",
+                     "hetflow_llm_routing_weight": "gauge",
+                     "hetflow_llm_capacity_tokens_per_second": "gauge",
                      "hetflow_llm_generation_tokens": "counter", "hetflow_llm_prompt_tokens": "counter",
                      "hetflow_llm_first_token_duration_seconds": "summary",
                      "hetflow_llm_output_token_duration_seconds": "summary"}

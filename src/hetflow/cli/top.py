@@ -177,6 +177,8 @@ def llm_rows(timeout_s: float = 20.0) -> list[dict[str, Any]]:
                     "replicas": int(st["replicas"]), "answering": int(st["answering"]),
                     "running": int(st["running"]), "waiting": int(st["waiting"]),
                     "kv_cache": st["kv_cache"], "tokens_per_s": st["tokens_per_s"],
+                    "weight": st.get("weight"),
+                    "capacity_tokens_per_s": st.get("capacity_tokens_per_s"),
                     "generation_tokens": int(st["generation_tokens"]),
                     "ttft_ms": 1000 * st["ttft_sum"] / st["ttft_count"] if st["ttft_count"] else None,
                     "tpot_ms": 1000 * st["tpot_sum"] / st["tpot_count"] if st["tpot_count"] else None,
@@ -257,12 +259,13 @@ def render(view, upstreams: list[dict[str, Any]] | None = None,
     if llm:
         table = Table(title="llm pools", title_justify="left", expand=False)
         for col in ("app", "model", "pool", "up", "running", "waiting", "kv cache", "tok/s",
-                    "ttft ms", "tpot ms"):
+                    "weight", "ttft ms", "tpot ms"):
             table.add_column(col, justify="left" if col in ("app", "model") else "right", no_wrap=True)
         for r in llm:
             table.add_row(r["app"], r["model"], str(r["pool"]), f"{r['answering']}/{r['replicas']}",
                           str(r["running"]), str(r["waiting"]), f"{r['kv_cache']:.0%}",
-                          f"{r['tokens_per_s']:.1f}", _num(r["ttft_ms"], "{:.1f}"),
+                          f"{r['tokens_per_s']:.1f}", _num(r.get("weight"), "{:.0f}"),
+                          _num(r["ttft_ms"], "{:.1f}"),
                           _num(r["tpot_ms"], "{:.2f}"))
         parts.append(table)
     for hint in view.hints:

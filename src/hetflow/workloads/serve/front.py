@@ -65,6 +65,24 @@ FAST_ENV = {
 }
 
 
+WEIGHTS_EVERY_S = 2.0  # how often the engines' capacity weights are recomputed
+
+
+def weight_commands(upstreams: Any, weights: dict[str, dict[str, int]],
+                    applied: dict[str, int]) -> list[tuple[str, int]]:
+    """``(backend/server, weight)`` for each ``engine: vllm`` engine whose weight (model ->
+    engine -> weight, ``llm.capacity_weights``) is not the one set last (``applied``)."""
+    out = []
+    for u in upstreams:
+        if not u.local:
+            continue
+        for name, weight in sorted(weights.get(u.name, {}).items()):
+            server = f"{u.backend}/{up.haproxy_server_name(name)}"
+            if applied.get(server) != weight:
+                out.append((server, weight))
+    return out
+
+
 def app_prefix(app: str) -> str:
     """The gateway application's route prefix; every model prefix starts with it, so a
     request rewritten for a model's backend is accepted by the gateway (the backup) too."""
@@ -474,6 +492,8 @@ class FrontDoor:
         from hetflow.workloads.serve.llm import PoolMeter
 
         self.pools = PoolMeter()  # engine: vllm models' replicas, read from their own /metrics
+        self._weights: dict[str, int] = {}  # backend/server -> the weight set last
+        self._route_task: asyncio.Task | None = None
         self.lua = up.write_lua(self.dir) if needs_lua(plan) else None
         self._write(self._render({}))
         self._start()
@@ -541,6 +561,18 @@ class FrontDoor:
         """Keep the server list in step with Serve (started once by ``deploy``)."""
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._watch())
+            if any(u.local for u in self.plan.upstreams):
+                self._route_task = asyncio.get_running_loop().create_task(self._route())
+
+    async def _route(self) -> None:
+        """Apart from the watch loop (an engine slow to answer its /metrics must not hold
+        back the server list or a key's revocation)."""
+        while not self._stopped:
+            try:
+                await asyncio.to_thread(self._route_by_capacity)
+            except Exception as exc:  # noqa: BLE001 - HAProxy reloading or stopping
+                self.error = f"capacity weights: {exc!r}"
+            await asyncio.sleep(WEIGHTS_EVERY_S)
 
     async def _watch(self) -> None:
         while not self._stopped:
@@ -569,11 +601,24 @@ class FrontDoor:
                 self._write(self._render(servers))
                 assert self.proc is not None
                 self.proc.send_signal(signal.SIGUSR2)  # master re-reads the config
+                self._weights = {}  # the configured weights again
             if self.keys is not None:
                 self.keys.refresh(self._admin)
             self.error = None
         except Exception as exc:  # noqa: BLE001 - the controller may be restarting
             self.error = repr(exc)
+
+    def _route_by_capacity(self) -> None:
+        """Each ``engine: vllm`` engine's HAProxy weight from
+        what it sustains (``llm.capacity_weights``), set over the admin socket where it
+        changed (a reload starts again from the configured weights)."""
+        local = [u for u in self.plan.upstreams if u.local]
+        if not local or self._stopped:
+            return
+        self.pools.read({u.name: list(u.servers) for u in local})
+        for server, weight in weight_commands(local, self.pools.weights, self._weights):
+            self._admin(f"set weight {server} {weight}")
+            self._weights[server] = weight
 
     def up_servers(self) -> dict[str, list[str]]:
         """HAProxy backend -> its servers that are UP (not backups)."""
@@ -648,7 +693,16 @@ class FrontDoor:
         return await asyncio.to_thread(self._llm_stats)
 
     def _llm_stats(self) -> dict[str, dict[int, dict[str, float]]]:
-        return self.pools.read({u.name: list(u.servers) for u in self.plan.upstreams if u.local})
+        from hetflow.workloads.serve.llm import pool_index
+
+        local = [u for u in self.plan.upstreams if u.local]
+        out = self.pools.read({u.name: list(u.servers) for u in local})
+        for u in local:  # the weights HAProxy has now: set last, else the configured ones
+            for pool, st in out.get(u.name, {}).items():
+                have = [self._weights.get(f"{u.backend}/{up.haproxy_server_name(name)}", weight)
+                        for name, _h, _p, weight in u.servers if pool_index(name) == pool]
+                st["weight"] = sum(have) / max(1, len(have))
+        return out
 
     def stop(self) -> None:
         self._stopped = True  # the watch loop does no more work ...
@@ -674,5 +728,5 @@ class FrontDoor:
 
 __all__ = ["FAST_ENV", "admin_call", "FrontDoor", "FrontPlan", "INTERNAL_PREFIX", "Server", "app_prefix",
            "backend_name", "direct_ingress_enabled", "group_prefix", "error_files", "haproxy_binary", "reachable", "read_servers",
-           "render_config", "charges_streams", "needs_lua",
+           "render_config", "charges_streams", "needs_lua", "weight_commands",
            "write_error_files"]

@@ -11,7 +11,8 @@ OpenAI endpoint spans NVIDIA, AMD and CPU replicas.
 
 Routing (in HAProxy, no Python on the request path; :class:`LLMRouting`): by default least
 outstanding requests, each server weighted by its pool's ``weight`` (its relative capacity:
-tokens/s one replica sustains); ``affinity: prefix``: prefix affinity with bounded load - a
+tokens/s one replica sustains) until the front door has measured what each engine sustains
+(:class:`CapacityMeter`, :func:`capacity_weights`: the weights it then sets in HAProxy); ``affinity: prefix``: prefix affinity with bounded load - a
 request goes to the engine its body's first bytes hash to, so a conversation's turns and a
 shared system prompt meet the engine whose prefix cache holds them, unless that engine is over
 ``balance_factor`` % of the average load. Either way a pool that falls behind holds more
@@ -390,12 +391,67 @@ def pool_stats(servers: list[tuple[str, str, int, int]],
     return out
 
 
+class CapacityMeter:
+    """What each engine sustains: its generation tokens/s measured over readings a second or
+    more apart *while requests waited in it* (so the rate is its capacity, not the load it was
+    offered), smoothed (an exponential moving average, ``alpha`` for the newest)."""
+
+    def __init__(self, alpha: float = 0.5) -> None:
+        self.alpha = alpha
+        self.last: dict[str, tuple[float, float]] = {}  # server -> (time, generated tokens)
+        self.capacity: dict[str, float] = {}  # server -> tokens/s it sustained
+
+    def observe(self, server: str, stats: dict[str, float] | None, now: float) -> None:
+        if stats is None:
+            return
+        tokens = stats["generation_tokens"]
+        then = self.last.get(server)
+        if then is not None and now - then[0] < 1.0:
+            return
+        self.last[server] = (now, tokens)
+        if then is None or tokens < then[1]:  # the first reading, or a restarted engine
+            return
+        rate = (tokens - then[1]) / (now - then[0])
+        if stats["waiting"] > 0 and rate > 0:
+            old = self.capacity.get(server)
+            self.capacity[server] = rate if old is None else self.alpha * rate + (1 - self.alpha) * old
+
+
+MAX_WEIGHT = 256  # HAProxy's server weights are 0..256
+
+
+def capacity_weights(servers: list[tuple[str, str, int, int]], capacity: dict[str, float],
+                     stats: dict[str, dict[str, float] | None]) -> dict[str, int]:
+    """Each engine's HAProxy weight (1..256) from what it sustains: its measured tokens/s
+    (:class:`CapacityMeter`); an engine not measured yet counts its pool's configured
+    ``weight`` in the measured engines' tokens/s per unit of weight (all unmeasured: the
+    configured weights). An engine with requests waiting is worth less while they wait: its
+    value over ``1 + waiting / running``. The largest gets 256."""
+    measured = [(capacity[name], weight) for name, _h, _p, weight in servers
+                if capacity.get(name) and weight > 0]
+    per_weight = sum(c for c, _w in measured) / sum(w for _c, w in measured) if measured else 1.0
+    value = {}
+    for name, _host, _port, weight in servers:
+        v = capacity.get(name) or weight * per_weight
+        st = stats.get(name)
+        if st is not None and st["waiting"] > 0:
+            v /= 1.0 + st["waiting"] / max(1.0, st["running"])
+        value[name] = v
+    top = max(value.values(), default=0.0)
+    if top <= 0:
+        return dict.fromkeys(value, 1)
+    return {name: max(1, min(MAX_WEIGHT, round(MAX_WEIGHT * v / top))) for name, v in value.items()}
+
+
 class PoolMeter:
-    """Per-pool engine stats with tokens/s from the last reading (kept by the front door)."""
+    """Per-pool engine stats with tokens/s from the last reading (kept by the front door);
+    each engine's capacity (:class:`CapacityMeter`) and weight (:func:`capacity_weights`)."""
 
     def __init__(self) -> None:
         # (model, pool) -> (time, generated tokens, tokens/s) of the last reading
         self.last: dict[tuple[str, int], tuple[float | None, float, float]] = {}
+        self.capacity = CapacityMeter()
+        self.weights: dict[str, dict[str, int]] = {}  # model -> server -> weight, last computed
 
     def read(self, models: dict[str, list[tuple[str, str, int, int]]]
              ) -> dict[str, dict[int, dict[str, float]]]:
@@ -412,6 +468,12 @@ class PoolMeter:
         now = time.monotonic()
         out = {}
         for model, servers in models.items():
+            for name, *_ in servers:
+                self.capacity.observe(f"{model}/{name}", scraped.get(model, {}).get(name), now)
+            self.weights[model] = capacity_weights(
+                servers, {name: c for name, *_ in servers
+                          if (c := self.capacity.capacity.get(f"{model}/{name}"))},
+                scraped.get(model, {}))
             pools = pool_stats(servers, scraped.get(model, {}))
             for pool, st in pools.items():
                 # generated tokens/s since the reading one second or more before (a quicker
@@ -422,6 +484,11 @@ class PoolMeter:
                         rate = max(0.0, (st["generation_tokens"] - tokens) / (now - then))
                     self.last[(model, pool)] = (now, st["generation_tokens"], rate)
                 st["tokens_per_s"] = rate
+                # the routing weight of its replicas (the mean; 256 = the best engine's)
+                names = [n for n, *_ in servers if pool_index(n) == pool]
+                st["weight"] = sum(self.weights[model][n] for n in names) / max(1, len(names))
+                st["capacity_tokens_per_s"] = sum(self.capacity.capacity.get(f"{model}/{n}", 0.0)
+                                                  for n in names)
             out[model] = pools
         return out
 

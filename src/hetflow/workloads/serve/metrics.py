@@ -24,8 +24,8 @@ Exposed at ``GET /metrics`` (Prometheus text 0.0.4, or OpenMetrics when the scra
   (connection errors, bad answers and 5xx), ``hetflow_upstream_response_duration_seconds{upstream}`` (mean
   response time of its last 1,024 requests) and ``hetflow_upstream_up{upstream}`` (1 while
   its health checks pass) - from the front door's HAProxy counters.
-* ``hetflow_llm_{replicas_answering,requests_running,requests_waiting,kv_cache_usage_ratio}{model,pool}``
-  (gauges), ``hetflow_llm_{generation,prompt}_tokens_total{model,pool}`` (counters) and
+* ``hetflow_llm_{replicas_answering,requests_running,requests_waiting,kv_cache_usage_ratio,
+  routing_weight,capacity_tokens_per_second}{model,pool}`` (gauges), ``hetflow_llm_{generation,prompt}_tokens_total{model,pool}`` (counters) and
   ``hetflow_llm_{first_token,output_token}_duration_seconds{model,pool}`` (summaries:
   sum and count) - an ``engine: vllm`` model's pools, from their engines' own ``/metrics``.
 
@@ -69,6 +69,8 @@ METRIC_TYPES = {
     "hetflow_llm_requests_running": "gauge",
     "hetflow_llm_requests_waiting": "gauge",
     "hetflow_llm_kv_cache_usage_ratio": "gauge",
+    "hetflow_llm_routing_weight": "gauge",
+    "hetflow_llm_capacity_tokens_per_second": "gauge",
     "hetflow_llm_generation_tokens_total": "counter",
     "hetflow_llm_prompt_tokens_total": "counter",
     "hetflow_llm_first_token_duration_seconds": "summary",
@@ -195,7 +197,12 @@ class GatewayMetrics:
                 ("replicas_answering", "answering", "LLM replicas whose engine answered the last look."),
                 ("requests_running", "running", "Requests the pool's engines are generating for."),
                 ("requests_waiting", "waiting", "Requests waiting in the pool's engines."),
-                ("kv_cache_usage_ratio", "kv_cache", "KV-cache use of the pool's fullest engine, 0..1.")):
+                ("kv_cache_usage_ratio", "kv_cache", "KV-cache use of the pool's fullest engine, 0..1."),
+                ("routing_weight", "weight", "The front door's weight for the pool's engines "
+                 "(mean; 256 = the engine worth most), from what each sustains."),
+                ("capacity_tokens_per_second", "capacity_tokens_per_s",
+                 "Generation tokens/s the pool's engines sustained while requests waited (0: "
+                 "not measured yet).")):
             yield _filled(GaugeMetricFamily(f"hetflow_llm_{name}", help_text, labels=["model", "pool"]),
                           {k: float(st.get(field, 0)) for k, st in pools.items()})
         for name, field, help_text in (

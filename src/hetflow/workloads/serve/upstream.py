@@ -345,6 +345,9 @@ def _safe_server(name: str) -> str:
     return "up-" + "".join(c if c.isalnum() or c in "_-." else "_" for c in name)
 
 
+haproxy_server_name = _safe_server  # an upstream's or engine's server name in HAProxy
+
+
 # The body's top-level "model" rewritten to the upstream's name (HAProxy's actions cannot
 # change a body; a filter can, once the whole body is buffered - option http-buffer-request).
 # A body larger than one buffer (tune.bufsize) cannot be rewritten: such a request is refused
@@ -458,6 +461,6 @@ def read_upstream_stats(show_stat: str) -> dict[str, dict[str, Any]]:
     return out
 
 
-__all__ = ["LUA", "OPENAI_PATHS", "UpstreamPlan", "backend_name", "backend_sections", "key_env_name", "llm_backend",
+__all__ = ["LUA", "OPENAI_PATHS", "haproxy_server_name", "UpstreamPlan", "backend_name", "backend_sections", "key_env_name", "llm_backend",
            "model_var_rules", "plan_upstreams", "protocol_acl_name", "protocol_acls", "system_ca_file", "read_upstream_stats", "routing_rules", "server_rows",
            "upstream_secrets", "write_lua"]
