@@ -561,7 +561,7 @@ class FrontDoor:
         """Keep the server list in step with Serve (started once by ``deploy``)."""
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._watch())
-            if any(u.local for u in self.plan.upstreams):
+            if any(u.local and u.measured_weights for u in self.plan.upstreams):
                 self._route_task = asyncio.get_running_loop().create_task(self._route())
 
     async def _route(self) -> None:
@@ -612,7 +612,7 @@ class FrontDoor:
         """Each ``engine: vllm`` engine's HAProxy weight from
         what it sustains (``llm.capacity_weights``), set over the admin socket where it
         changed (a reload starts again from the configured weights)."""
-        local = [u for u in self.plan.upstreams if u.local]
+        local = [u for u in self.plan.upstreams if u.local and u.measured_weights]
         if not local or self._stopped:
             return
         self.pools.read({u.name: list(u.servers) for u in local})

@@ -104,6 +104,9 @@ class LLMRouting(_Strict):
     """How much of the request body (from its start) makes the key."""
     balance_factor: int = Field(200, ge=101, le=10000)
     """An engine takes a request by affinity while its load stays under this % of the average."""
+    weights: Literal["measured", "configured"] = "measured"
+    """``measured`` (default): each engine's weight follows what it is measured to sustain
+    (:func:`capacity_weights`, set every 2 s); ``configured``: the pools' ``weight`` stays."""
 
 
 def vllm_available() -> bool:

@@ -62,6 +62,8 @@ class UpstreamPlan:
     # ``affinity_bytes`` bytes (0: least outstanding requests), bounded at ``balance_factor`` %
     affinity_bytes: int = 0
     balance_factor: int = 125
+    # the engines' weights follow their measured capacity (llm.LLMRouting.weights)
+    measured_weights: bool = True
     queue_limit: int = 0  # requests in flight per replica (server maxconn); 0: never refuse
 
     @property
@@ -99,7 +101,8 @@ def llm_backend(name: str, servers: list[tuple[str, str, int, int]], timeout_s: 
                         base_path="/v1", model=name, key_env=None, timeout_s=timeout_s,
                         check_interval_s=1.0, servers=tuple(servers),
                         affinity_bytes=routing.prefix_bytes if routing.affinity == "prefix" else 0,
-                        balance_factor=routing.balance_factor, queue_limit=queue_limit)
+                        balance_factor=routing.balance_factor, queue_limit=queue_limit,
+                        measured_weights=routing.weights == "measured")
 
 
 def plan_upstreams(upstreams: list[Any]) -> tuple[UpstreamPlan, ...]:
