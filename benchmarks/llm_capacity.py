@@ -33,7 +33,6 @@ import ray_home  # noqa: F401 - first: Ray's temp folder is this run's own (ray_
 import argparse
 import contextlib
 import io
-import json
 import os
 import statistics
 import subprocess
