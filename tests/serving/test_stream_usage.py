@@ -231,3 +231,60 @@ def test_the_filter_is_where_streams_pass_and_only_with_keys(tmp_path) -> None:
     # keys off: nothing to charge, no filter, no Lua, no charging frontend
     open_ = render_config(FrontPlan(**base), servers, "/tmp/a.sock")
     assert "hetflow_usage" not in open_ and "lua-load" not in open_ and "hetflow_charge" not in open_
+
+
+def test_an_openai_upstreams_stream_is_charged_its_usage_too(tmp_path) -> None:
+    """An external OpenAI-compatible provider (``upstreams:``) streams through the same
+    filter: the key is charged the stream's usage at its end, and the provider got the usage
+    request (with its own model name)."""
+    from hetflow.workloads.serve.config import UpstreamConfig
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Streamer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    _Streamer.seen = []
+    store = K.DirectoryKeyStore(tmp_path / "store")
+    store.salt(create=True)
+    key = K.create_key(store, "team-a")
+    port = free_port()
+    upstream = UpstreamConfig(name="cloud", model="gpt-up",
+                              url=f"http://127.0.0.1:{server.server_address[1]}/prov/v1")
+    plan = FrontPlan(app="t", host="127.0.0.1", port=port, models={}, gateway_app="t",
+                     request_timeout_s=5, retries=1, max_body_bytes=1 << 20,
+                     access=acc.AccessPlan(store=str(store.where), default_model=None),
+                     upstreams=up.plan_upstreams([upstream]))
+    admin = str(tmp_path / "admin.sock")
+    keys = KeyState(plan.access, str(tmp_path / "maps"))
+    config = render_config(plan, {"t": [Server("g1", "127.0.0.1", server.server_address[1])]},
+                           admin, None, str(tmp_path / "maps"), keys.salt, up.write_lua(str(tmp_path)))
+    proc, _log = start_haproxy(tmp_path, config, lambda: listening(port))
+    try:
+        keys.refresh(lambda c: admin_call(admin, c))
+        front = {"port": port, "key": key, "admin": admin}
+        deadline = time.monotonic() + 10
+        while True:  # the upstream's first health check
+            try:
+                events = stream(front, {"model": "cloud", "prompt": "x", "stream": True, "max_tokens": 40})
+                break
+            except AssertionError:
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+        assert _Streamer.seen[-1]["model"] == "gpt-up"
+        assert _Streamer.seen[-1]["stream_options"] == {"include_usage": True}
+        assert len(events) == 6 and events[-1] == "data: [DONE]"
+        assert settled(front, 8) == 8  # its usage, not max_tokens (40)
+        # a whole answer: renamed at the top level only, charged by its body's usage
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        conn.request("POST", "/v1/completions",
+                     json.dumps({"metadata": {"model": "keep"}, "model": "cloud", "prompt": "x"}),
+                     {"Authorization": f"Bearer {key}", "content-type": "application/json"})
+        r = conn.getresponse()
+        assert r.status == 200 and json.loads(r.read())["usage"] == USAGE
+        conn.close()
+        assert _Streamer.seen[-1]["model"] == "gpt-up" and _Streamer.seen[-1]["metadata"] == {"model": "keep"}
+        assert "stream_options" not in _Streamer.seen[-1]
+        assert settled(front, 16) == 16
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        server.shutdown()
+        server.server_close()

@@ -11,7 +11,9 @@ filter (:data:`LUA`, loaded with the upstream filter):
 
 1. on a keyed request whose JSON body has a top-level ``"stream": true`` on a ``.../completions``
    path it asks the server for the usage event - ``"stream_options": {"include_usage": true}``
-   put into the body - unless the client set ``stream_options`` itself (its choice stands);
+   put into the body - unless the client set ``stream_options`` itself (its choice stands); in an
+   OpenAI upstream's backend it also renames the body's ``model`` to the upstream's (the upstream
+   filter's job, which it takes there: one filter may rewrite a body);
 2. on the streamed answer (``text/event-stream``) it reads ``usage.total_tokens`` from the event
    that has no choices, and removes that event again where it was put there for the front door
    only (the client did not ask for it; whole events are held until complete for that);
@@ -113,25 +115,41 @@ function HetflowUsage:start_analyze(txn, chn)
 end
 function HetflowUsage:http_headers(txn, msg)
   if not msg.channel:is_resp() then
-    self.key = txn:get_var("txn.kname")
-    if self.key == nil then return end
-    local path = txn.f:hdr("x-hetflow-path") or txn.sf:path() or ""
-    if not path:match("/completions$") then return end
+    -- the request body's edits: an upstream's model name (in an upstream's backend, where
+    -- this filter stands for the model rewrite too) and the ask for the stream's usage
     if txn.sf:req_body_len() ~= txn.sf:req_body_size() then return end
     local body = txn.sf:req_body() or ""
     local keys = hetflow_top_level(body)
-    if keys == nil or keys["stream"] == nil
-       or body:sub(keys["stream"], keys["stream"] + 3) ~= "true" then return end
-    self.stream = true
-    txn:set_var("__AT_END__", 1)
-    if keys["stream_options"] == nil then
-      local open = body:find("{", 1, true)
-      self.body = body:sub(1, open) .. '"stream_options":{"include_usage":true},'
-                  .. body:sub(open + 1)
-      self.old = #body
-      self.strip = true
-      msg:set_body_len(#self.body)
+    if keys == nil then return end
+    local edits = {}  -- {position, old length, text}, applied from the end
+    local name = txn:get_var("txn.up_model")
+    local at = keys["model"]
+    if name ~= nil and at ~= nil and body:sub(at, at) == '"' then
+      local stop = hetflow_string_end(body, at)
+      if stop ~= nil and body:sub(at + 1, stop - 1) ~= name then
+        table.insert(edits, {at + 1, stop - at - 1, name})
+      end
     end
+    self.key = txn:get_var("txn.kname")
+    local path = txn.f:hdr("x-hetflow-path") or txn.sf:path() or ""
+    if self.key ~= nil and path:match("/completions$") and keys["stream"] ~= nil
+       and body:sub(keys["stream"], keys["stream"] + 3) == "true" then
+      self.stream = true
+      txn:set_var("__AT_END__", 1)
+      if keys["stream_options"] == nil then
+        local open = body:find("{", 1, true)
+        table.insert(edits, 1, {open + 1, 0, '"stream_options":{"include_usage":true},'})
+        self.strip = true
+      end
+    end
+    if #edits == 0 then return end
+    local out = body
+    for i = #edits, 1, -1 do
+      local e = edits[i]
+      out = out:sub(1, e[1] - 1) .. e[3] .. out:sub(e[1] + e[2])
+    end
+    self.body, self.old = out, #body
+    msg:set_body_len(#out)
     return
   end
   if not self.stream then return end

@@ -21,8 +21,10 @@ backend ``u_<name>`` with one server, the upstream's host, and:
 * **metrics**: HAProxy's per-server counters (requests, errors, the mean response time of the
   last 1,024, up or down) become ``hetflow_upstream_*`` series and a table in ``hetflow top``.
 
-Upstream answers are not charged to a key's tokens-per-minute (only local replicas report
-tokens); requests are counted and limited as for local models.
+An OpenAI upstream's answers are charged to the key's tokens per minute and quota like a local
+model's: a whole answer its ``usage.total_tokens`` (:func:`openai_token_rules`), a stream its
+usage at its end (:mod:`.stream_usage`); a KServe upstream's answers carry no tokens. Requests
+are counted and limited as for local models.
 """
 
 from __future__ import annotations
@@ -248,8 +250,9 @@ def backend_sections(ups: tuple[UpstreamPlan, ...], root: str, usage: bool = Fal
             "    http-check expect status 200",
             "    http-reuse safe",
             "    retries 1",
-            "    filter lua.hetflow_model",
-            *([usage_filter_line()] if usage and up.protocol == "openai" else []),
+            # (with keys, an OpenAI upstream's usage filter renames the model too: one filter
+            # may rewrite a request's body)
+            (usage_filter_line() if usage and up.protocol == "openai" else "    filter lua.hetflow_model"),
             f"    http-request set-var(txn.up_model) str({up.model})",
             # a body the filter cannot rewrite whole (larger than one buffer) is not sent
             # with another model's name
