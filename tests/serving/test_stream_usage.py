@@ -13,6 +13,10 @@ import json
 import re
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -86,32 +90,47 @@ class _Streamer(http.server.BaseHTTPRequestHandler):
             pass
 
 
-@pytest.fixture()
-def front(tmp_path):
+@contextmanager
+def started(root: Path, upstreams: tuple = (), **plan: Any) -> Iterator[dict]:
+    """The stand-in server, a key ``team-a``, and HAProxy with the config hetflow renders for a
+    keyed plan (``plan``: FrontPlan's model fields; ``upstreams``: UpstreamConfig fields of
+    providers at the stand-in, their ``url`` a format with ``{port}``)."""
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Streamer)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     _Streamer.seen = []
-    store = K.DirectoryKeyStore(tmp_path / "store")
+    backend = server.server_address[1]
+    store = K.DirectoryKeyStore(root / "store")
     store.salt(create=True)
     key = K.create_key(store, "team-a")
     port = free_port()
-    plan = FrontPlan(app="t", host="127.0.0.1", port=port, models={"gen": ["t.gen"]},
-                     gateway_app="t", request_timeout_s=5, retries=1, max_body_bytes=1 << 20,
-                     access=acc.AccessPlan(store=str(store.where), default_model="gen"),
-                     generative=frozenset({"gen"}))
-    admin = str(tmp_path / "admin.sock")
-    keys = KeyState(plan.access, str(tmp_path / "maps"))
-    backend = server.server_address[1]
-    config = render_config(plan, {"t.gen": [Server("r1", "127.0.0.1", backend)],
-                                  "t": [Server("g1", "127.0.0.1", backend)]},
-                           admin, None, str(tmp_path / "maps"), keys.salt, up.write_lua(str(tmp_path)))
-    proc, log = start_haproxy(tmp_path, config, lambda: listening(port))
-    keys.refresh(lambda c: admin_call(admin, c))
-    yield {"port": port, "key": key, "admin": admin, "log": log, "config": config}
-    proc.terminate()
-    proc.wait(10)
-    server.shutdown()
-    server.server_close()
+    from hetflow.workloads.serve.config import UpstreamConfig
+
+    ups = [UpstreamConfig(**{**u, "url": u["url"].format(port=backend)}) for u in upstreams]
+    front_plan = FrontPlan(app="t", host="127.0.0.1", port=port, gateway_app="t",
+                           request_timeout_s=5, retries=1, max_body_bytes=1 << 20,
+                           access=acc.AccessPlan(store=str(store.where), default_model=plan.pop("default_model", None)),
+                           upstreams=up.plan_upstreams(ups), **plan)
+    admin = str(root / "admin.sock")
+    keys = KeyState(front_plan.access, str(root / "maps"))
+    servers = {app: [Server("r1", "127.0.0.1", backend)] for apps in front_plan.models.values() for app in apps}
+    config = render_config(front_plan, {**servers, "t": [Server("g1", "127.0.0.1", backend)]},
+                           admin, None, str(root / "maps"), keys.salt, up.write_lua(str(root)))
+    proc, log = start_haproxy(root, config, lambda: listening(port))
+    try:
+        keys.refresh(lambda c: admin_call(admin, c))
+        yield {"port": port, "key": key, "admin": admin, "log": log, "config": config}
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture()
+def front(tmp_path):
+    with started(tmp_path, models={"gen": ["t.gen"]}, generative=frozenset({"gen"}),
+                 default_model="gen") as f:
+        yield f
 
 
 def charged(front) -> int:
@@ -237,29 +256,9 @@ def test_an_openai_upstreams_stream_is_charged_its_usage_too(tmp_path) -> None:
     """An external OpenAI-compatible provider (``upstreams:``) streams through the same
     filter: the key is charged the stream's usage at its end, and the provider got the usage
     request (with its own model name)."""
-    from hetflow.workloads.serve.config import UpstreamConfig
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Streamer)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    _Streamer.seen = []
-    store = K.DirectoryKeyStore(tmp_path / "store")
-    store.salt(create=True)
-    key = K.create_key(store, "team-a")
-    port = free_port()
-    upstream = UpstreamConfig(name="cloud", model="gpt-up",
-                              url=f"http://127.0.0.1:{server.server_address[1]}/prov/v1")
-    plan = FrontPlan(app="t", host="127.0.0.1", port=port, models={}, gateway_app="t",
-                     request_timeout_s=5, retries=1, max_body_bytes=1 << 20,
-                     access=acc.AccessPlan(store=str(store.where), default_model=None),
-                     upstreams=up.plan_upstreams([upstream]))
-    admin = str(tmp_path / "admin.sock")
-    keys = KeyState(plan.access, str(tmp_path / "maps"))
-    config = render_config(plan, {"t": [Server("g1", "127.0.0.1", server.server_address[1])]},
-                           admin, None, str(tmp_path / "maps"), keys.salt, up.write_lua(str(tmp_path)))
-    proc, _log = start_haproxy(tmp_path, config, lambda: listening(port))
-    try:
-        keys.refresh(lambda c: admin_call(admin, c))
-        front = {"port": port, "key": key, "admin": admin}
+    upstream = {"name": "cloud", "model": "gpt-up", "url": "http://127.0.0.1:{port}/prov/v1"}
+    with started(tmp_path, upstreams=(upstream,), models={}) as front:
+        port, key = front["port"], front["key"]
         deadline = time.monotonic() + 10
         while True:  # the upstream's first health check
             try:
@@ -283,8 +282,3 @@ def test_an_openai_upstreams_stream_is_charged_its_usage_too(tmp_path) -> None:
         assert _Streamer.seen[-1]["model"] == "gpt-up" and _Streamer.seen[-1]["metadata"] == {"model": "keep"}
         assert "stream_options" not in _Streamer.seen[-1]
         assert settled(front, 16) == 16
-    finally:
-        proc.terminate()
-        proc.wait(10)
-        server.shutdown()
-        server.server_close()
