@@ -12,8 +12,9 @@ OpenAI endpoint spans NVIDIA, AMD and CPU replicas.
 Routing (in HAProxy, no Python on the request path; :class:`LLMRouting`): by default least
 outstanding requests, each server weighted by its pool's ``weight`` (its relative capacity:
 tokens/s one replica sustains) until the front door has measured what each engine sustains
-(:class:`CapacityMeter`, :func:`capacity_weights`: the weights it then sets in HAProxy); ``affinity: prefix``: prefix affinity with bounded load - a
-request goes to the engine its body's first bytes hash to, so a conversation's turns and a
+(:class:`CapacityMeter`, :func:`capacity_weights`: the weights it then sets in HAProxy);
+``affinity: prefix``: prefix affinity with bounded load - a request goes to the engine its
+body's first bytes hash to, so a conversation's turns and a
 shared system prompt meet the engine whose prefix cache holds them, unless that engine is over
 ``balance_factor`` % of the average load. Either way a pool that falls behind holds more
 requests in flight and so gets fewer new ones.
