@@ -20,10 +20,11 @@ filter (:data:`LUA`, loaded with the upstream filter):
 3. when the answer ends - finished, cut, or its client gone - it charges the key the usage it
    saw, else what the request could use (the server's ``x-hetflow-tokens``, else the body's
    ``max_tokens``), and nothing up front (the frontend's header rule skips a request the filter
-   took, :data:`AT_END_VAR`; one answered whole after all is charged its header at its end). The charge is one request to an internal HAProxy
-   frontend on a Unix socket (mode 600) in the front door's folder, which adds it to the key's
-   counter in the same stick table (:func:`charge_frontend`): HAProxy's own counters, so rates,
-   quotas and ``hetflow keys usage`` see it like any other.
+   took, :data:`AT_END_VAR`; one answered whole after all is charged its header at its end).
+   The charge is one request to an internal HAProxy frontend on a Unix socket (mode 600) in the
+   front door's folder, which adds it to the key's counter in the same stick table
+   (:func:`charge_frontend`): HAProxy's own counters, so rates, quotas and ``hetflow keys
+   usage`` see it like any other.
 
 A key's tokens per minute therefore count a stream once it has ended: streams running at once
 can together pass the limit by what they generate (the rate limit bounds how many start).
@@ -239,4 +240,5 @@ def charge_frontend(directory: str, tokens_table: str, key_header: str, tokens_h
     ]
 
 
-__all__ = ["AT_END_VAR", "CHARGE_SOCKET", "FILTER", "JSON_LUA", "charge_frontend", "charge_socket", "lua_source"]
+__all__ = ["AT_END_VAR", "CHARGE_SOCKET", "FILTER", "JSON_LUA", "charge_frontend", "charge_socket",
+           "lua_source"]
