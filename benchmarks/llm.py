@@ -28,10 +28,13 @@ input 32 and output 32 tokens (``ignore_eos``). Figures, medians over rounds:
 * ``llm_over_vllm``: output tokens/s, hetflow / plain vLLM;
 * ``llm_over_rayllm``: output tokens/s, hetflow / Ray Serve LLM (``nan`` when it did not start);
 * ``ttft_p99_ratio``: time to first token P99, hetflow / plain vLLM;
-* ``tpot_ms``: hetflow's median time per output token, ms.
+* ``tpot_ms``: hetflow's median time per output token, ms;
+* ``sim_over_helix``: simulated throughput of hetflow's pools routed by capacity over Helix's
+  placement, on Helix's LLaMA-2 70B / 24-node setting (``hetflow.sim.llm_pools``; no engine
+  runs for it; ``benchmarks/llm_helix.py`` prints every setting and why).
 
-Last line: ``RESULT llm_over_vllm=<x> llm_over_rayllm=<x> ttft_p99_ratio=<x> hetflow_tok_s=<x>
-vllm_tok_s=<x> tpot_ms=<x>``. The Helix simulation the issue names is not here yet.
+Last line: ``RESULT llm_over_vllm=<x> llm_over_rayllm=<x> ttft_p99_ratio=<x> sim_over_helix=<x>
+hetflow_tok_s=<x> vllm_tok_s=<x> tpot_ms=<x>``.
 """
 
 from __future__ import annotations
@@ -237,9 +240,11 @@ def main() -> int:
     rayllm = f"{tok['hetflow'] / tok['rayllm']:.3f}" if "rayllm" in tok else "nan"
     if "rayllm" in tok:
         print(f"Ray Serve LLM {tok['rayllm']:.1f} tok/s; TTFT p99 {ttft['rayllm']:.1f} ms")
+    from hetflow.sim.llm_pools import sim_over_helix  # benchmarks/llm_helix.py has the detail
+
     print(f"RESULT llm_over_vllm={tok['hetflow'] / tok['vllm']:.3f} llm_over_rayllm={rayllm} "
-          f"ttft_p99_ratio={ttft['hetflow'] / ttft['vllm']:.3f} hetflow_tok_s={tok['hetflow']:.1f} "
-          f"vllm_tok_s={tok['vllm']:.1f} tpot_ms={tpot:.2f}")
+          f"ttft_p99_ratio={ttft['hetflow'] / ttft['vllm']:.3f} sim_over_helix={sim_over_helix():.2f} "
+          f"hetflow_tok_s={tok['hetflow']:.1f} vllm_tok_s={tok['vllm']:.1f} tpot_ms={tpot:.2f}")
     if failed == 0:
         import shutil
 

@@ -1,0 +1,62 @@
+"""hetflow's LLM pools against Helix's placement, on Helix's own settings (issue 30, item 3).
+
+    .venv/bin/python benchmarks/llm_helix.py          # a second or two, no network, no Ray
+
+Helix (ASPLOS'25, ``Thesys-lab/Helix-ASPLOS25`` at 148b733) places layers of LLaMA-1 30B and
+LLaMA-2 70B over 24- and 42-node clusters of A100-40GB / L4 / T4 (and V100, 2xL4, 2xT4, 4xT4)
+nodes; its simulator gives each placement's offline decode throughput. Per setting this prints:
+
+- Helix's throughput (its placement + max-flow routing; its artifact's printed result);
+- hetflow's pools as they are (``hetflow.sim.llm_pools``): an engine is the whole model on one
+  node (tensor parallel inside it), routed by measured capacity - the engines that fit and
+  their throughput; ``sim_over_helix`` is that over Helix's;
+- pools whose replicas are pipelines over nodes of one type (what hetflow would need: vLLM
+  pipeline parallelism across nodes), routed by capacity: Helix's own "separate pipelines"
+  baseline, by its simulator, over Helix's (``pipelines_over_helix``); the memory-respecting
+  replicas hetflow's planner would make and their estimated capacity; the same pools under
+  equal weights, which the capacity rule avoids.
+
+The last line: ``RESULT sim_over_helix=<x> setting=<primary> ...`` (primary: LLaMA-2 70B on the
+24-node cluster, Helix's headline single-cluster setting).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+from hetflow.sim.llm_pools import PRIMARY, SETTINGS, evaluate, load_cluster, load_model
+
+
+def _fmt(x: float, digits: int = 1) -> str:
+    return "n/a" if math.isnan(x) else f"{x:.{digits}f}"
+
+
+def main() -> None:
+    t0 = time.perf_counter()
+    print(f"{'setting':<20} {'helix':>7} {'engines':>7} {'pools':>7} {'ratio':>6} {'separate':>8} "
+          f"{'sep/helix':>9} {'pp repl':>7} {'pp est':>7} {'sep est':>7} {'equal-w':>7}")
+    results = {}
+    for setting in SETTINGS:
+        r = evaluate(setting)
+        results[setting] = r
+        print(f"{setting:<20} {r.helix:7.1f} {r.node_engines:7d} {r.node_throughput:7.1f} "
+              f"{r.sim_over_helix:6.2f} {r.separate:8.1f} {r.pipelines_over_helix:9.2f} "
+              f"{r.pipeline_replicas:7d} {r.pipeline_estimate:7.1f} {_fmt(r.separate_estimate):>7} "
+              f"{_fmt(r.equal_weights):>7}")
+    print("why no engine: most layers one node holds (Helix's max_num_layers) against the model's")
+    for setting in SETTINGS:
+        model_name, cluster = setting.split("/")
+        model = load_model(model_name)
+        types = sorted(set(load_cluster(cluster)))
+        held = ", ".join(f"{t} {model.devices[t].max_num_layers}" for t in types)
+        print(f"  {setting}: {model.layers} layers; {held}")
+    p = results[PRIMARY]
+    extra = " ".join(f"pipelines_over_helix_{s.replace('/', '_')}={results[s].pipelines_over_helix:.2f}"
+                     for s in SETTINGS)
+    print(f"RESULT sim_over_helix={p.sim_over_helix:.2f} setting={PRIMARY} engines={p.node_engines} "
+          f"helix_tokens_s={p.helix:.1f} {extra} wall_s={time.perf_counter() - t0:.2f}")
+
+
+if __name__ == "__main__":
+    main()
