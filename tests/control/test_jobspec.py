@@ -85,7 +85,7 @@ def test_tune_jobs_are_never_preemptible(tmp_path: Path) -> None:
 
 # (file, devices, CPUs the policy schedules for a CPU job): what each example asks for
 EXAMPLES = {"digits-train.yaml": (2, None), "sleep-python.yaml": (1, None), "digits-cpu.yaml": (0, 2.0),
-            "digits-elastic.yaml": (2, None)}
+            "digits-elastic.yaml": (2, None), "digits-adaptive.yaml": (2, None)}
 
 
 def test_every_example_job_file_is_checked() -> None:

@@ -319,7 +319,7 @@ class HetflowController:
         elif outcome == "preempted":
             record.preemptions += 1
             if report.end_step is not None and spec.work.seconds is None:
-                record.done_base = float(report.end_step)
+                record.done_base = spec.done_steps(report.end_step, report.progress)
             self._requeue(record, now, f"queued again after preemption: {message}")
         elif outcome == "unplaced":
             self._requeue(record, now, f"queued again: its devices were not committed ({message})",

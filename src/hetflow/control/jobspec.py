@@ -26,6 +26,12 @@ curve (:mod:`hetflow.scheduling.elastic`). The job may run on any of :attr:`JobS
 :meth:`JobSpec.at_size` is the job at ``n`` devices (a training config's dp = n / (tp x pp),
 same global batch; a launch's nproc n). Policy ``hetflow`` resizes it through its checkpoint.
 
+**Goodput-adaptive jobs** (``train``): ``devices: {count: 2, min: 1, max: 8, scaling: goodput}``
+and a ``goodput`` section (:class:`GoodputSection`: reference and largest global batch, the
+gradient noise scale, Pollux's step-time model or measured steps). At each size the job runs the
+global batch its model rates best (:meth:`JobSpec.goodput_batch`), and the policy's speed curve
+is that best goodput over the one at ``count`` (:mod:`hetflow.scheduling.adaptive`).
+
 ``launch`` runs an unchanged torchrun script as ``nproc`` ranks, one device each (``launch:
 {script: train.py, args: [...], nproc: 4, max_restarts: 1}``; ``devices.count`` defaults to
 ``nproc``, 0 makes it a CPU job of ``nproc`` CPUs), exactly as ``hetflow launch`` does on the
@@ -42,6 +48,7 @@ fields name their key path; the errors are one :class:`~hetflow.core.errors.Inpu
 
 from __future__ import annotations
 
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
@@ -55,6 +62,7 @@ from hetflow.core.validation import describe
 from hetflow.core.yamlfile import read_yaml
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+GOODPUT = "goodput"  # devices.scaling of a goodput-adaptive job: its curve comes from its goodput section
 
 
 class _Section(BaseModel):
@@ -86,14 +94,15 @@ class DeviceRequest(_Section):
     """An elastic job's speed at other sizes, relative to ``count`` (the simulator's curves,
     :mod:`hetflow.scheduling.elastic`): ``eff:E`` (per-doubling efficiency, default
     ``eff:0.85``), ``table`` (the throughput table's rate at each size) or points
-    ``N:X,N:X,...`` covering min..max."""
+    ``N:X,N:X,...`` covering min..max; or ``goodput`` (a train job: its best goodput at each
+    size, from its ``goodput`` section, which also sets its batch there)."""
 
     @model_validator(mode="after")
     def _memory_parses(self) -> "DeviceRequest":
         if self.scaling is not None and self.min is None and self.max is None:
             raise ValueError("scaling is the speed curve of an elastic job: give min and/or max "
                              "(the range of devices it may run on) too, or leave scaling out")
-        if self.scaling is not None:
+        if self.scaling is not None and self.scaling != GOODPUT:
             from hetflow.scheduling.elastic import parse_scaling
 
             try:
@@ -140,6 +149,8 @@ class DeviceRequest(_Section):
                     "(count: the size its work estimate and speed are given at)")
         from hetflow.scheduling.elastic import DEFAULT_SCALING, parse_scaling
 
+        if self.scaling == GOODPUT:
+            return None  # its curve is made for its sizes (JobSpec.scaling_curve)
         if not parse_scaling(self.scaling or DEFAULT_SCALING).covers(lo, hi):
             return f"scaling {self.scaling!r} does not cover min..max = {lo}..{hi} devices; add points for them"
         return None
@@ -169,6 +180,141 @@ class WorkEstimate(_Section):
         if self.steps is not None and self.seconds is not None:
             raise ValueError("give work.steps or work.seconds, not both")
         return self
+
+
+class _Numbers(_Section):
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True, allow_inf_nan=False)
+
+
+class StepTimeModel(_Numbers):
+    """Pollux's step-time model of one data-parallel replica, in seconds
+    (:mod:`hetflow.scheduling.goodput`): a step of per-replica batch ``m`` computes for
+    ``alpha_c + beta_c m``; the gradient exchange of ``r`` replicas takes ``alpha + beta
+    max(r - 2, 0)`` (across nodes: ``alpha_n``/``beta_n``; inside one: ``alpha_r``/``beta_r``);
+    ``gamma`` is how much the two overlap."""
+
+    alpha_c: float = Field(..., gt=0)
+    """Constant term of a step's compute time (s)."""
+    beta_c: float = Field(..., ge=0)
+    """Compute time per sample of the per-replica batch (s)."""
+    alpha_n: float = Field(..., ge=0)
+    """Constant term of the gradient exchange across nodes (s)."""
+    beta_n: float = Field(..., ge=0)
+    """Its growth per replica beyond two (s)."""
+    alpha_r: float = Field(..., ge=0)
+    """Constant term of the gradient exchange inside one node (s)."""
+    beta_r: float = Field(..., ge=0)
+    """Its growth per replica beyond two (s)."""
+    gamma: float = Field(..., ge=1, le=10)
+    """Overlap of compute and exchange: 1 none (their times add), larger more."""
+
+
+class StepPoint(_Numbers):
+    """One measured step, for :func:`~hetflow.scheduling.goodput.fit_perf_params`."""
+
+    nodes: int = Field(1, ge=1)
+    """Nodes the replicas were on."""
+    replicas: int = Field(..., ge=1)
+    """Data-parallel replicas (devices, for a layout with tp = pp = 1)."""
+    local_batch: int = Field(..., ge=1)
+    """Samples per replica in the step."""
+    compute_s: float = Field(..., gt=0)
+    """Forward and backward time of the step (s), without the gradient exchange."""
+    step_s: float = Field(..., gt=0)
+    """The whole step (s): compute, gradient exchange and optimizer."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "StepPoint":
+        if self.nodes > self.replicas:
+            raise ValueError(f"{self.nodes} nodes for {self.replicas} replicas: every node holds a replica; "
+                             "give replicas >= nodes")
+        if self.step_s < self.compute_s:
+            raise ValueError(f"step_s {self.step_s:g} < compute_s {self.compute_s:g}: step_s is the whole "
+                             "step (compute, gradient exchange, optimizer), so at least compute_s")
+        return self
+
+
+class GoodputSection(_Numbers):
+    """A goodput-adaptive training job's model (Pollux's, :mod:`hetflow.scheduling.goodput`): at
+    each size the policy may give it, the job runs the global batch whose goodput - samples/s
+    times statistical efficiency - is highest, and that goodput is its speed there
+    (``devices.scaling: goodput``; :mod:`hetflow.scheduling.adaptive`)."""
+
+    batch_size: int = Field(..., gt=0)
+    """The reference global batch: where the gradient statistics were measured, and the least
+    batch the job runs (Pollux's initial batch)."""
+    max_batch_size: int = Field(..., gt=0)
+    """The largest global batch the job may run (at most the training samples)."""
+    max_local_batch: int | None = Field(None, gt=0)
+    """The most samples one replica's step holds (its memory); default: no cap but
+    ``max_batch_size``. hetflow's training has no gradient accumulation: a batch that would
+    need more per replica is not run at that size."""
+    gradient_noise_scale: float | None = Field(None, ge=0)
+    """The gradient noise scale ``var / sqr`` at ``batch_size``: the larger, the more progress a
+    larger batch buys per step (0: none, so the reference batch is best). Or give ``sqr`` and
+    ``var``."""
+    sqr: float | None = Field(None, gt=0)
+    """Squared norm of the true gradient, at ``batch_size`` (with ``var``)."""
+    var: float | None = Field(None, ge=0)
+    """Trace of the per-sample gradient covariance, at ``batch_size`` (with ``sqr``)."""
+    step_time: StepTimeModel | None = None
+    """Pollux's seven step-time parameters. Or give ``profile``."""
+    profile: tuple[StepPoint, ...] | None = None
+    """Measured steps, to which the seven parameters are fitted: ``[{nodes, replicas,
+    local_batch, compute_s, step_s}, ...]``. Or give ``step_time``."""
+    devices_per_node: int = Field(8, ge=1)
+    """Devices of one node the job's gangs fill: ``n`` devices span ceil(n / this) nodes in
+    the model (the policy's placement is the packed one)."""
+
+    @model_validator(mode="after")
+    def _one_of_each(self) -> "GoodputSection":
+        if self.max_batch_size < self.batch_size:
+            raise ValueError(f"max_batch_size {self.max_batch_size} < batch_size {self.batch_size}: the "
+                             "reference batch is the least the job runs; raise max_batch_size")
+        pair = (self.sqr is not None, self.var is not None)
+        if self.gradient_noise_scale is not None and any(pair):
+            raise ValueError("give gradient_noise_scale (var / sqr) or sqr and var, not both")
+        if self.gradient_noise_scale is None and pair != (True, True):
+            given = "sqr" if pair[0] else "var" if pair[1] else None
+            raise ValueError((f"{given} without {'var' if given == 'sqr' else 'sqr'}: " if given else "")
+                             + "give the gradient statistics at batch_size: gradient_noise_scale "
+                             "(var / sqr), or sqr and var")
+        if (self.step_time is None) == (self.profile is None):
+            raise ValueError("give the step-time model as exactly one of step_time (Pollux's seven "
+                             "parameters) or profile (measured steps to fit them to)")
+        if self.profile is not None and not self.profile:
+            raise ValueError("profile: give at least one measured step")
+        return self
+
+    def model(self) -> Any:
+        """The job's :class:`~hetflow.scheduling.goodput.GoodputModel` (a profile fitted once)."""
+        return _goodput_model(self)
+
+
+@lru_cache(maxsize=256)
+def _goodput_model(section: GoodputSection) -> Any:
+    from hetflow.scheduling.goodput import GoodputModel, GradParams, PerfParams, fit_perf_params
+
+    if section.profile is not None:
+        pts = section.profile
+        columns = zip(*((p.nodes, p.replicas, p.local_batch, p.compute_s, p.step_s) for p in pts))
+        perf = fit_perf_params(*(list(c) for c in columns))
+    else:
+        assert section.step_time is not None
+        perf = PerfParams(**section.step_time.model_dump())
+    if section.gradient_noise_scale is not None:
+        grad = GradParams(sqr=1.0, var=section.gradient_noise_scale)  # the efficiency needs the ratio only
+    else:
+        grad = GradParams(sqr=float(section.sqr or 0.0), var=float(section.var or 0.0))
+    return GoodputModel(perf, grad, float(section.batch_size))
+
+
+@lru_cache(maxsize=1024)
+def _goodput_choice(section: GoodputSection, replicas: int, nodes: int, multiple: int) -> Any:
+    from hetflow.scheduling.adaptive import best_batch
+
+    return best_batch(section.model(), replicas, nodes, section.max_batch_size, section.max_local_batch,
+                      multiple)
 
 
 class PythonJob(_Section):
@@ -261,6 +407,10 @@ class JobSpec(_Section):
     """Size estimate for the policy. Without one, the job is open-ended (infinite)."""
     max_attempts: int = Field(3, gt=0)
     """Attempts after which a job that keeps failing (not preemptions) is marked FAILED."""
+    goodput: GoodputSection | None = None
+    """kind train, with ``devices.scaling: goodput``: the job's goodput model, which chooses its
+    global batch at each size and gives the policy its speed there (docs/controller.md,
+    "Goodput-adaptive jobs")."""
 
     @model_validator(mode="after")
     def _host_fields(self) -> "JobSpec":
@@ -284,12 +434,52 @@ class JobSpec(_Section):
         extra = given - {self.kind}
         if extra:
             raise ValueError(f"kind {self.kind} takes no {', '.join(sorted(extra))} key")
+        error = self.goodput_error()
+        if error:
+            raise ValueError(error)
         if self.kind == "train" and not isinstance(self.train, dict):
             return self  # a config file: resolve() reads it and checks the range then
         error = self.elastic_error()
         if error:
             raise ValueError(error)
         return self
+
+    # -- goodput-adaptive jobs --------------------------------------------------------------------
+
+    def goodput_error(self) -> str | None:
+        """Why the ``goodput`` section or ``devices.scaling: goodput`` cannot apply (None: they
+        can, or neither is given). Only a train job: hetflow sets its batch at each size; a
+        launch script chooses its own batch, which hetflow cannot change."""
+        curve = self.devices.scaling == GOODPUT
+        if self.goodput is None and not curve:
+            return None
+        if self.kind != "train":
+            what = "goodput" if self.goodput is not None else "devices.scaling goodput"
+            return (f"{what}: a goodput-adaptive job is kind train (hetflow sets its global batch at each "
+                    f"size); a {self.kind} job chooses its own batch, so remove it")
+        if self.goodput is None:
+            return ("devices.scaling goodput: give the job's goodput section (batch_size, max_batch_size, "
+                    "gradient_noise_scale, step_time or profile), or another curve")
+        if not curve:
+            return ("goodput: the model applies through devices.scaling: goodput (with devices.min/max, the "
+                    "sizes it may run at); set it, or remove the goodput section")
+        return None
+
+    def goodput_batch(self, n: int) -> Any:
+        """A goodput-adaptive job at ``n`` devices: the batch its model chooses
+        (:class:`~hetflow.scheduling.adaptive.BatchChoice`: global batch, per-replica batch,
+        goodput), or None where no batch runs at that size (or it is not such a job)."""
+        if self.goodput is None or self.kind != "train" or not isinstance(self.train, dict) or n < 1:
+            return None
+        from hetflow.scheduling.adaptive import packed_nodes
+
+        layout = self.train_config().layout
+        group = layout.tp * layout.pp
+        if n % group:
+            return None
+        multiple = layout.microbatches if layout.pp > 1 else 1
+        nodes = packed_nodes(n, self.goodput.devices_per_node)
+        return _goodput_choice(self.goodput, n // group, nodes, multiple)
 
     # -- elastic jobs ---------------------------------------------------------------------------
 
@@ -319,7 +509,8 @@ class JobSpec(_Section):
         if error:
             return f"devices: {error}"
         lo, hi = self.devices.bounds(count)
-        for key, n in (("min", lo), ("max", hi)):
+        ends = (("min", lo), ("max", hi)) + ((("count", count),) if self.goodput is not None else ())
+        for key, n in ends:
             why = self._size_error(n)
             if why:
                 return f"devices.{key} {n}: {why}"
@@ -338,8 +529,18 @@ class JobSpec(_Section):
 
             config = self.train_config()
             dp = n // group
-            if with_dp(config, dp) is None:
-                batch = config.train.batch_size
+            batch = config.train.batch_size
+            if self.goodput is not None:
+                choice = self.goodput_batch(n)
+                if choice is None:
+                    g = self.goodput
+                    cap = f" of at most {g.max_local_batch} samples each" if g.max_local_batch else ""
+                    micro = f" in {layout.microbatches} microbatches" if layout.pp > 1 else ""
+                    return (f"goodput: no global batch from batch_size {g.batch_size} to max_batch_size "
+                            f"{g.max_batch_size} runs as dp {dp} replicas{cap}{micro} in one step (hetflow's "
+                            "training has no gradient accumulation); change the range or the goodput section")
+                batch = choice.batch_size
+            if with_dp(config, dp, batch) is None:
                 if batch % dp or (layout.pp > 1 and (batch // dp) % config.layout.microbatches):
                     why = (f"train.batch_size {batch} (the global batch, kept at every size) does not split "
                            f"evenly over dp {dp} replicas{' and their microbatches' if layout.pp > 1 else ''}")
@@ -363,16 +564,23 @@ class JobSpec(_Section):
 
     @property
     def scaling_curve(self) -> Any:
-        """The parsed scaling curve (:class:`~hetflow.scheduling.elastic.Scaling`; default ``eff:0.85``)."""
+        """The parsed scaling curve (:class:`~hetflow.scheduling.elastic.Scaling`; default
+        ``eff:0.85``); a goodput-adaptive job's: its best goodput at each of its :attr:`sizes`
+        (:func:`~hetflow.scheduling.adaptive.goodput_scaling`, so ``relative(n, count)`` is
+        the best goodput at ``n`` over the best at ``count``)."""
         from hetflow.scheduling.elastic import DEFAULT_SCALING, parse_scaling
 
+        if self.devices.scaling == GOODPUT:
+            return _goodput_curve(self.model_dump_json())  # each decision asks: made once per spec
         return parse_scaling(self.devices.scaling or DEFAULT_SCALING)
 
     def at_size(self, n: int) -> "JobSpec":
         """The job as it runs on ``n`` devices, one of :attr:`sizes`: ``devices.count`` n and a
         training config with dp = n / (tp x pp) and the same global batch
-        (:func:`~hetflow.workloads.train.config.with_dp`), or a launch of ``nproc`` n. The
-        range is kept; ``at_size(num_devices)`` is the job itself."""
+        (:func:`~hetflow.workloads.train.config.with_dp`) - a goodput-adaptive job's the batch
+        its model chooses at ``n`` (:meth:`goodput_batch`) -, or a launch of ``nproc`` n. The
+        range is kept; ``at_size(num_devices)`` is the job itself (:func:`resolve` set a
+        goodput-adaptive job's batch at ``count``)."""
         if n == self.num_devices:
             return self
         assert n in self.sizes, f"job {self.name}: {n} devices is not one of its sizes {self.sizes}"
@@ -380,7 +588,9 @@ class JobSpec(_Section):
         if self.kind == "train":
             from hetflow.workloads.train.config import with_dp
 
-            config = with_dp(self.train_config(), n // (self.layout.tp * self.layout.pp))
+            choice = self.goodput_batch(n)
+            batch, gain = (choice.batch_size, choice.gain) if choice is not None else (None, None)
+            config = with_dp(self.train_config(), n // (self.layout.tp * self.layout.pp), batch, gain)
             assert config is not None
             changes["train"] = config.model_dump(mode="json")
         else:
@@ -473,11 +683,24 @@ class JobSpec(_Section):
     def total_work(self) -> float:
         if self.work.seconds is not None:
             return self.work.seconds
+        train = self.train_config().train if self.kind == "train" and isinstance(self.train, dict) else None
+        # steps of the batch it is declared with: a goodput-adaptive job's count reference
+        # steps, each step of that batch train.step_gain of them
+        gain = train.step_gain if train is not None else 1.0
         if self.work.steps is not None:
-            return self.work.steps
-        if self.kind == "train" and isinstance(self.train, dict):
-            return float(self.train_config().train.steps)
+            return self.work.steps / gain
+        if train is not None:
+            return train.steps / gain
         return float("inf")
+
+    def done_steps(self, end_step: int, progress: float | None) -> float:
+        """Work done by a training attempt that ended at ``end_step`` with ``progress``
+        reference steps, in :attr:`total_work`'s units: a goodput-adaptive job counts steps
+        of its batch at ``count`` (the throughput table's rate is per step of it), whatever
+        batch the attempt ran."""
+        if progress is None or self.kind != "train" or not isinstance(self.train, dict):
+            return float(end_step)
+        return progress / self.train_config().train.step_gain
 
     @property
     def effective_job_type(self) -> str:
@@ -490,6 +713,17 @@ class JobSpec(_Section):
     @property
     def is_preemptible(self) -> bool:
         return self.preemptible and self.kind != "tune"
+
+
+@lru_cache(maxsize=256)
+def _goodput_curve(spec_json: str) -> Any:
+    """:attr:`JobSpec.scaling_curve` of a goodput-adaptive job, by its whole content."""
+    from hetflow.scheduling.adaptive import goodput_scaling
+
+    spec = JobSpec.model_validate_json(spec_json)
+    best = {n: spec.goodput_batch(n) for n in spec.sizes}
+    assert all(best.values()), f"job {spec.name}: resolve() the spec first (every size has a batch)"
+    return goodput_scaling({n: c.goodput for n, c in best.items()})
 
 
 def resolve(spec: JobSpec, base: Path) -> JobSpec:
@@ -529,6 +763,11 @@ def resolve(spec: JobSpec, base: Path) -> JobSpec:
             error = spec.model_copy(update={"train": data}).elastic_error()
             if error:
                 raise InputError(f"job {spec.name}: {error}")
+        if spec.goodput is not None:  # it runs the batch its model chooses at its declared size too
+            choice = spec.model_copy(update={"train": data}).goodput_batch(spec.devices.count or world)
+            assert choice is not None, "elastic_error checks count"
+            changes["train"] = {**data, "train": {**data.get("train", {}), "batch_size": choice.batch_size,
+                                                  "step_gain": choice.gain}}
     if spec.kind == "tune":
         changes["tune"] = str(_absolute(spec.tune or "", base))
     if spec.kind == "launch" and spec.launch is not None:
@@ -574,4 +813,5 @@ def load_job(path: str | Path) -> JobSpec:
     return resolve(spec, path.parent.absolute())
 
 
-__all__ = ["DeviceRequest", "JobSpec", "LaunchJob", "PythonJob", "WorkEstimate", "job_from_dict", "load_job", "resolve"]
+__all__ = ["DeviceRequest", "GoodputSection", "JobSpec", "LaunchJob", "PythonJob", "StepPoint",
+           "StepTimeModel", "WorkEstimate", "job_from_dict", "load_job", "resolve"]

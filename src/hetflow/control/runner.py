@@ -388,7 +388,8 @@ class JobRunner:
             finally:
                 progress.close()
         rank0 = ranks[0]
-        self._set(start_step=rank0.start_step, end_step=rank0.end_step, step=rank0.end_step)
+        self._set(start_step=rank0.start_step, end_step=rank0.end_step, step=rank0.end_step,
+                  progress=rank0.progress)
         self._log(f"attempt {self.token}: steps {rank0.start_step} -> {rank0.end_step}, "
                   f"checkpoint {rank0.checkpoint}\n")
         if rank0.stopped:

@@ -228,6 +228,7 @@ class AttemptReport:
     fatal: bool = False
     start_step: int | None = None
     end_step: int | None = None
+    progress: float | None = None  # a training attempt's end in reference steps (train.step_gain)
     step: int | None = None  # progress while running
     at: float = 0.0
 

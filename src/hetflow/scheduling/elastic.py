@@ -15,6 +15,9 @@ ends and the declared size). Its speed at ``n`` devices follows a **scaling curv
 - ``N:X,N:X,...`` - relative throughput by device count given by the trace (say
   ``1:1,2:1.8,4:3.2``), linear between the points, covering ``min_gpus..max_gpus``.
 
+(A controller job file may also say ``goodput``: a training job's best goodput at each of its
+sizes, made into a points curve by :mod:`hetflow.scheduling.adaptive`; it is not a trace's.)
+
 Curves are relative: the engine multiplies by the job's rate at its declared size on the device
 type, so a job run at its declared size is exactly the rigid job. Pure: no engine, no clock.
 """
@@ -69,6 +72,9 @@ def parse_scaling(text: str) -> Scaling:
     how = "write eff:E (0 < E <= 1, per-doubling efficiency), table, or N:X,N:X points (e.g. 1:1,2:1.8,4:3.2)"
     if spec == "table":
         return Scaling("table")
+    if spec == "goodput":  # a job file's curve, made from its goodput section for its sizes
+        raise InputError(f"scaling {text!r}: the curve of a job file's goodput section (devices.scaling: "
+                         "goodput, hetflow.scheduling.adaptive), not one to parse here; " + how)
     if spec.startswith("eff:"):
         try:
             e = float(spec[4:])

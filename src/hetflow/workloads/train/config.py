@@ -119,7 +119,8 @@ class OptimConfig(_Section):
     """The optimisation loop."""
 
     steps: int = Field(100, gt=0)
-    """Optimizer steps in total (a resumed job continues up to this number)."""
+    """Optimizer steps in total (a resumed job continues up to this number); with
+    ``step_gain``, steps of the reference batch."""
     batch_size: int = Field(64, gt=0)
     """Global batch: samples per step over all replicas (each dp replica takes batch_size/dp)."""
     optimizer: Literal["adamw", "sgd"] = "adamw"
@@ -138,6 +139,11 @@ class OptimConfig(_Section):
     """Report the loss to the driver every N steps (and at the first step of each attempt)."""
     warmup_steps: int = Field(2, ge=0)
     """Steps left out of the samples/s figure (start-up, allocator and shape warm-up)."""
+    step_gain: float = Field(1.0, ge=1.0, allow_inf_nan=False)
+    """Progress one step makes, in steps of a reference batch: a goodput-adaptive job's
+    statistical-efficiency gain at this ``batch_size`` (Pollux's; the controller sets it with
+    the batch, docs/controller.md). ``steps`` then counts reference steps, and the run ends
+    once its progress, kept in its checkpoints, reaches them. 1: every step is one."""
 
 
 class CheckpointConfig(_Section):
@@ -245,20 +251,29 @@ class TrainConfig(_Section):
         return config_from_dict(data, source="overrides")
 
 
-def with_dp(config: TrainConfig, dp: int) -> TrainConfig | None:
+def with_dp(config: TrainConfig, dp: int, batch_size: int | None = None,
+            step_gain: float | None = None) -> TrainConfig | None:
     """The same job with ``dp`` data-parallel replicas (pp and tp kept) and the same global
     batch - so the same batches in the same order and the same loss curve, at another speed -
     or None where that layout is not valid (the batch does not split evenly over the replicas,
     or over microbatches with a pipeline; DDP with tensor parallelism). One replica uses DDP.
     Elastic restarts use it: ``resources.elastic`` after a failure (``job.smaller_layouts``)
-    and the controller's resizes (``JobSpec.at_size``)."""
+    and the controller's resizes (``JobSpec.at_size``). ``batch_size``: run this global batch
+    instead (a goodput-adaptive job's batch at that size; its loss curve is then another), each
+    step counted as ``step_gain`` reference steps."""
     layout = config.layout
-    per_replica, rem = divmod(config.train.batch_size, dp)
+    batch = config.train.batch_size if batch_size is None else batch_size
+    per_replica, rem = divmod(batch, dp)
     if rem or (layout.pp > 1 and per_replica % layout.microbatches):
         return None
     mode = layout.data_parallel if dp > 1 else "ddp"
+    sections: dict[str, dict[str, Any]] = {"layout": {"dp": dp, "data_parallel": mode}}
+    if batch != config.train.batch_size:
+        sections["train"] = {"batch_size": batch}
+    if step_gain is not None and step_gain != config.train.step_gain:
+        sections.setdefault("train", {})["step_gain"] = step_gain
     try:
-        return config.with_overrides(layout={"dp": dp, "data_parallel": mode})
+        return config.with_overrides(**sections)
     except InputError:
         return None
 

@@ -46,7 +46,7 @@ class TrainResult:
     """What a finished job did."""
 
     name: str
-    steps: int  # optimizer steps done (= train.steps)
+    steps: int  # optimizer steps done (train.steps; fewer with train.step_gain > 1)
     losses: dict[int, float]  # step -> global mean training loss, every step of the job
     metrics: dict[str, float]  # validation metrics from the final checkpoint
     checkpoint: str  # the final checkpoint's directory
@@ -226,7 +226,9 @@ class TrainingJob:
                 failed_at: list[float], t0: float) -> TrainResult:
         rank0 = ranks[0]
         info = latest_checkpoint(config.checkpoint_dir)
-        assert info is not None and info.step == config.train.steps, "the final checkpoint is missing"
+        # the last step: train.steps, or fewer where each step counts more (train.step_gain)
+        assert info is not None and info.step == rank0.end_step and \
+            float(info.meta.get("progress", info.step)) >= config.train.steps - 1e-6, "the final checkpoint is missing"
         first_steps = {}
         for record in self.records:
             first_steps.setdefault(record["attempt"], record["time"])

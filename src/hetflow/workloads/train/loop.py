@@ -17,6 +17,7 @@ synchronise every step.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import socket
 import time
@@ -62,6 +63,7 @@ class RankResult:
     visible_devices: dict[str, str | None] = field(default_factory=dict)
     checkpoint: str | None = None  # the final checkpoint's directory
     stopped: bool = False  # stopped early on request (HETFLOW_STOP_FILE) after a checkpoint
+    progress: float = 0.0  # reference steps done when it returned (= end_step at step_gain 1)
 
 
 VISIBILITY_VARS = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
@@ -180,21 +182,24 @@ def _train(config: TrainConfig, ctx: Any, data: Mapping[str, Any] | None) -> Ran
     optimizer = build_optimizer(config, model.module)
     state = {"model": ModelState(model.module), "optim": OptimizerState(model.module, optimizer)}
     book = _LossBook(layout.dp * layout.tp, device)
-    start = _resume(config, rank, state, book)
+    start, progress = _resume(config, rank, state, book)
+    # the run ends once its progress (step_gain per step; a goodput-adaptive job's steps count
+    # more than one step of its reference batch) reaches train.steps: at `end`
+    end = min(train.steps, start + max(0, math.ceil((train.steps - progress) / train.step_gain - 1e-9)))
 
     dataset = (dataset_from_arrays(config.dataset, data) if data is not None else
                load_split(config))
     order = StepOrder(len(dataset.train), train.batch_size, config.data.seed)
     scaler = torch.amp.GradScaler(device.type) if train.precision == "fp16" else None
-    result = RankResult(rank=rank, start_step=start, end_step=start, device=str(device),
+    result = RankResult(rank=rank, start_step=start, end_step=start, progress=progress, device=str(device),
                         backend=dist.get_backend(), runtime=runtime_name(device),
                         host=socket.gethostname(), pid=os.getpid(),
                         visible_devices={k: os.environ.get(k) for k in VISIBILITY_VARS})
     interval = config.checkpoint.interval
     stop_file = os.environ.get(STOP_FILE_ENV) or None
-    timed_from = min(start + train.warmup_steps, train.steps - 1)
+    timed_from = min(start + train.warmup_steps, end - 1)
     t_start = None
-    for step in range(start, train.steps):
+    for step in range(start, end):
         if step == timed_from:
             _sync(device)
             t_start = time.perf_counter()
@@ -202,9 +207,10 @@ def _train(config: TrainConfig, ctx: Any, data: Mapping[str, Any] | None) -> Ran
         loss = _step(model, optimizer, scaler, inputs.to(device), targets.to(device), device,
                      loss_fn)
         done = step + 1
+        progress += train.step_gain
         book.add(done, loss)
-        stop_now = stop_file is not None and done < train.steps and _stop_agreed(stop_file, device)
-        checkpoint_now = done == train.steps or (interval and done % interval == 0) or stop_now
+        stop_now = stop_file is not None and done < end and _stop_agreed(stop_file, device)
+        checkpoint_now = done == end or (interval and done % interval == 0) or stop_now
         if done == start + 1 or done % train.log_every == 0 or checkpoint_now:
             flushed = book.flush()
             if result.first_step_at is None:
@@ -212,7 +218,7 @@ def _train(config: TrainConfig, ctx: Any, data: Mapping[str, Any] | None) -> Ran
             if flushed:  # every rank flushed the same steps; report is a collective
                 report({"step": flushed[-1][0], "loss": flushed[-1][1],
                         "losses": [list(item) for item in flushed]})
-        if done == train.steps:
+        if done == end:
             _sync(device)
             if t_start is not None and done > timed_from:
                 elapsed = time.perf_counter() - t_start
@@ -220,11 +226,11 @@ def _train(config: TrainConfig, ctx: Any, data: Mapping[str, Any] | None) -> Ran
         if checkpoint_now:
             meta = {"losses": {str(k): v for k, v in sorted(book.history.items())},
                     "layout": {"dp": layout.dp, "pp": layout.pp, "tp": layout.tp},
-                    "attempt": attempt, "config_name": config.name}
+                    "attempt": attempt, "config_name": config.name, "progress": progress}
             path = save_checkpoint(config.checkpoint_dir, done, state, meta,
                                    keep_last=config.checkpoint.keep_last)
             result.checkpoint = str(path)
-        result.end_step = done
+        result.end_step, result.progress = done, progress
         if stop_now:
             result.stopped = True
             break
@@ -249,8 +255,9 @@ def build_optimizer(config: TrainConfig, module: torch.nn.Module) -> torch.optim
     return torch.optim.AdamW(module.parameters(), lr=train.lr, weight_decay=train.weight_decay)
 
 
-def _resume(config: TrainConfig, rank: int, state: dict[str, Any], book: _LossBook) -> int:
-    """Load the newest complete checkpoint (rank 0 picks it for everyone); return its step."""
+def _resume(config: TrainConfig, rank: int, state: dict[str, Any], book: _LossBook) -> tuple[int, float]:
+    """Load the newest complete checkpoint (rank 0 picks it for everyone); return its step and
+    its progress in reference steps (its step where it has none: one per step)."""
     chosen: list[Any] = [None]
     if rank == 0 and config.checkpoint.resume:
         remove_partials(config.checkpoint_dir)  # no rank writes before the first step
@@ -258,11 +265,11 @@ def _resume(config: TrainConfig, rank: int, state: dict[str, Any], book: _LossBo
         chosen = [str(info.path) if info else None]
     dist.broadcast_object_list(chosen, src=0)
     if chosen[0] is None:
-        return 0
+        return 0, 0.0
     info = next(c for c in list_checkpoints(config.checkpoint_dir) if str(c.path) == chosen[0])
     load_checkpoint(info, state)
     book.history.update({int(k): float(v) for k, v in info.meta.get("losses", {}).items()})
-    return info.step
+    return info.step, float(info.meta.get("progress", info.step))
 
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
