@@ -375,3 +375,21 @@ def test_the_controller_counts_a_goodput_jobs_work_in_steps_of_its_declared_batc
     assert spec.done_steps(4, 4 * bigger.step_gain) == pytest.approx(4 * bigger.step_gain / gain)
     plain = job_from_dict({"name": "p", "kind": "train", "train": config()})
     assert plain.total_work == 10 and plain.done_steps(4, 4.0) == 4
+
+
+def test_submit_dry_run_shows_each_sizes_batch(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump({"name": "g", "kind": "train", "train": config(),
+                                    "devices": {"min": 1, "max": 8, "scaling": "goodput"},
+                                    "goodput": goodput()}))
+    out = subprocess.run([sys.executable, "-m", "hetflow.cli.main", "submit", str(path), "--dry-run"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    spec = job(tmp=tmp_path)
+    m = model()
+    text = out.stdout
+    for n in spec.sizes:  # the batch Pollux's optimum gives at each size (computed here)
+        assert f"{optimum(m, n)[1]} on {n} " in text, (n, text)

@@ -157,8 +157,17 @@ def describe_job(spec: Any) -> list[tuple[str, str]]:
         if spec.is_elastic:
             ask += (f"; elastic: runs on {' or '.join(map(str, spec.sizes))} devices "
                     f"(scaling {d.scaling or 'eff:0.85'}), resized through its checkpoint")
+        if spec.goodput is not None:  # goodput-adaptive: each size's batch and step's worth
+            choices = {n: spec.goodput_batch(n) for n in spec.sizes}
+            ask += "; global batch " + ", ".join(
+                f"{c.batch_size} on {n} (a step worth {c.gain:.2f} of {spec.goodput.batch_size})"
+                for n, c in choices.items() if c is not None)
     work = "open-ended" if spec.total_work == float("inf") else (
         f"{spec.total_work:g} {'seconds' if spec.work.seconds is not None else 'steps'}")
+    if spec.goodput is not None and spec.work.seconds is None:
+        train = spec.train_config().train
+        work = (f"{spec.total_work * train.step_gain:g} steps of the reference batch {spec.goodput.batch_size}"
+                f" ({spec.total_work:.1f} of its batch {train.batch_size} at {spec.num_devices} devices)")
     return [("job", f"{spec.name} ({spec.kind}); its id would be {spec.name}-N"), ("runs", what),
             ("asks for", ask), ("work", work),
             ("preemptible", "yes" if spec.is_preemptible else "no"),
