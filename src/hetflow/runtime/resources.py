@@ -21,6 +21,7 @@ and the visibility environment.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 from collections.abc import Sequence
@@ -185,6 +186,16 @@ def ray_start_command(
 def format_command(cmd: list[str], env: dict[str, str] | None = None) -> str:
     prefix = [f"{k}={shlex.quote(v)}" for k, v in sorted((env or {}).items())]
     return " ".join(prefix + [shlex.quote(c) for c in cmd])
+
+
+VISIBILITY_VARS = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
+"""Every vendor's device-visibility variable: what :func:`visibility_env` sets (or leaves) and
+what a worker reports it saw. A new vendor's variable goes here."""
+
+
+def visible_devices() -> dict[str, str | None]:
+    """This process's visibility variables (:data:`VISIBILITY_VARS`; None: not set)."""
+    return {k: os.environ.get(k) for k in VISIBILITY_VARS}
 
 
 def visibility_env(vendor: Vendor, devices: list[int] | tuple[int, ...]) -> dict[str, str]:

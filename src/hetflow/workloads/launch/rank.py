@@ -32,7 +32,6 @@ import threading
 import time
 from typing import Any
 
-VISIBILITY = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
 LEASE_ENV = "HETFLOW_RANK_LEASE_S"
 DEFAULT_LEASE_S = 5.0
 MAX_LINE = 64 * 1024  # a longer "line" (no newline in sight) is handed over in pieces
@@ -73,9 +72,11 @@ class RankProcess:
         """This rank's node: address, Ray node id, a port free there, the actor's pid and cwd."""
         import ray
 
+        from hetflow.runtime.resources import visible_devices
+
         return {"ip": ray.util.get_node_ip_address(), "node_id": ray.get_runtime_context().get_node_id(),
                 "port": free_port(), "pid": os.getpid(), "cwd": os.getcwd(),
-                "visible": {k: os.environ[k] for k in VISIBILITY if k in os.environ}}
+                "visible": {k: v for k, v in visible_devices().items() if v is not None}}
 
     def free_port(self) -> int:
         return free_port()

@@ -199,9 +199,9 @@ class LLMReplica:
         self.compute = compute
         self.host = bind_host
         self.port = free_port(bind_host)
-        visibility = {k: os.environ[k] for k in (
-            "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
-            if k in os.environ}
+        from hetflow.runtime.resources import visible_devices
+
+        visibility = {k: v for k, v in visible_devices().items() if v is not None}
         threads = None
         import ray
 

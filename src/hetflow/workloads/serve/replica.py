@@ -21,6 +21,7 @@ from ray import serve
 from starlette.requests import Request
 from starlette.responses import Response
 
+from hetflow.runtime.resources import visible_devices
 from hetflow.workloads.serve import kserve, openai_api
 from hetflow.workloads.serve.access import MODELS_HEADER, TOKENS_HEADER, allowed_models
 from hetflow.workloads.serve.metrics import GatewayMetrics
@@ -248,8 +249,7 @@ class ModelServer:
             "pid": os.getpid(), "node": labels.get("hetflow.io/node"),
             "device": str(self.runner.device), "precision": self.runner.precision,
             "batching": self.batching,
-            "visible": {k: os.environ.get(k) for k in
-                        ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")},
+            "visible": visible_devices(),
             "assigned_resources": context.get_assigned_resources(),
         }
 

@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 from hetflow.core.errors import HetflowError
 from hetflow.core.request import MeshAxis
+from hetflow.runtime.resources import visible_devices
 from hetflow.workloads.train.checkpoint import (
     ModelState,
     OptimizerState,
@@ -66,7 +67,6 @@ class RankResult:
     progress: float = 0.0  # reference steps done when it returned (= end_step at step_gain 1)
 
 
-VISIBILITY_VARS = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
 
 # Preemption hook: when this environment variable names a file and that file appears, every
 # rank checkpoints after the current step and returns with ``stopped`` set (the cluster
@@ -77,7 +77,7 @@ STOP_FILE_ENV = "HETFLOW_STOP_FILE"
 def check_device(preference: str, device: torch.device) -> None:
     """``resources.device: gpu`` and this rank sees no GPU: an error that says what to install."""
     if preference == "gpu" and device.type != "cuda":
-        seen = {k: os.environ.get(k) for k in VISIBILITY_VARS}
+        seen = visible_devices()
         raise HetflowError(
             f"resources.device is gpu but this worker sees no GPU (torch {torch.__version__}, "
             f"visibility {seen}); install a CUDA or ROCm build of torch on the workers, or set "
@@ -194,7 +194,7 @@ def _train(config: TrainConfig, ctx: Any, data: Mapping[str, Any] | None) -> Ran
     result = RankResult(rank=rank, start_step=start, end_step=start, progress=progress, device=str(device),
                         backend=dist.get_backend(), runtime=runtime_name(device),
                         host=socket.gethostname(), pid=os.getpid(),
-                        visible_devices={k: os.environ.get(k) for k in VISIBILITY_VARS})
+                        visible_devices=visible_devices())
     interval = config.checkpoint.interval
     stop_file = os.environ.get(STOP_FILE_ENV) or None
     timed_from = min(start + train.warmup_steps, end - 1)

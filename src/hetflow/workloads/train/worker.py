@@ -22,6 +22,7 @@ from typing import Any
 
 from hetflow.core.errors import InputError
 from hetflow.core.request import ParallelLayout
+from hetflow.runtime.resources import visible_devices
 from hetflow.workloads.train.checkpoint import (
     META_FILE,
     Checkpoint,
@@ -225,8 +226,7 @@ class FuncWorker:
 
         return {"ip": ray.util.get_node_ip_address(), "port": free_port(), "pid": os.getpid(),
                 "node_id": ray.get_runtime_context().get_node_id(),
-                "visible_devices": {k: os.environ.get(k) for k in
-                                    ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")}}
+                "visible_devices": visible_devices()}
 
     def run(self, fn: Callable[..., Any], config: Any, env: dict[str, str], layout: tuple[int, int, int],
             device_kind: str, threads: int, info: dict[str, Any], progress: Any) -> Any:
