@@ -18,11 +18,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import Any, get_args
 
 from pydantic import ValidationError
 
 from hetflow.core.errors import InputError
+from hetflow.core.topology import AcceleratorVendor
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -38,7 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--pp", type=int, default=1, metavar="P", help="layout hint: pipeline stages")
     p.add_argument("--device", choices=["auto", "cpu", "gpu"], default="auto",
                    help="auto: GPUs when the cluster has them, else CPU (default)")
-    p.add_argument("--vendor", choices=["nvidia", "amd"], help="only this vendor's GPUs")
+    p.add_argument("--vendor", choices=list(get_args(AcceleratorVendor)), help="only this vendor's GPUs")
     p.add_argument("--model", help="only GPUs of this catalog model, e.g. H100, MI300X")
     p.add_argument("--memory", metavar="SIZE", help="device memory each rank needs, e.g. 40GiB")
     p.add_argument("--cpus-per-rank", type=float, metavar="C",
