@@ -57,6 +57,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from side_by_side import ServerProcess, free_port, serve_until_stdin_closes
+
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
 sys.path.insert(0, str(SRC))
@@ -65,14 +67,6 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 LITELLM = ROOT / ".venv-litellm" / "bin" / "litellm"
 QUEUE_LIMIT = 16
 HETFLOW = [sys.executable, "-m", "hetflow.cli.main"]
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _models(queue_limit: int | None) -> list[dict]:
@@ -103,15 +97,7 @@ def serve_main(ports: list[int]) -> int:
     served = [deploy(serve_config_from_dict({"name": name, "http": {"port": port}, "auth": {"mode": mode},
                                              "models": _models(QUEUE_LIMIT if name == "open" else None)}))
               for name, port, mode in (("open", ports[0], "none"), ("keyed", ports[1], "keys"))]
-    print("READY", flush=True)
-    sys.stdin.read()
-    for s in served:
-        s.shutdown()
-    from ray import serve
-
-    serve.shutdown()
-    ray.shutdown()
-    os._exit(0)
+    return serve_until_stdin_closes(served)
 
 
 def hey(url: str, body: Path, concurrency: int, seconds: float, headers: dict[str, str],
@@ -158,7 +144,7 @@ def status_of(url: str, key: str, body: bytes) -> int:
 def start_litellm(upstream: str, workdir: Path) -> tuple[subprocess.Popen | None, str, str]:
     if not LITELLM.exists():
         return None, "", "no .venv-litellm (make litellm)"
-    port = _free_port()
+    port = free_port()
     master = "sk-bench-" + os.urandom(8).hex()
     config = workdir / "litellm.yaml"
     config.write_text(json.dumps({
@@ -212,15 +198,11 @@ def main(argv: list[str] | None = None) -> int:
     bench_key = make_key("bench", "--rps", "1000000")
     limited_key = make_key("limited", "--rps", "100")
     revoked_key = make_key("to-revoke")
-    ports = [_free_port(), _free_port()]
-    log = (work / "server.log").open("w")
-    server = subprocess.Popen([sys.executable, __file__, "--serve", *map(str, ports)], env=env,
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True)
+    ports = [free_port(), free_port()]
+    server = ServerProcess(__file__, list(map(str, ports)), work / "server.log", env=env, stop_s=90).start()
     litellm = None
     try:
-        line = server.stdout.readline()
-        if not line.startswith("READY"):
-            raise RuntimeError(f"the server did not start; see {work / 'server.log'}")
+        server.ready()
         open_url, keyed_url = (f"http://127.0.0.1:{p}" for p in ports)
         predict = work / "predict.json"
         predict.write_text(json.dumps({"inputs": [[0.5] * 64]}))
@@ -316,13 +298,7 @@ def main(argv: list[str] | None = None) -> int:
         if litellm is not None:
             litellm.terminate()
             litellm.wait(30)
-        if server.poll() is None:
-            server.stdin.close()
-            try:
-                server.wait(90)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait()
+        server.stop()
     print(f"RESULT auth_over_open={auth_over_open:.3f} limiter_error={limiter_error:.3f} "
           f"overload_p99_ms={overload_p99:.1f} shed_p99_ms={shed_p99:.2f} over_litellm={over_litellm:.2f} "
           f"capacity_rps={capacity:.0f} revoke_ms={revoke_ms:.0f} timing_gap_us={timing_gap_us:.1f}")

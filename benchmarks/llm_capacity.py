@@ -31,16 +31,15 @@ from __future__ import annotations
 import ray_home  # noqa: F401 - first: Ray's temp folder is this run's own (ray_home.py)
 
 import argparse
-import contextlib
-import io
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
+
+from side_by_side import ServerProcess, free_port, serve_until_stdin_closes, vllm_bench
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
@@ -71,23 +70,7 @@ def serve_main(model: str, ports: list[int]) -> int:
                                   {"device": "cpu", "replicas": 1, "cpus_per_replica": 0.5,
                                    "weight": 1}]}]})
         served.append(deploy(config, timeout_s=900))
-    print("READY", flush=True)
-    sys.stdin.read()
-    for s in served:
-        s.shutdown()
-    from ray import serve
-
-    serve.shutdown()
-    ray.shutdown()
-    os._exit(0)
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return serve_until_stdin_closes(served)
 
 
 def weights(port: int) -> dict[str, float]:
@@ -102,18 +85,9 @@ def weights(port: int) -> dict[str, float]:
 
 
 def bench(port: int, model: Path, args: argparse.Namespace, seed: int) -> dict:
-    from vllm.benchmarks import serve as vbench
-
-    parser = argparse.ArgumentParser()
-    vbench.add_cli_args(parser)
-    ns = parser.parse_args([
-        "--backend", "openai", "--base-url", f"http://127.0.0.1:{port}", "--endpoint",
-        "/v1/completions", "--model", "tiny", "--tokenizer", str(model),
-        "--dataset-name", "random", "--random-input-len", "32", "--random-output-len", "32",
-        "--num-prompts", str(args.num_prompts), "--max-concurrency", str(args.concurrency),
-        "--ignore-eos", "--seed", str(seed), "--disable-tqdm"])
-    with contextlib.redirect_stdout(io.StringIO()):
-        return vbench.main(ns)
+    return vllm_bench(port, model, ["--dataset-name", "random", "--random-input-len", "32",
+                                    "--random-output-len", "32"],
+                      num_prompts=args.num_prompts, concurrency=args.concurrency, seed=seed)
 
 
 def main() -> int:
@@ -136,56 +110,49 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="hetflow-llm-capacity-"))
     model = build_tiny_llama(work / "tiny", max_positions=4096)
     ports = [free_port(), free_port()]
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"}
-    log = work / "server.log"
-    server = subprocess.Popen([sys.executable, __file__, "--serve", str(model), *map(str, ports)],
-                              env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              stderr=log.open("wb"), text=True, start_new_session=True)
     print(f"# hetflow capacity routing benchmark: pools of max_num_seqs 1 (weight 3) and 8 "
           f"(weight 1) per side, {args.rounds} rounds of {args.num_prompts} prompts, "
           f"{args.concurrency} at once", flush=True)
     try:
-        started = time.monotonic()
-        line = server.stdout.readline()
-        if not line.startswith("READY"):
-            print(f"the server did not start; its log: {log}\n" + log.read_text()[-3000:], file=sys.stderr)
-            return 1
-        print(f"ready after {time.monotonic() - started:.0f} s", flush=True)
-        for side in SIDES:  # one round each to learn from (and warm the engines), not counted
-            out = bench(ports[SIDES.index(side)], model, args, seed=999)
-            print(f"warm-up {side}: {out['output_throughput']:.1f} output tok/s; weights "
-                  f"{weights(ports[SIDES.index(side)])}", flush=True)
-        figures: dict[str, dict[str, list[float]]] = {s: {"tok": [], "p99": []} for s in SIDES}
-        for r in range(args.rounds):
-            order = SIDES if r % 2 == 0 else tuple(reversed(SIDES))
-            for side in order:
-                port = ports[SIDES.index(side)]
-                out = bench(port, model, args, seed=1000 + r)
-                figures[side]["tok"].append(out["output_throughput"])
-                figures[side]["p99"].append(out["p99_ttft_ms"])
-                print(f"round {r + 1} {side}: {out['output_throughput']:.1f} output tok/s, TTFT "
-                      f"P99 {out['p99_ttft_ms']:.0f} ms, {out['completed']}/{args.num_prompts} "
-                      f"completed; weights {weights(port)}", flush=True)
-        med = {s: {k: statistics.median(v) for k, v in figures[s].items()} for s in SIDES}
-        m, c = med["measured"], med["configured"]
-        w = weights(ports[0])
-        print(f"RESULT capacity_over_configured={m['tok'] / c['tok']:.3f} "
-              f"ttft_p99_ratio={m['p99'] / c['p99']:.3f} measured_tok_s={m['tok']:.1f} "
-              f"configured_tok_s={c['tok']:.1f} weight_slow={w.get('0', float('nan')):.0f} "
-              f"weight_fast={w.get('1', float('nan')):.0f}", flush=True)
-        return 0
+        with ServerProcess(__file__, [str(model), *map(str, ports)], work / "server.log") as server:
+            started = time.monotonic()
+            try:
+                server.ready()
+            except RuntimeError as exc:
+                print(exc, file=sys.stderr)
+                return 1
+            print(f"ready after {time.monotonic() - started:.0f} s", flush=True)
+            return measure(ports, model, args)
     finally:
-        try:
-            server.stdin.close()
-            server.wait(timeout=180)
-        except Exception:  # noqa: BLE001
-            import signal
-
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
         import shutil
 
         shutil.rmtree(work, ignore_errors=True)
+
+
+def measure(ports: list[int], model: Path, args: argparse.Namespace) -> int:
+    for side in SIDES:  # one round each to learn from (and warm the engines), not counted
+        out = bench(ports[SIDES.index(side)], model, args, seed=999)
+        print(f"warm-up {side}: {out['output_throughput']:.1f} output tok/s; weights "
+              f"{weights(ports[SIDES.index(side)])}", flush=True)
+    figures: dict[str, dict[str, list[float]]] = {s: {"tok": [], "p99": []} for s in SIDES}
+    for r in range(args.rounds):
+        order = SIDES if r % 2 == 0 else tuple(reversed(SIDES))
+        for side in order:
+            port = ports[SIDES.index(side)]
+            out = bench(port, model, args, seed=1000 + r)
+            figures[side]["tok"].append(out["output_throughput"])
+            figures[side]["p99"].append(out["p99_ttft_ms"])
+            print(f"round {r + 1} {side}: {out['output_throughput']:.1f} output tok/s, TTFT "
+                  f"P99 {out['p99_ttft_ms']:.0f} ms, {out['completed']}/{args.num_prompts} "
+                  f"completed; weights {weights(port)}", flush=True)
+    med = {s: {k: statistics.median(v) for k, v in figures[s].items()} for s in SIDES}
+    m, c = med["measured"], med["configured"]
+    w = weights(ports[0])
+    print(f"RESULT capacity_over_configured={m['tok'] / c['tok']:.3f} "
+          f"ttft_p99_ratio={m['p99'] / c['p99']:.3f} measured_tok_s={m['tok']:.1f} "
+          f"configured_tok_s={c['tok']:.1f} weight_slow={w.get('0', float('nan')):.0f} "
+          f"weight_fast={w.get('1', float('nan')):.0f}", flush=True)
+    return 0
 
 
 if __name__ == "__main__":

@@ -32,15 +32,15 @@ from __future__ import annotations
 import ray_home  # noqa: F401 - first: Ray's temp folder is this run's own (ray_home.py)
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
+
+from side_by_side import ServerProcess, free_port, serve_until_stdin_closes, vllm_bench
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
@@ -72,23 +72,7 @@ def serve_main(model: str, ports: list[int], blocks: int, factor: int) -> int:
                                   {"device": "cpu", "replicas": 1, "cpus_per_replica": 0.5}]}]})
         served.append(deploy(config, timeout_s=900))
         engines[side] = [(host, p) for _name, host, p, _w in served[-1].llm_servers["tiny"]]
-    print("READY " + json.dumps(engines), flush=True)
-    sys.stdin.read()
-    for s in served:
-        s.shutdown()
-    from ray import serve
-
-    serve.shutdown()
-    ray.shutdown()
-    os._exit(0)
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return serve_until_stdin_closes(served, engines)
 
 
 def cache_counters(engines: list[tuple[str, int]]) -> tuple[float, float]:
@@ -105,23 +89,11 @@ def cache_counters(engines: list[tuple[str, int]]) -> tuple[float, float]:
 
 
 def bench(port: int, model: Path, args: argparse.Namespace, seed: int) -> dict:
-    from vllm.benchmarks import serve as vbench
-
-    parser = argparse.ArgumentParser()
-    vbench.add_cli_args(parser)
-    ns = parser.parse_args([
-        "--backend", "openai", "--base-url", f"http://127.0.0.1:{port}", "--endpoint",
-        "/v1/completions", "--model", "tiny", "--tokenizer", str(model),
+    return vllm_bench(port, model, [
         "--dataset-name", "prefix_repetition", "--prefix-repetition-prefix-len", str(args.prefix_len),
         "--prefix-repetition-suffix-len", "16", "--prefix-repetition-num-prefixes", str(args.prefixes),
-        "--prefix-repetition-output-len", "8", "--num-prompts", str(args.num_prompts),
-        "--max-concurrency", str(args.concurrency), "--ignore-eos", "--seed", str(seed),
-        "--disable-tqdm"])
-    import contextlib
-    import io
-
-    with contextlib.redirect_stdout(io.StringIO()):
-        return vbench.main(ns)
+        "--prefix-repetition-output-len", "8"],
+        num_prompts=args.num_prompts, concurrency=args.concurrency, seed=seed)
 
 
 def main() -> int:
@@ -150,61 +122,53 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="hetflow-llm-prefix-"))
     model = build_tiny_llama(work / "tiny", max_positions=4096)
     ports = [free_port(), free_port()]
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"}
-    log = work / "server.log"
-    server = subprocess.Popen([sys.executable, __file__, "--serve", str(model), *map(str, ports),
-                               str(args.cache_blocks), str(args.balance_factor)], env=env, stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, stderr=log.open("wb"), text=True,
-                              start_new_session=True)
     print(f"# hetflow prefix affinity benchmark: two engines per side, {args.rounds} rounds of "
           f"{args.num_prompts} prompts ({args.prefixes} prefixes of {args.prefix_len} tokens), "
           f"{args.concurrency} at once, {args.cache_blocks} KV blocks per engine, balance factor "
           f"{args.balance_factor}", flush=True)
     try:
-        started = time.monotonic()
-        line = server.stdout.readline()
-        if not line.startswith("READY "):
-            print(f"the server did not start; its log: {log}\n" + log.read_text()[-3000:], file=sys.stderr)
-            return 1
-        engines = json.loads(line[len("READY "):])
-        print(f"ready after {time.monotonic() - started:.0f} s", flush=True)
-        figures: dict[str, dict[str, list[float]]] = {s: {"hit": [], "ttft": [], "p99": [], "tok": []}
-                                                       for s in SIDES}
-        for r in range(args.rounds):
-            order = SIDES if r % 2 == 0 else tuple(reversed(SIDES))
-            for side in order:
-                port = ports[SIDES.index(side)]
-                h0, q0 = cache_counters(engines[side])
-                out = bench(port, model, args, seed=1000 + r)
-                h1, q1 = cache_counters(engines[side])
-                hit = (h1 - h0) / (q1 - q0) if q1 > q0 else float("nan")
-                f = figures[side]
-                f["hit"].append(hit)
-                f["ttft"].append(out["mean_ttft_ms"])
-                f["p99"].append(out["p99_ttft_ms"])
-                f["tok"].append(out["output_throughput"])
-                print(f"round {r + 1} {side}: prefix-cache hits {hit:.3f}, TTFT mean "
-                      f"{out['mean_ttft_ms']:.0f} ms, P99 {out['p99_ttft_ms']:.0f} ms, "
-                      f"{out['output_throughput']:.1f} output tok/s, "
-                      f"{out['completed']}/{args.num_prompts} completed", flush=True)
-        med = {s: {k: statistics.median(v) for k, v in figures[s].items()} for s in SIDES}
-        a, n = med["affinity"], med["none"]
-        print(f"RESULT prefix_hit_affinity={a['hit']:.3f} prefix_hit_none={n['hit']:.3f} "
-              f"ttft_mean_ratio={a['ttft'] / n['ttft']:.3f} ttft_p99_ratio={a['p99'] / n['p99']:.3f} "
-              f"tok_s_ratio={a['tok'] / n['tok']:.3f}", flush=True)
-        return 0
+        with ServerProcess(__file__, [str(model), *map(str, ports), str(args.cache_blocks),
+                                      str(args.balance_factor)], work / "server.log") as server:
+            started = time.monotonic()
+            try:
+                engines = server.ready()
+            except RuntimeError as exc:
+                print(exc, file=sys.stderr)
+                return 1
+            print(f"ready after {time.monotonic() - started:.0f} s", flush=True)
+            return measure(ports, engines, model, args)
     finally:
-        try:
-            server.stdin.close()
-            server.wait(timeout=180)
-        except Exception:  # noqa: BLE001
-            import signal
-
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
         import shutil
 
         shutil.rmtree(work, ignore_errors=True)
+
+
+def measure(ports: list[int], engines: dict, model: Path, args: argparse.Namespace) -> int:
+    figures: dict[str, dict[str, list[float]]] = {s: {"hit": [], "ttft": [], "p99": [], "tok": []}
+                                                   for s in SIDES}
+    for r in range(args.rounds):
+        order = SIDES if r % 2 == 0 else tuple(reversed(SIDES))
+        for side in order:
+            port = ports[SIDES.index(side)]
+            h0, q0 = cache_counters(engines[side])
+            out = bench(port, model, args, seed=1000 + r)
+            h1, q1 = cache_counters(engines[side])
+            hit = (h1 - h0) / (q1 - q0) if q1 > q0 else float("nan")
+            f = figures[side]
+            f["hit"].append(hit)
+            f["ttft"].append(out["mean_ttft_ms"])
+            f["p99"].append(out["p99_ttft_ms"])
+            f["tok"].append(out["output_throughput"])
+            print(f"round {r + 1} {side}: prefix-cache hits {hit:.3f}, TTFT mean "
+                  f"{out['mean_ttft_ms']:.0f} ms, P99 {out['p99_ttft_ms']:.0f} ms, "
+                  f"{out['output_throughput']:.1f} output tok/s, "
+                  f"{out['completed']}/{args.num_prompts} completed", flush=True)
+    med = {s: {k: statistics.median(v) for k, v in figures[s].items()} for s in SIDES}
+    a, n = med["affinity"], med["none"]
+    print(f"RESULT prefix_hit_affinity={a['hit']:.3f} prefix_hit_none={n['hit']:.3f} "
+          f"ttft_mean_ratio={a['ttft'] / n['ttft']:.3f} ttft_p99_ratio={a['p99'] / n['p99']:.3f} "
+          f"tok_s_ratio={a['tok'] / n['tok']:.3f}", flush=True)
+    return 0
 
 
 if __name__ == "__main__":

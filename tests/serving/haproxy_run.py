@@ -1,10 +1,14 @@
 """The real HAProxy for the front-door tests: a rendered config started in a folder, waited for
-until ``ready()`` (a failure shows HAProxy's own log)."""
+until ``ready()`` (a failure shows HAProxy's own log); and the base of the stand-in servers
+(replicas, engines, providers) the tests put behind it."""
 
 from __future__ import annotations
 
+import http.server
+import json
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -33,3 +37,37 @@ def start_haproxy(root: Path, config: str, ready: Callable[[], bool],
         assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
         time.sleep(0.05)
     return proc, log
+
+
+class StandIn(http.server.BaseHTTPRequestHandler):
+    """A stand-in server's handler: HTTP/1.1 keep-alive as the real ones, no request log, and a
+    client that hangs up early (HAProxy's health checks do) is not an error."""
+
+    protocol_version = "HTTP/1.1"
+
+    def send_json(self, status: int, payload: object, headers: dict[str, str] | None = None) -> None:
+        """One whole JSON answer with its length (and ``headers``)."""
+        body = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def handle(self) -> None:
+        try:
+            super().handle()
+        except ConnectionError:
+            pass
+
+
+def serve_in_thread(handler: type[http.server.BaseHTTPRequestHandler]) -> http.server.ThreadingHTTPServer:
+    """``handler`` served on a free 127.0.0.1 port from a daemon thread (``shutdown()`` it)."""
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv

@@ -5,10 +5,8 @@ gateway (it echoes what it was sent; no Ray). Every request is real HTTP on loop
 from __future__ import annotations
 
 import http.client
-import http.server
 import json
 import re
-import threading
 import time
 from pathlib import Path
 
@@ -30,36 +28,20 @@ from hetflow.workloads.serve.front import (
 )
 from hetflow.workloads.serve import upstream as up
 from tests.net import free_port
-from tests.serving.haproxy_run import listening, start_haproxy
+from tests.serving.haproxy_run import StandIn, listening, serve_in_thread, start_haproxy
 
 
-class _Backend(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
+class _Backend(StandIn):
     def _answer(self) -> None:
         n = int(self.headers.get("content-length") or 0)
         self.rfile.read(n)
         if self.path.endswith("/slow-model/predict") or "/slow-model/v1/completions" in self.path:
             time.sleep(0.6)  # the model's own backend (the gateway's path has no model in it)
-        body = json.dumps({"path": self.path, "key": self.headers.get(acc.KEY_HEADER),
-                           "models": self.headers.get(acc.MODELS_HEADER)}).encode()
-        self.send_response(200)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(body)))
-        self.send_header(acc.TOKENS_HEADER, "40")  # as the gateway's completions answer
-        self.end_headers()
-        self.wfile.write(body)
+        self.send_json(200, {"path": self.path, "key": self.headers.get(acc.KEY_HEADER),
+                             "models": self.headers.get(acc.MODELS_HEADER)},
+                       {acc.TOKENS_HEADER: "40"})  # as the gateway's completions answer
 
     do_GET = do_POST = _answer
-
-    def log_message(self, *args) -> None:
-        pass
-
-    def handle(self) -> None:
-        try:
-            super().handle()
-        except ConnectionError:
-            pass  # HAProxy's health checks hang up without waiting for the answer
 
 
 class Front:
@@ -67,8 +49,7 @@ class Front:
 
     def __init__(self, root: Path, store: K.KeyStore, queue_limits: dict[str, int],
                  keys: bool = True) -> None:
-        self.backend = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Backend)
-        threading.Thread(target=self.backend.serve_forever, daemon=True).start()
+        self.backend = serve_in_thread(_Backend)
         port = self.backend.server_address[1]
         self.port = free_port()
         self.plan = FrontPlan(app="t", host="127.0.0.1", port=self.port,

@@ -21,7 +21,8 @@ import requests
 import yaml
 
 from tests.net import free_port
-from tests.serving.test_upstream import SECRET, _Provider, _server
+from tests.serving.haproxy_run import serve_in_thread
+from tests.serving.test_upstream import SECRET, _Provider
 
 pytestmark = pytest.mark.ray
 
@@ -48,7 +49,7 @@ def gateway(tmp_path_factory):
     keys_dir = root / "keys"
     port = free_port()
     config = root / "serve.yaml"
-    provider = _server(_Provider)
+    provider = serve_in_thread(_Provider)
     _Provider.healthy, _Provider.seen = True, []
     config.write_text(yaml.safe_dump({
         "name": "gw",

@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import http.client
-import http.server
 import json
-import threading
 import time
 from pathlib import Path
 
@@ -19,31 +17,21 @@ from hetflow.workloads.serve.front import FrontPlan, Server, admin_call, render_
 from hetflow.workloads.serve.llm import CapacityMeter, LLMRouting, capacity_weights
 from hetflow.workloads.serve.upstream import llm_backend, write_lua
 from tests.net import free_port
-from tests.serving.haproxy_run import listening, start_haproxy
+from tests.serving.haproxy_run import StandIn, listening, serve_in_thread, start_haproxy
 
 SYSTEM = ("You are a careful assistant for a platform team. Answer in one short paragraph, cite "
           "the configuration key you rely on, and say when you are unsure. ") * 3
 
 
-def _engine(name: str, delay_s: float) -> type[http.server.BaseHTTPRequestHandler]:
-    class Engine(http.server.BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
+def _engine(name: str, delay_s: float) -> type[StandIn]:
+    class Engine(StandIn):
         def _answer(self) -> None:
             self.rfile.read(int(self.headers.get("content-length") or 0))
             if self.command == "POST":
                 time.sleep(delay_s)
-            body = json.dumps({"by": name}).encode()
-            self.send_response(200)
-            self.send_header("content-type", "application/json")
-            self.send_header("content-length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            self.send_json(200, {"by": name})
 
         do_GET = do_POST = _answer
-
-        def log_message(self, *args) -> None:
-            pass
 
     return Engine
 
@@ -55,9 +43,7 @@ class Front:
                  delay_s: float = 0.0, queue_limit: int = 0) -> None:
         self.servers = []
         for name, _ in engines:
-            srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _engine(name, delay_s))
-            threading.Thread(target=srv.serve_forever, daemon=True).start()
-            self.servers.append(srv)
+            self.servers.append(serve_in_thread(_engine(name, delay_s)))
         llm = llm_backend("chat", [(name, "127.0.0.1", srv.server_address[1], weight)
                                    for (name, weight), srv in zip(engines, self.servers)], 30, routing,
                           queue_limit)

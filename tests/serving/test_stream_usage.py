@@ -8,10 +8,8 @@ stick table."""
 from __future__ import annotations
 
 import http.client
-import http.server
 import json
 import re
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,27 +24,21 @@ from hetflow.workloads.serve import upstream as up
 from hetflow.workloads.serve.access import KeyState
 from hetflow.workloads.serve.front import FrontPlan, Server, admin_call, render_config
 from tests.net import free_port
-from tests.serving.haproxy_run import listening, start_haproxy
+from tests.serving.haproxy_run import StandIn, listening, serve_in_thread, start_haproxy
 
 BOUND = 50  # what the stand-in says a stream may use (prompt + max_tokens), as the replicas do
 USAGE = {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}
 
 
-class _Streamer(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
+class _Streamer(StandIn):
     seen: list[dict] = []
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers.get("content-length") or 0)) or b"{}")
         type(self).seen.append(body)
         if not body.get("stream"):
-            answer = json.dumps({"choices": [{"text": "whole"}], "usage": USAGE}).encode()
-            self.send_response(200)
-            self.send_header("content-type", "application/json")
-            self.send_header("content-length", str(len(answer)))
-            self.send_header(acc.TOKENS_HEADER, str(USAGE["total_tokens"]))
-            self.end_headers()
-            self.wfile.write(answer)
+            self.send_json(200, {"choices": [{"text": "whole"}], "usage": USAGE},
+                           {acc.TOKENS_HEADER: str(USAGE["total_tokens"])})
             return
         self.send_response(200)
         self.send_header("content-type", "text/event-stream")
@@ -80,23 +72,13 @@ class _Streamer(http.server.BaseHTTPRequestHandler):
         self.send_header("content-length", "0")
         self.end_headers()
 
-    def log_message(self, *args) -> None:
-        pass
-
-    def handle(self) -> None:
-        try:
-            super().handle()
-        except ConnectionError:
-            pass
-
 
 @contextmanager
 def started(root: Path, upstreams: tuple = (), **plan: Any) -> Iterator[dict]:
     """The stand-in server, a key ``team-a``, and HAProxy with the config hetflow renders for a
     keyed plan (``plan``: FrontPlan's model fields; ``upstreams``: UpstreamConfig fields of
     providers at the stand-in, their ``url`` a format with ``{port}``)."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Streamer)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server = serve_in_thread(_Streamer)
     _Streamer.seen = []
     backend = server.server_address[1]
     store = K.DirectoryKeyStore(root / "store")

@@ -30,55 +30,34 @@ from hetflow.workloads.serve.front import (
     write_error_files,
 )
 from tests.net import free_port
-from tests.serving.haproxy_run import listening, start_haproxy
+from tests.serving.haproxy_run import StandIn, listening, serve_in_thread, start_haproxy
 
 SECRET = "sk-upstream-test-secret-0123456789"
 
 
-class _Local(http.server.BaseHTTPRequestHandler):
+class _Local(StandIn):
     """The local replicas and gateway: answers {"by": "local"} (slowly for slow paths)."""
 
-    protocol_version = "HTTP/1.1"
     delay_s = 0.0
 
     def _answer(self) -> None:
         self.rfile.read(int(self.headers.get("content-length") or 0))
         if self.command == "POST":
             time.sleep(type(self).delay_s)
-        body = json.dumps({"by": "local", "path": self.path}).encode()
-        self.send_response(200)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        self.send_json(200, {"by": "local", "path": self.path})
 
     do_GET = do_POST = _answer
 
-    def log_message(self, *args) -> None:
-        pass
 
-    def handle(self) -> None:
-        try:
-            super().handle()
-        except ConnectionError:
-            pass
-
-
-class _Provider(http.server.BaseHTTPRequestHandler):
+class _Provider(StandIn):
     """An external OpenAI-compatible + KServe v2 provider that wants its own key."""
 
-    protocol_version = "HTTP/1.1"
     healthy = True
     seen: list[dict] = []
 
     def _send(self, code: int, payload: dict) -> None:
-        body = json.dumps(payload).encode()
-        self.send_response(code)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(body)))
-        self.send_header("x-hetflow-tokens", "999999")  # a provider must not charge hetflow keys
-        self.end_headers()
-        self.wfile.write(body)
+        # a provider must not charge hetflow keys
+        self.send_json(code, payload, {"x-hetflow-tokens": "999999"})
 
     def do_GET(self) -> None:
         ok = self.headers.get("authorization") == f"Bearer {SECRET}"
@@ -115,21 +94,6 @@ class _Provider(http.server.BaseHTTPRequestHandler):
             return self._send(200, {"model_name": self.path.split("/")[4], "outputs": []})
         self._send(404, {"error": self.path})
 
-    def log_message(self, *args) -> None:
-        pass
-
-    def handle(self) -> None:
-        try:
-            super().handle()
-        except ConnectionError:
-            pass
-
-
-def _server(handler) -> http.server.ThreadingHTTPServer:
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    return srv
-
 
 CONFIG = {
     "models": [{"name": "digits", "train": {"model": {"kind": "mlp"}}, "fallback": "cloud-kserve"},
@@ -153,8 +117,8 @@ class Front:
         _Provider.healthy = True
         _Provider.seen = []
         _Local.delay_s = 0.0
-        self.local = _server(_Local)
-        self.provider = _server(_Provider)
+        self.local = serve_in_thread(_Local)
+        self.provider = serve_in_thread(_Provider)
         config = _config(self.provider.server_address[1])
         self.port = free_port()
         lp = self.local.server_address[1]
