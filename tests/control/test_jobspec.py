@@ -29,8 +29,10 @@ PY = {"script": "run.py"}
      "devices: cannot read size '12 bogus'"),
     ({"name": "a", "kind": "python", "python": PY, "devices": {"count": -1}},
      "devices.count: Input should be greater than or equal to 0"),
-    ({"name": "a", "kind": "python", "python": PY, "devices": {"count": 0, "type": "MI300X"}},
-     "devices: count 0 asks for no device, so type cannot apply"),
+    ({"name": "a", "kind": "python", "python": PY, "devices": {"count": 0, "model": "MI300X"}},
+     "devices: count 0 asks for no device, so model cannot apply"),
+    ({"name": "a", "kind": "python", "python": PY, "devices": {"type": "MI300X", "model": "MI300X"}},
+     "devices.type and devices.model both given: keep devices.model"),
     ({"name": "a", "kind": "python", "python": PY, "devices": {"count": 0}, "cpus": 0},
      "a CPU job (devices.count 0) needs cpus > 0"),
     ({"name": "a", "kind": "python", "python": PY, "devices": {"count": 1}, "memory": "4GiB"},
@@ -118,12 +120,19 @@ def test_cpu_training_config_makes_a_cpu_job_of_world_size_times_cpus_per_rank(t
     assert spec.num_devices == 0 and spec.job_cpus == 6.0 and spec.num_ranks == 3
     # any devices section keeps it a device job (job files written before CPU jobs existed)
     typed = resolve(job_from_dict({"name": "a", "kind": "train", "train": train,
-                                   "devices": {"type": "MI210"}}), tmp_path)
+                                   "devices": {"model": "MI210"}}), tmp_path)
     assert typed.num_devices == 3 and not typed.cpu_only and typed.cpus_per_device == 2.0
     # a GPU training config stays a device job by default
     gpu = resolve(job_from_dict({"name": "a", "kind": "train", "train": {**train, "resources": {"device": "gpu"}}}),
                   tmp_path)
     assert gpu.num_devices == 3
+
+
+def test_devices_type_is_the_earlier_name_of_model_and_warns() -> None:
+    with pytest.warns(FutureWarning, match="write devices.model: MI210"):
+        old = job_from_dict({"name": "a", "kind": "python", "python": PY, "devices": {"type": "MI210"}})
+    new = job_from_dict({"name": "a", "kind": "python", "python": PY, "devices": {"model": "MI210"}})
+    assert old == new and old.devices.model == "MI210"
 
 
 def test_cpu_training_job_needs_a_cpu_training_config(tmp_path: Path) -> None:

@@ -68,7 +68,7 @@ def name_tokens(text: str) -> list[str]:
 
 def model_matcher(text: str | None, catalog: "Catalog | None" = None) -> "Callable[[str | None], bool] | None":
     """The one model-name rule of every request (``hetflow plan --model``, a job file's
-    ``devices.type``, train/tune/serve's ``accelerator``): a device's model matches when it is
+    ``devices.model`` of every config schema, hetflow.core.devices): a device's model matches when it is
     the asked-for catalog model ("RTX4090" is "RTX-4090") or starts with the asked-for words,
     ignoring case, punctuation and vendor words - "H100" matches "H100-SXM" and "H100-PCIe",
     "V100" both V100 rows, but "A10" not "A100-80GB". None for no constraint. ``catalog``:

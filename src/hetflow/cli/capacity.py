@@ -136,9 +136,9 @@ def run_serve(args: argparse.Namespace) -> int:
     weights = out["weights"]
     for model, n in sorted(out["counts"].items()):
         if model.lower().startswith("cpu"):
-            print(f"  - {{device: cpu, replicas: {n}, weight: {weights[model]}}}   # {model}")
+            print(f"  - {{devices: cpu, replicas: {n}, weight: {weights[model]}}}   # {model}")
         else:
-            print(f"  - {{accelerator: {model}, device: gpu, replicas: {n}, weight: {weights[model]}}}")
+            print(f"  - {{devices: {{model: {model}}}, replicas: {n}, weight: {weights[model]}}}")
     return 0
 
 

@@ -151,7 +151,7 @@ def describe_job(spec: Any) -> list[tuple[str, str]]:
         ask = f"{spec.job_cpus:g} CPUs{memory} on one node, no accelerator"
     else:
         d = spec.devices
-        kinds = " ".join(x for x in (d.vendor, d.type) if x) or "any"
+        kinds = " ".join(x for x in (d.vendor, d.model) if x) or "any"
         ask = (f"{spec.num_devices} device(s) ({kinds}" + (f", {d.memory} each" if d.memory else "")
                + f"), {spec.cpus_per_device:g} CPU(s) per device")
         if spec.is_elastic:

@@ -114,6 +114,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line_deprecations() -> None:
+    """hetflow's own deprecations (an earlier spelling in a config file: ``FutureWarning``
+    from hetflow) as one line on stderr, ``hetflow: deprecated: ...``, not Python's
+    file-and-line form; every other warning as Python shows it."""
+    import warnings
+
+    shown = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):  # noqa: ANN001
+        if issubclass(category, FutureWarning) and "hetflow" in str(filename):
+            print(f"hetflow: deprecated: {message}", file=sys.stderr)
+            return
+        shown(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show
+
+
 def main(argv: list[str] | None = None) -> int:
     global _json_errors
 
@@ -124,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     _json_errors = bool(getattr(args, "json", False))
+    _one_line_deprecations()
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_INPUT

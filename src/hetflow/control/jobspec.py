@@ -76,10 +76,10 @@ class DeviceRequest(_Section):
     """Devices (one rank each); 0: a CPU job (see ``cpus`` and ``memory``). Default: a training
     job's world size (dp x pp x tp) - or 0 when its config says ``resources.device: cpu`` and
     this section is left out - else 1."""
-    type: str | None = None
+    model: str | None = None
     """Only devices of this model, by the planner's rule (``hetflow plan --model``): a catalog
     name or alias (``MI300X``, ``H100-SXM``), or its first words - ``H100`` is H100-SXM and
-    H100-PCIe, ``A10`` is not A100."""
+    H100-PCIe, ``A10`` is not A100. (``type``, its earlier name, is read with a warning.)"""
     vendor: AcceleratorVendor | None = None
     """Only devices of this vendor."""
     memory: str | None = None
@@ -96,6 +96,20 @@ class DeviceRequest(_Section):
     ``eff:0.85``), ``table`` (the throughput table's rate at each size) or points
     ``N:X,N:X,...`` covering min..max; or ``goodput`` (a train job: its best goodput at each
     size, from its ``goodput`` section, which also sets its batch there)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _earlier_type(cls, data: Any) -> Any:
+        """``type`` (the earlier name of ``model``, hetflow.core.devices) read with a warning."""
+        if isinstance(data, dict) and "type" in data:
+            if "model" in data:
+                raise ValueError("devices.type and devices.model both given: keep devices.model")
+            import warnings
+
+            warnings.warn(f"devices.type: write devices.model: {data['type']} (type is read until the next "
+                          "release)", FutureWarning, stacklevel=1)
+            data = {("model" if k == "type" else k): v for k, v in data.items()}
+        return data
 
     @model_validator(mode="after")
     def _memory_parses(self) -> "DeviceRequest":
@@ -114,7 +128,7 @@ class DeviceRequest(_Section):
             if error:
                 raise ValueError(error)
         if self.count == 0:
-            given = [k for k in ("type", "vendor", "memory", "min", "max", "scaling") if getattr(self, k) is not None]
+            given = [k for k in ("model", "vendor", "memory", "min", "max", "scaling") if getattr(self, k) is not None]
             if given:
                 raise ValueError(f"count 0 asks for no device, so {', '.join(given)} cannot apply; "
                                  "give a count > 0 or leave them out (host memory is the top-level "
@@ -159,12 +173,12 @@ class DeviceRequest(_Section):
         """This section as the planner's request (the one core type) for the job's ranks
         ``layout`` (:attr:`JobSpec.layout`), or for ``count`` devices (at least one) in one gang."""
         return PlacementRequest.parse(job_id, count=None if layout is not None else max(1, self.count or 1),
-                                      layout=layout, memory=self.memory, vendor=self.vendor, model=self.type)
+                                      layout=layout, memory=self.memory, vendor=self.vendor, model=self.model)
 
     @property
     def is_default(self) -> bool:
         """Nothing was asked: the job file has no ``devices`` section (or an empty one)."""
-        return all(getattr(self, k) is None for k in ("count", "type", "vendor", "memory", "min", "max", "scaling"))
+        return all(getattr(self, k) is None for k in ("count", "model", "vendor", "memory", "min", "max", "scaling"))
 
 
 class WorkEstimate(_Section):

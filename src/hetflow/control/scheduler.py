@@ -505,7 +505,7 @@ class LiveScheduler:
         mem = spec.devices.memory_bytes
         why = []
         if allowed is not None and not allowed:
-            wanted = " ".join(x for x in (spec.devices.vendor, spec.devices.type) if x)
+            wanted = " ".join(x for x in (spec.devices.vendor, spec.devices.model) if x)
             why.append(f"no {wanted} devices in this cluster (it has {', '.join(cluster.accelerator_types)})")
         for t in cluster.accelerator_types:
             if allowed is not None and t not in allowed:
@@ -518,7 +518,7 @@ class LiveScheduler:
                 why.append(f"{t}: {format_bytes(max(x for x in mems if x))} per device, it needs {format_bytes(mem)}")
                 continue
             why.append(f"{t}: the throughput model says job type {spec.effective_job_type} does not run there")
-        return (f"job {spec.name} ({n}x {spec.devices.type or spec.devices.vendor or 'any device'}"
+        return (f"job {spec.name} ({n}x {spec.devices.model or spec.devices.vendor or 'any device'}"
                 f"{f', {format_bytes(mem)} each' if mem else ''}) can never run on this cluster, "
                 f"even empty: {'; '.join(why)}. Ask for fewer devices or another type, or add nodes "
                 "that have them")

@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from hetflow.core.devices import fold_devices
 from hetflow.core.errors import InputError
 from hetflow.core.units import parse_bytes
 from hetflow.core.validation import describe
@@ -280,6 +281,15 @@ class ModelServeConfig(_Section):
     (``Retry-After: 1``) at once instead of queueing, so admitted requests keep their latency
     (default: ``max_ongoing_requests``; ``engine: vllm``: twice the engines' ``max_num_seqs``,
     256 when not set; 0: never refuse)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _devices(cls, data: Any) -> Any:
+        """``devices: {kind, model, vendor, memory, share, strategy}`` (hetflow.core.devices)
+        into the fields below; the flat keys are the earlier spelling."""
+        return fold_devices(data, {"kind": "device", "model": "accelerator", "vendor": "vendor",
+                                   "memory": "memory", "share": "share_devices", "strategy": "strategy"},
+                            "a served model")
 
     @model_validator(mode="after")
     def _check_model(self) -> "ModelServeConfig":

