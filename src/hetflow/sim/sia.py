@@ -281,8 +281,10 @@ class RigidConfig:
         return self.step_time > 0 and self.iteration_s > 0
 
 
-def rigid_config(app: SiaApp, placement: Sequence[int], batch_size: int) -> RigidConfig:
-    """The artifact's ``Job.update_local_bsz`` with batch-size tuning off (Gavel's and rigid jobs)."""
+def rigid_config(app: SiaApp, placement: Sequence[int], batch_size: int, profile_cap: bool = True) -> RigidConfig:
+    """The artifact's ``Job.update_local_bsz`` with batch-size tuning off (Gavel's and rigid
+    jobs); ``profile_cap`` False: without the memory cap of the ``n``-GPU profiles, as Sia's
+    policy rates a rigid job (``SiaPolicy.get_throughputs``)."""
     p = tuple(x for x in placement if x)
     replicas = sum(p)
     max_local = app.max_local_bsz_at(p)
@@ -291,15 +293,17 @@ def rigid_config(app: SiaApp, placement: Sequence[int], batch_size: int) -> Rigi
     if replicas == 1 and batch_size > app.init_batch_size:
         accum = max(1, accum)
     atomic = math.ceil(local / (accum + 1) - 1e-8)
-    return fitted_config(app, p, atomic, accum)
+    return fitted_config(app, p, atomic, accum, profile_cap)
 
 
-def fitted_config(app: SiaApp, placement: tuple[int, ...], atomic: int, accum: int) -> RigidConfig:
+def fitted_config(app: SiaApp, placement: tuple[int, ...], atomic: int, accum: int,
+                  profile_cap: bool = True) -> RigidConfig:
     """A per-GPU batch and accumulation steps, capped by the memory limit of ``n``-GPU profiles
-    and the model's largest validated batch (the end of ``Job.update_local_bsz``)."""
+    (``profile_cap``) and the model's largest validated batch (the end of
+    ``Job.update_local_bsz``)."""
     replicas = sum(placement)
     mask = app.p_replicas == replicas
-    if mask.any():
+    if profile_cap and mask.any():
         atomic = int(min(atomic, app.p_local_bsz[mask].max()))
     atomic = min(int(atomic), int(app.max_batch_size / (replicas * (accum + 1))))
     step, sync = app.step_sync(placement, atomic)

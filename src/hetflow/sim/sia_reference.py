@@ -30,7 +30,8 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from hetflow.sim.sia import SIA_NAME, SLOWDOWN, Allocation, SiaJob, SiaSimulator, packed_placement
+from hetflow.sim.sia import (SIA_NAME, SLOWDOWN, Allocation, SiaJob, SiaSimulator, packed_placement,
+                             rigid_config)
 
 # The artifact's allocation configurations (nodes, GPUs) for 4- and 8-GPU nodes; a type offers
 # those with no more nodes than it has.
@@ -301,21 +302,10 @@ class SiaMipPolicy:
         got = self._rigid_thr.get(job.name)
         if got is None:
             got = {}
-            n = job.spec.num_replicas
-            for t in sim.types:
-                per = sim.per_node[t]
-                placement = [n] if n <= per else [per] * (n // per) + ([n % per] if n % per else [])
-                app = job.app(t)
-                local = math.ceil(job.spec.batch_size / n - 1e-8)
-                max_local = app.max_local_bsz_at(placement)
-                accum = math.ceil(local / max_local - 1e-8) - 1 if max_local == max_local else 0
-                if n == 1 and job.spec.batch_size > app.init_batch_size:
-                    accum = max(1, accum)
-                atomic = math.ceil(local / (accum + 1) - 1e-8)
-                atomic = min(atomic, int(app.max_batch_size / (n * (accum + 1))))
-                step, sync = app.step_sync(placement, atomic)
-                it = step + (step - sync) * accum
-                got[t] = job.spec.batch_size / it / SLOWDOWN.get(job.spec.app, 1.2) if it > 0 else 0.0
+            n, batch = job.spec.num_replicas, job.spec.batch_size
+            for t in sim.types:  # packed, without the profiles' memory cap (Sia's policy's own rule)
+                it = rigid_config(job.app(t), packed_placement(n, sim.per_node[t]), batch, profile_cap=False).iteration_s
+                got[t] = batch / it / SLOWDOWN.get(job.spec.app, 1.2) if it > 0 else 0.0
             self._rigid_thr[job.name] = got
         return got
 
@@ -371,14 +361,28 @@ class SiaMipPolicy:
     # the round ---------------------------------------------------------------------------------
 
     def decide(self, sim: SiaSimulator) -> dict[str, Allocation]:
-        configs = self._configs(sim)
+        configs, types = self._configs(sim), list(sim.types)
         jobs = sim.active()
         rigid = [j for j in jobs if j.kind == "rigid"]
         adapt = [j for j in jobs if j.kind != "rigid"]
-        types = list(sim.types)
         a_mat = np.array([self._adaptive_row(sim, j, configs) for j in adapt], dtype=np.float32).reshape(
             len(adapt), len(configs))
-        a_fac = [realloc_factor(j, sim.now, rigid=False) for j in adapt]
+        r_mat = self._rigid_matrix(sim, rigid, types)
+        fixed_a, fixed_r = self._discount(sim.now, a_mat, adapt, r_mat, rigid)
+        x = self._solve(sim, configs, types, a_mat, r_mat, adapt, rigid, fixed_a, fixed_r)
+        per_type = self._chosen(x, configs, types, adapt, rigid)
+        active = {j.name for j in jobs}
+        for kind in self.prev:
+            self.prev[kind] = {k: v for k, v in self.prev[kind].items() if k in active}
+        out: dict[str, Allocation] = {}
+        for t in types:
+            for name, nodes in place_fast(per_type[t], sim.nodes[t], sim.per_node[t]).items():
+                out[name] = (t, tuple(nodes))
+        return out
+
+    def _rigid_matrix(self, sim: SiaSimulator, rigid: list[SiaJob], types: list[str]) -> np.ndarray:
+        """Rigid jobs x types: throughput at the job's GPU count, scaled so that the slowest
+        type that runs it gives its GPU count (0 where a type has no profile for the gang)."""
         r_mat = np.zeros((len(rigid), len(types)))
         for i, j in enumerate(rigid):
             thr = self._rigid_throughputs(sim, j)
@@ -386,7 +390,15 @@ class SiaMipPolicy:
             runs = g > 0  # a type without a profile for the gang: goodput 0 (the cap of 3000 after the power)
             if runs.any():
                 r_mat[i] = np.where(runs, g * (j.spec.num_replicas / g[runs].min()), 0.0)
-        r_fac = [realloc_factor(j, sim.now, rigid=True) for j in rigid]
+        return r_mat
+
+    def _discount(self, now: float, a_mat: np.ndarray, adapt: list[SiaJob], r_mat: np.ndarray,
+                  rigid: list[SiaJob]) -> tuple[set[int], set[int]]:
+        """In place: a restoring job's row kept to its last configuration (rigid), and every
+        other configuration of a job that ran last round times its reallocation factor. The
+        restoring jobs (adaptive, rigid), whose configuration the program must keep."""
+        a_fac = [realloc_factor(j, now, rigid=False) for j in adapt]
+        r_fac = [realloc_factor(j, now, rigid=True) for j in rigid]
         fixed_r = {i for i, j in enumerate(rigid) if j.rescale_time > 0}
         fixed_a = {i for i, j in enumerate(adapt) if j.rescale_time > 0}
         for i in fixed_r:
@@ -402,6 +414,13 @@ class SiaMipPolicy:
                     v = mat[i, prev]
                     mat[i, :] *= fac[i]
                     mat[i, prev] = v
+        return fixed_a, fixed_r
+
+    def _solve(self, sim: SiaSimulator, configs: list[tuple[str, int, int]], types: list[str], a_mat: np.ndarray,
+               r_mat: np.ndarray, adapt: list[SiaJob], rigid: list[SiaJob], fixed_a: set[int],
+               fixed_r: set[int]) -> np.ndarray:
+        """The program (powers of the goodputs, GPUs per type, restoring jobs fixed), solved:
+        the adaptive jobs' configuration choices, then the rigid jobs' type choices, flat."""
         na, nr, nc, nt = len(adapt), len(rigid), len(configs), len(types)
         a_pow = self._pow(a_mat) if na else None
         r_pow = self._pow(r_mat) if nr else None
@@ -414,16 +433,20 @@ class SiaMipPolicy:
         fix_r = [(i, self.prev["rigid"][rigid[i].name]) for i in sorted(fixed_r)]
         solve = solve_cbc if (self.solver == "cbc" or (self.solver == "auto" and cbc_available())) else solve_highs
         xa, xr = solve(a_pow, r_pow, reduce, replicas, capacity, fix_a, fix_r, self.lambda_n, self.gap)
-        x = np.concatenate([xa.ravel() if na else np.zeros(0, dtype=int), xr.ravel() if nr else np.zeros(0, dtype=int)])
+        return np.concatenate([xa.ravel() if na else np.zeros(0, dtype=int),
+                               xr.ravel() if nr else np.zeros(0, dtype=int)])
+
+    def _chosen(self, x: np.ndarray, configs: list[tuple[str, int, int]], types: list[str],
+                adapt: list[SiaJob], rigid: list[SiaJob]) -> dict[str, dict[str, int]]:
+        """The solution as GPUs per job on each type; each job's choice kept for the next round."""
+        na, nc, nt = len(adapt), len(configs), len(types)
         per_type: dict[str, dict[str, int]] = {t: {} for t in types}
-        chosen: dict[str, str | None] = {}
         for i, j in enumerate(rigid):
             sel = x[na * nc + i * nt: na * nc + (i + 1) * nt]
             k = int(np.argmax(sel)) if sel.sum() else None
             self.prev["rigid"][j.name] = k
             if k is not None:
                 per_type[types[k]][j.name] = j.spec.num_replicas
-                chosen[j.name] = types[k]
         for i, j in enumerate(adapt):
             sel = x[i * nc:(i + 1) * nc]
             c = int(np.argmax(sel)) if sel.sum() else None
@@ -431,15 +454,7 @@ class SiaMipPolicy:
             if c is not None:
                 t, _, g = configs[c]
                 per_type[t][j.name] = g
-                chosen[j.name] = t
-        active = {j.name for j in jobs}
-        for kind in self.prev:
-            self.prev[kind] = {k: v for k, v in self.prev[kind].items() if k in active}
-        out: dict[str, Allocation] = {}
-        for t in types:
-            for name, nodes in place_fast(per_type[t], sim.nodes[t], sim.per_node[t]).items():
-                out[name] = (t, tuple(nodes))
-        return out
+        return per_type
 
 
 def cbc_available() -> bool:
