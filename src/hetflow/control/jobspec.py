@@ -697,15 +697,21 @@ class JobSpec(_Section):
     def total_work(self) -> float:
         if self.work.seconds is not None:
             return self.work.seconds
-        train = self.train_config().train if self.kind == "train" and isinstance(self.train, dict) else None
         # steps of the batch it is declared with: a goodput-adaptive job's count reference
-        # steps, each step of that batch train.step_gain of them
-        gain = train.step_gain if train is not None else 1.0
+        # steps, each step of that batch train.step_gain of them (1 for every other job)
+        gain = self._step_gain()
         if self.work.steps is not None:
             return self.work.steps / gain
-        if train is not None:
-            return train.steps / gain
+        if self.kind == "train" and isinstance(self.train, dict):
+            return self.train_config().train.steps / gain
         return float("inf")
+
+    def _step_gain(self) -> float:
+        """A goodput-adaptive job's ``train.step_gain`` at its declared size (1: any other job,
+        whose config is not parsed for it - the policy reads :attr:`total_work` often)."""
+        if self.goodput is None or self.kind != "train" or not isinstance(self.train, dict):
+            return 1.0
+        return self.train_config().train.step_gain
 
     def done_steps(self, end_step: int, progress: float | None) -> float:
         """Work done by a training attempt that ended at ``end_step`` with ``progress``
@@ -714,7 +720,7 @@ class JobSpec(_Section):
         batch the attempt ran."""
         if progress is None or self.kind != "train" or not isinstance(self.train, dict):
             return float(end_step)
-        return progress / self.train_config().train.step_gain
+        return progress / self._step_gain()
 
     @property
     def effective_job_type(self) -> str:
