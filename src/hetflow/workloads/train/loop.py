@@ -67,7 +67,6 @@ class RankResult:
     progress: float = 0.0  # reference steps done when it returned (= end_step at step_gain 1)
 
 
-
 # Preemption hook: when this environment variable names a file and that file appears, every
 # rank checkpoints after the current step and returns with ``stopped`` set (the cluster
 # controller sets it in the ranks' environment; a plain ``hetflow train`` never does).
