@@ -99,3 +99,24 @@ def test_a_jobs_devices_type_is_model_with_one_deprecation_line(tmp_path: Path) 
     assert out.returncode == 0, out.stderr
     assert out.stderr.strip() == ("hetflow: deprecated: devices.type: write devices.model: MI300X "
                                   "(type is read until the next release)")
+
+
+def test_the_workflows_serve_stage_and_a_tuning_trial_take_it_too() -> None:
+    import yaml as _yaml
+
+    from hetflow.workflow.spec import workflow_from_dict
+    from hetflow.workloads.tune.config import tuning_config_from_dict
+
+    doc = _yaml.safe_load((Path(__file__).parents[2] / "examples" / "digits.yaml").read_text())
+    flat = workflow_from_dict({**doc, "serve": {**doc["serve"], "device": "cpu", "memory": "1GiB"}})
+    stage = {k: v for k, v in doc["serve"].items() if k not in ("device", "memory")}
+    new = workflow_from_dict({**doc, "serve": {**stage, "devices": {"kind": "cpu", "memory": "1GiB"}}})
+    assert new == flat and new.serve.device == "cpu" and new.serve.memory == "1GiB"
+    with pytest.raises(InputError, match="devices: model does not apply to the serve stage"):
+        workflow_from_dict({**doc, "serve": {**stage, "devices": {"model": "L40S"}}})
+    base = {"base": {"model": {"kind": "mlp", "hidden": [32]}, "resources": {"devices": "cpu"}},
+            "space": {"train": {"lr": {"loguniform": [1e-4, 0.1]}}}}
+    assert tuning_config_from_dict({**base, "trial": {"devices": {"memory": "2GiB"}}}) == \
+        tuning_config_from_dict({**base, "trial": {"memory": "2GiB"}})
+    with pytest.raises(InputError, match="devices: kind does not apply to a trial"):
+        tuning_config_from_dict({**base, "trial": {"devices": "gpu"}})

@@ -25,6 +25,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from hetflow.core.devices import fold_devices
 from hetflow.core.errors import InputError
 from hetflow.core.validation import field_errors
 from hetflow.core.yamlfile import read_user_text
@@ -116,6 +117,13 @@ class ServeStage(_Section):
     keep_serving: bool = False
     """Leave the application running when the run ends (the process then waits for Ctrl-C);
     default: shut it down after the load test."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _devices(cls, data: Any) -> Any:
+        """``devices: cpu`` / ``{kind: gpu, memory: 1GiB}`` (hetflow.core.devices), as in a
+        serving config; the flat keys are the earlier spelling."""
+        return fold_devices(data, {"kind": "device", "memory": "memory"}, "the serve stage")
 
 
 class LoadTestStage(_Section):

@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from hetflow.core.devices import fold_devices
 from hetflow.core.errors import InputError
 from hetflow.core.validation import describe
 from hetflow.core.yamlfile import read_yaml
@@ -136,6 +137,13 @@ class TrialConfig(_Section):
     reuse_actors: bool = True
     """Run the next trial in a finished trial's process when their resources match (saves
     starting Python and importing torch for every trial)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _devices(cls, data: Any) -> Any:
+        """``devices: {memory: 2GiB}`` (hetflow.core.devices; a trial's kind and model are its
+        base training config's ``resources``); the flat ``memory`` is the earlier spelling."""
+        return fold_devices(data, {"memory": "memory"}, "a trial (its kind and model are base.resources)")
 
     @field_validator("memory")
     @classmethod
