@@ -211,6 +211,28 @@ def test_fragmentation_aware_placement_counts_cpu() -> None:
     assert fgd.place(free, req, ["t"]).host == 1
 
 
+def test_fragmentation_ties_go_to_the_placement_that_balances_cpu_against_free_gpus() -> None:
+    # Two nodes with 4 free GPUs each; the usual request is 1 GPU with 10 cores. Node 0 is rich
+    # in CPU (80 cores), node 1 poor (20 cores: two of its GPUs already lack CPU). A light
+    # request (1 GPU, 2 cores) leaves the usual request fitting on either node, so FGD's score
+    # ties; the tighter fit ties too, and the index would pick node 0. Balance sends it to node 1,
+    # keeping node 0's cores for requests that need them.
+    model = cluster(node("rich", "t", 4, cpu_cores=80, memory_mib=65536),
+                    node("poor", "t", 4, cpu_cores=20, memory_mib=65536))
+    fgd = TopologyPlacer().with_mix({(1, 1000): 5.0}, {(1, 1000): (10000.0, 1024.0)})
+    free = FreeCapacity(model)
+    assert fgd.place(free, Request(1, 1000, 2000, 100), ["t"]).host == 1
+    # a heavy request (1 GPU, 16 cores) would leave node 1 with too few cores for the usual one
+    assert fgd.place(free, Request(1, 1000, 16000, 100), ["t"]).host == 0
+    # a request without GPUs goes beside busy GPUs, where its cores strand none
+    busy = cluster(node("idle", "t", 1, cpu_cores=40, memory_mib=65536),
+                   node("busy", "t", 1, cpu_cores=40, memory_mib=65536))
+    free = FreeCapacity(busy)
+    free.take(Assignment("t", ((1, 0),), host=1, cpu_milli=2000, memory_mib=100))
+    fgd = TopologyPlacer().with_mix({(1, 1000): 5.0, (0, 1000): 1.0}, {(1, 1000): (4000.0, 1024.0)})
+    assert fgd.place(free, Request(0, 1000, 6000, 100), ["t"]).host == 1
+
+
 def _min_pair_gbps(model: ClusterModel, snap: ClusterSnapshot, slots) -> float:
     nodes = {n.name: n for n in snap.nodes}
     pairs = [(a, b) for i, a in enumerate(slots) for b in slots[i + 1:]]

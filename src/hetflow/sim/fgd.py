@@ -23,8 +23,9 @@ data/traces/alibaba-gpu-2023/fgd-reference/PROTOCOL.md and docs/simulator.md:
   ``FGD`` (fragmentation gradient descent over the typical pods), ``Random``; and the live
   controller's policies by their registry names: ``hetflow`` (and ``fifo``) place each pod with
   the registry class and its placer through :mod:`hetflow.sim.live_fgd` - for ``hetflow``,
-  ``TopologyPlacer.with_mix``: FGD's fragmentation measure against the typical pods, unrounded,
-  then the tightest fit, then the lowest node rank (the adapter orders the cluster by rank).
+  ``TopologyPlacer.with_mix``: FGD's fragmentation score against the typical pods, then the
+  node's CPU balance against its free GPUs (a pod without GPUs: the most spare CPU first), then
+  the tightest fit, then the lowest node rank (the adapter orders the cluster by rank).
 
 For the reference policies a node's score for a class of pod changes only when that node
 changes, so scores are cached per pod class and recomputed only for nodes touched since;

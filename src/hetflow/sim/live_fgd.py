@@ -24,7 +24,8 @@ Descent, the code that places shared-GPU and host-bound jobs in the controller.
 
 **Ties.** The protocol sends ties to the lowest node rank. The live placer breaks its ties by
 node index in the cluster model (after its own rules: for FGD scoring the least fragmentation
-increase, then the tightest fit, then the index; a shared pod takes the lowest GPU position of
+increase as FGD's integer score, then the CPU balance, then the tightest fit, then the index; a
+pod without GPUs takes the most spare CPU first; a shared pod takes the lowest GPU position of
 equal choices); because the pools are built in node-rank order, its lowest index is the lowest
 rank. Nothing here re-scores or re-orders a placement.
 

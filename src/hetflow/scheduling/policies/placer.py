@@ -11,7 +11,7 @@ search:
   spans nodes only when no single node can hold it. With a demand mix (``with_mix``) it scores
   shared-GPU and host-bound requests by Fragmentation Gradient Descent (Weng et al., ATC'23):
   the placement that least increases the expected unusable GPU share for the request sizes seen
-  so far.
+  so far, its ties to the node whose CPU it brings closest to what the node's free GPUs need.
 - :class:`BestFitPlacer`: best fit across all given types, no topology (the packing baseline).
 - :class:`FirstFitPlacer`: the first node in cluster order with room, any type (what a
   heterogeneity-agnostic scheduler, and Ray by default, does).
@@ -301,7 +301,15 @@ def _fgd_place(free: FreeCapacity, request: Request, device_types: Sequence[str]
     node at all (too few devices, no device with m free, or not enough CPU or memory left),
     otherwise the free share on devices too small for k (partial devices for whole-GPU
     classes). Expected fragmentation weighs the classes by how often they arrived (the
-    ``MAX_CLASSES`` most common). Ties go to the tighter fit.
+    ``MAX_CLASSES`` most common); the increase is scored as FGD scores it (an integer, so
+    increases within about 40 milli-GPU tie).
+
+    CPU balance breaks those ties: a node's balance is its free CPU minus what its free GPU share
+    needs at the mix's mean CPU per GPU. A host-bound GPU request goes where its placement brings
+    the balance closest to zero - a CPU-light request to a CPU-poor node, a CPU-heavy one to a
+    CPU-rich node - so that fewer GPUs end up free beside a host without the CPU to use them. A
+    request without GPUs goes first where the most CPU is spare (beside busy GPUs), then by
+    score. Remaining ties go to the tighter fit, then the node index.
     """
     model = free.model
     idx = _type_nodes(model, device_types)
@@ -373,8 +381,22 @@ def _fgd_place(free: FreeCapacity, request: Request, device_types: Sequence[str]
         part = np.where((fm > 0) & (fm < WHOLE), fm, 0).max(axis=1)[inv]
         a_max = np.where(a_whole > 0, WHOLE, part)
     after = frag(a_partial, a_total, a_whole, a_max, a_cpu, a_mem)
-    delta = np.round(after - before, 6)
-    best = int(np.lexsort((rows, a_total, delta))[0])
+    # FGD's own score: 100 x sigmoid(-increase / 1000), truncated; one point is about 40 milli-GPU
+    # of fragmentation near zero, and placements within a point tie
+    score = np.floor(100.0 / (1.0 + np.exp((after - before) / 1000.0)))
+    # CPU balance: the CPU a node has beyond what its free GPU share will need at the mix's CPU
+    # per GPU. Among equal scores a host-bound request goes where it brings that balance nearest
+    # zero (no GPU left without CPU, no CPU left beside busy GPUs); a request without GPUs goes
+    # where the most CPU is spare, before its score
+    gpu_share = weights * g_arr * np.where(frac_k, m_arr, WHOLE) / WHOLE
+    per_gpu = float((weights * cpu_k).sum() / gpu_share.sum()) if gpu_share.sum() > 0 else 0.0
+    surplus = a_cpu - a_total / WHOLE * per_gpu
+    if request.num_gpus == 0:
+        best = int(np.lexsort((rows, -score, -surplus))[0])
+    else:
+        was = cpu[inv] - total[inv] / WHOLE * per_gpu
+        balance = np.abs(surplus) - np.abs(was) if request.uses_host else np.zeros(len(rows))
+        best = int(np.lexsort((rows, a_total, np.round(balance, 6), -score))[0])
     node = int(idx[rows[best]])
     t = model.nodes[node].device_type
     if request.num_gpus == 0:
