@@ -224,6 +224,13 @@ def test_fragmentation_ties_go_to_the_placement_that_balances_cpu_against_free_g
     assert fgd.place(free, Request(1, 1000, 2000, 100), ["t"]).host == 1
     # a heavy request (1 GPU, 16 cores) would leave node 1 with too few cores for the usual one
     assert fgd.place(free, Request(1, 1000, 16000, 100), ["t"]).host == 0
+    # ... but a CPU-rich node in use comes before an unused one (kept whole for a large
+    # request), though the unused one is the tighter fit and its balance gains as much
+    model = cluster(node("used", "t", 4, cpu_cores=70, memory_mib=65536),
+                    node("unused", "t", 2, cpu_cores=60, memory_mib=65536))
+    free = FreeCapacity(model)
+    free.take(Assignment("t", ((0, 0),), host=0, cpu_milli=10000, memory_mib=100))
+    assert fgd.place(free, Request(1, 1000, 16000, 100), ["t"]).host == 0
     # a request without GPUs goes beside busy GPUs, where its cores strand none
     busy = cluster(node("idle", "t", 1, cpu_cores=40, memory_mib=65536),
                    node("busy", "t", 1, cpu_cores=40, memory_mib=65536))

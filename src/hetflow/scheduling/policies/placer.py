@@ -307,7 +307,8 @@ def _fgd_place(free: FreeCapacity, request: Request, device_types: Sequence[str]
     CPU balance breaks those ties: a node's balance is its free CPU minus what its free GPU share
     needs at the mix's mean CPU per GPU. A host-bound GPU request goes where its placement brings
     the balance closest to zero - a CPU-light request to a CPU-poor node, a CPU-heavy one to a
-    CPU-rich node - so that fewer GPUs end up free beside a host without the CPU to use them. A
+    CPU-rich node already in use (an unused node gains nothing by it, so whole nodes stay whole
+    for large requests) - so that fewer GPUs end up free beside a host without the CPU. A
     request without GPUs goes first where the most CPU is spare (beside busy GPUs), then by
     score. Remaining ties go to the tighter fit, then the node index.
     """
@@ -396,6 +397,10 @@ def _fgd_place(free: FreeCapacity, request: Request, device_types: Sequence[str]
     else:
         was = cpu[inv] - total[inv] / WHOLE * per_gpu
         balance = np.abs(surplus) - np.abs(was) if request.uses_host else np.zeros(len(rows))
+        # a node none of whose GPUs is in use yet gains nothing by its balance: it stays whole
+        # for a large request (one that needs all of a CPU-rich node) while a used node ties
+        unused = total[inv] == (milli[nodes] >= 0).sum(axis=1)[inv] * WHOLE
+        balance = np.where(unused, np.maximum(balance, 0.0), balance)
         best = int(np.lexsort((rows, a_total, np.round(balance, 6), -score))[0])
     node = int(idx[rows[best]])
     t = model.nodes[node].device_type
