@@ -42,7 +42,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from hetflow.workloads.serve import protocols
 from hetflow.workloads.serve.keys import KeyRecord, KeyStore, open_store, period_end, period_key
+from hetflow.workloads.serve.headers import KEY_HEADER, MODELS_HEADER, TOKENS_HEADER, allowed_models, check_allowed
 from hetflow.workloads.serve.stream_usage import AT_END_VAR
 from hetflow.workloads.serve.upstream import model_var_rules
 
@@ -51,9 +53,6 @@ REQUESTS_TABLE = "st_requests"  # per key: gpc0 admitted, gpc1 refused over a li
 TOKENS_TABLE = "st_tokens"  # per key: gpc0 tokens; its rate per 60 s
 SUSTAIN_TABLE = "st_sustain"  # per key: gpc0 admitted; its rate per SUSTAIN_S (keys with a burst)
 SUSTAIN_S = 10  # the window a key with a burst must keep its requests-per-second rate over
-KEY_HEADER = "x-hetflow-key"
-MODELS_HEADER = "x-hetflow-models"
-TOKENS_HEADER = "x-hetflow-tokens"
 TPM_RETRY_S = 10
 
 
@@ -77,7 +76,7 @@ def frontend_rules(access: AccessPlan, map_dir: str, root: str) -> list[str]:
     m = {name: os.path.join(map_dir, f"{name}.map") for name in MAPS}
     json_err = "content-type application/json string"
     lines = [
-        f"    acl open_path path {root}/health {root}/healthz {root}/v2/health/live {root}/v2/health/ready",
+        "    acl open_path path " + " ".join(root + p for p in protocols.probe_paths()),
         "    acl one_bearer req.hdr_cnt(authorization) eq 1",
         "    acl bearer_form req.hdr(authorization) -m reg -i \"^bearer +[^ ]\"",
         "    acl one_api_key req.hdr_cnt(x-api-key) eq 1",
@@ -386,13 +385,6 @@ class UsageMeter:
         return {name: dict(v) for name, v in sorted(self.counted.items())}
 
 
-def allowed_models(header: str | None) -> set[str] | None:
-    """The gateway's reading of ``x-hetflow-models``: None = every model."""
-    if header is None or header.strip() == "*":
-        return None
-    return {m for m in header.split(",") if m}
-
-
 class KeyState:
     """The front door's API keys: the maps HAProxy reads, kept in step with the key store
     (a revocation, rotation or expiry reaches HAProxy within a poll), and usage."""
@@ -462,6 +454,6 @@ class KeyState:
         self.meter.save(every_s=0.0 if final else 1.0)
 
 
-__all__ = ["AccessPlan", "KEY_HEADER", "KeyState", "MAPS", "MODELS_HEADER", "TOKENS_HEADER", "UsageMeter", "admit_rules", "allowed_models",
+__all__ = ["AccessPlan", "KEY_HEADER", "KeyState", "MAPS", "MODELS_HEADER", "TOKENS_HEADER", "UsageMeter", "admit_rules", "allowed_models", "check_allowed",
            "apply_maps", "frontend_rules", "map_entries", "over_limit_conditions", "preamble_rules", "read_table",
            "no_free_slot", "queue_limit_server_option", "shed_return", "shed_rules", "table_sections", "write_maps"]

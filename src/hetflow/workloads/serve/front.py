@@ -47,13 +47,14 @@ from typing import Any
 
 from hetflow.core.errors import InputError
 from hetflow.workloads.serve import access as acc
+from hetflow.workloads.serve import protocols
 from hetflow.workloads.serve import stream_usage
 from hetflow.workloads.serve import upstream as up
 from hetflow.workloads.serve.config import is_loopback
+from hetflow.workloads.serve.headers import PATH_HEADER
 from hetflow.workloads.serve.metrics import ReplicaReports
 
 INTERNAL_PREFIX = "/_hetflow"  # Serve route prefixes of hetflow's applications
-PATH_HEADER = "x-hetflow-path"  # the path the client sent (HAProxy rewrites the path itself)
 FAST_ENV = {
     # Direct ingress: each ingress replica serves HTTP on its own port (from 30000); user
     # code on the replica's event loop; gRPC between deployments. Ray 2.60 serve/_private/
@@ -252,13 +253,14 @@ def render_config(plan: FrontPlan, servers: dict[str, list[Server]], admin_socke
         if plan.access is None and not plan.upstreams:  # neither set txn.model already
             lines += up.model_var_rules(root, plan.default_model)
         lines.append("    http-request set-var(txn.completion) var(txn.model) if METH_POST "
-                     f"{{ path {root}/v1/completions }} {{ var(txn.model) -m found }}")
+                     f"{{ path {' '.join(root + p for p in protocols.body_model_paths(replica=True))} }} "
+                     "{ var(txn.model) -m found }")
     over_limit = {}
     for model in direct:
         acl = backend_name(model)
-        lines.append(f"    acl is_{acl} path_beg {root}/v1/models/{model}/ "
-                     f"{root}/v2/models/{model}/")
-        lines.append(f"    acl is_{acl} path {root}/v1/models/{model} {root}/v2/models/{model}")
+        own = [root + p.replace("{model}", model) for p in protocols.model_prefixes()]
+        lines.append(f"    acl is_{acl} path_beg " + " ".join(p + "/" for p in own))
+        lines.append(f"    acl is_{acl} path " + " ".join(own))
         if model in plan.generative:
             lines.append(f"    acl is_{acl} var(txn.completion) -m str {model}")
         if plan.queue_limits.get(model):

@@ -56,11 +56,12 @@ class InputSpec:
 class RequestError(Exception):
     """A request refused with an HTTP status (always 4xx) and a message for the client."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, param: str | None = None) -> None:
         assert 400 <= status < 500, status
         super().__init__(message)
         self.status = status
         self.message = message
+        self.param = param  # the request field at fault, where a protocol's errors name it
 
 
 @dataclass(frozen=True)

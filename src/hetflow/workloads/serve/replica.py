@@ -22,17 +22,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from hetflow.runtime.resources import visible_devices
-from hetflow.workloads.serve import kserve, openai_api
-from hetflow.workloads.serve.access import MODELS_HEADER, TOKENS_HEADER, allowed_models
+from hetflow.workloads.serve import protocols
 from hetflow.workloads.serve.metrics import GatewayMetrics
-from hetflow.workloads.serve.protocol import (
-    InputSpec,
-    PredictRequest,
-    RequestError,
-    error_body,
-    parse_predict,
-)
-from hetflow.workloads.serve.web import JSON, client_path, completion_answer, front_name, json_response, read_body, v2_response
+from hetflow.workloads.serve.protocol import InputSpec, PredictRequest, RequestError
+from hetflow.workloads.serve.web import client_path, front_name
 
 
 if TYPE_CHECKING:  # torch is imported where a model is built, not by the gateway's replicas
@@ -123,68 +116,33 @@ class ModelServer:
         return self.predict_many([r.rows for r in requests], [r.probabilities for r in requests])
 
     async def __call__(self, request: Request) -> Response:
-        started = time.perf_counter()
+        """A model's own request, by the protocol table's routes a replica answers
+        (:mod:`.protocols`)."""
         path = client_path(request)
         model = self.settings.model
         try:
-            if request.method != "POST":
-                raise RequestError(405, f"{path} takes POST, not {request.method}")
-            if path == "/v1/completions" and self.settings.max_new_tokens:
-                return await self._completions(request, started)
-            if path == f"/v1/models/{model}/predict":
-                body = await read_body(request, self.settings.max_body_bytes)
-                parsed = parse_predict(body, self.specs, path_model=model, default_model=model,
-                                       max_rows=self.settings.max_rows)
-                infer = None
-            elif path == f"/v2/models/{model}/infer":
-                header = request.headers.get(kserve.HEADER_LENGTH)
-                body = await read_body(request, self.settings.max_body_bytes,
-                                       json_only=header is None)
-                infer = kserve.parse_infer(body, header, self.settings.input, model=model,
-                                           max_rows=self.settings.max_rows)
-                parsed = infer.request
-            else:
-                raise RequestError(404, f"no endpoint {path}; try POST /v1/models/{model}/predict "
-                                        f"or /v2/models/{model}/infer")
+            try:
+                hit = protocols.match(path, request.method, replica=True)
+            except RequestError as exc:
+                if exc.status != 404:
+                    raise
+                hit = None
+            if hit is None or hit.params.get("model", model) != model:
+                raise RequestError(404, f"no endpoint {path}; try POST " + " or ".join(
+                    r.path.replace("{model}", model) for _, r in protocols.routes()
+                    if r.replica is not None and not r.model_in_body))
+            assert hit.route.replica is not None
+            return await hit.route.replica(self, request, path, hit.params)
         except RequestError as exc:
             self.metrics.answered("-", exc.status)
             self.reporter.changed()
-            return Response(error_body(exc.message), status_code=exc.status, media_type=JSON)
-        result = await self.answer(parsed)
-        self.metrics.served(model, model, time.perf_counter() - started,
-                            result["batch"]["requests"])
-        self.reporter.changed()
-        if infer is not None:
-            return v2_response(model, infer, result, model)
-        result.update(model=model, served_by=model, fallback=False)
-        return json_response(200, result)
+            return protocols.error_response(path, exc.status, exc.message, exc.param)
 
-    async def _completions(self, request: Request, started: float) -> Response:
-        """OpenAI ``POST /v1/completions`` of this model, answered here (the front door sends
-        a completion naming this model straight to its replicas, where its queue limit
-        counts it; the gateway answers it only when no replica is up, with the fallback)."""
+    def served(self, started: float, result: dict[str, Any]) -> None:
+        """Count one answered request (its batch's request count, from ``result``)."""
         model = self.settings.model
-        try:
-            body = await read_body(request, self.settings.max_body_bytes)
-            req = openai_api.parse_completion(body, {model: self.settings.input.width}, [model],
-                                              default_model=model,
-                                              max_new_tokens=self.settings.max_new_tokens)
-            allowed = allowed_models(request.headers.get(MODELS_HEADER))
-            if allowed is not None and req.model not in allowed:
-                raise RequestError(403, "this API key may not use this model")
-        except RequestError as exc:
-            self.metrics.answered("-", exc.status)
-            self.reporter.changed()
-            return Response(openai_api.error_body(exc.message), status_code=exc.status,
-                            media_type=JSON)
-        tokens = self.generate(req.prompt, req.max_tokens, req.temperature, req.top_p, req.seed)
-
-        def ended() -> None:
-            self.metrics.served(model, model, time.perf_counter() - started, 1)
-            self.reporter.changed()
-
-        # stop: the loop over the tokens ends, and this replica's generator with it
-        return await completion_answer(req, tokens, lambda: None, ended, TOKENS_HEADER)
+        self.metrics.served(model, model, time.perf_counter() - started, result["batch"]["requests"])
+        self.reporter.changed()
 
     async def answer(self, parsed: PredictRequest) -> dict[str, Any]:
         """A checked request's result, batched with concurrent ones when batching is on."""

@@ -35,10 +35,11 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from hetflow.workloads.serve import stream_usage
+from hetflow.workloads.serve import protocols, stream_usage
 from hetflow.workloads.serve.stream_usage import AT_END_VAR
 
-OPENAI_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/embeddings")
+# an upstream's protocol -> the serving protocol (protocols.registry()) whose model paths it takes
+UPSTREAM_PROTOCOLS = {"openai": "openai", "kserve-v2": "kserve_v2"}
 LUA_FILE = "upstream.lua"
 
 
@@ -152,12 +153,13 @@ def model_var_rules(root: str, default_model: str | None) -> list[str]:
     on the JSON/OpenAI paths, else the default model on ``/v1/predict``); a rule that
     finds it set leaves it."""
     depth = root.count("/")
+    in_body, prefixes = protocols.model_paths()
+    under = "|".join(re.escape(p) for p in prefixes)
     lines = [
-        f"    http-request set-var(txn.model) path,field({depth + 4},/) "
-        f"if !{{ var(txn.model) -m found }} {{ path_reg ^{re.escape(root)}/v[12]/models/[^/]+ }}",
-        f"    http-request set-var(txn.model) req.body,json_query('$.model') "
-        f"if !{{ var(txn.model) -m found }} {{ path {root}/v1/predict "
-        + " ".join(root + p for p in OPENAI_PATHS) + " }",
+        f"    http-request set-var(txn.model) path,field({depth + protocols.model_segment() + 2},/) "
+        f"if !{{ var(txn.model) -m found }} {{ path_reg ^{re.escape(root)}({under})[^/]+ }}",
+        "    http-request set-var(txn.model) req.body,json_query('$.model') "
+        "if !{ var(txn.model) -m found } { path " + " ".join(root + p for p in in_body) + " }",
     ]
     if default_model:
         lines.append(f"    http-request set-var(txn.model) str({default_model}) "
@@ -173,10 +175,11 @@ def protocol_acls(ups: tuple[UpstreamPlan, ...], root: str) -> list[str]:
     """One ACL per upstream: the request is of the upstream's protocol."""
     lines = []
     for up in ups:
-        if up.protocol == "openai":
-            lines.append(f"    acl {protocol_acl_name(up)} path " + " ".join(root + p for p in OPENAI_PATHS))
-        else:
-            lines.append(f"    acl {protocol_acl_name(up)} path_beg {root}/v2/models/")
+        exact, prefixes = protocols.model_paths(UPSTREAM_PROTOCOLS[up.protocol])
+        if exact:
+            lines.append(f"    acl {protocol_acl_name(up)} path " + " ".join(root + p for p in exact))
+        if prefixes:
+            lines.append(f"    acl {protocol_acl_name(up)} path_beg " + " ".join(root + p for p in prefixes))
     return lines
 
 
@@ -467,6 +470,6 @@ def read_upstream_stats(show_stat: str) -> dict[str, dict[str, Any]]:
     return out
 
 
-__all__ = ["LUA", "OPENAI_PATHS", "haproxy_server_name", "UpstreamPlan", "backend_name", "backend_sections", "key_env_name", "llm_backend",
+__all__ = ["LUA", "UPSTREAM_PROTOCOLS", "haproxy_server_name", "UpstreamPlan", "backend_name", "backend_sections", "key_env_name", "llm_backend",
            "model_var_rules", "plan_upstreams", "protocol_acl_name", "protocol_acls", "system_ca_file", "read_upstream_stats", "routing_rules", "server_rows",
            "upstream_secrets", "write_lua"]

@@ -12,9 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from hetflow.workloads.serve import kserve
-from hetflow.workloads.serve.front import (
-    PATH_HEADER,
-)
+from hetflow.workloads.serve.headers import PATH_HEADER
 from hetflow.workloads.serve.protocol import (
     RequestError,
 )
@@ -62,11 +60,6 @@ def client_path(request: Request) -> str:
 
 async def resolve(response: Any) -> Any:
     return await response
-
-
-def require(method: str, wanted: str, path: str) -> None:
-    if method != wanted:
-        raise RequestError(405, f"{path} takes {wanted}, not {method}")
 
 
 def json_response(status: int, payload: dict[str, Any]) -> Response:
@@ -142,4 +135,4 @@ def url_of(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-__all__ = ["client_path", "completion_answer", "front_name", "JSON", "json_response", "QUIET", "read_body", "require", "resolve", "url_of", "v2_response"]
+__all__ = ["client_path", "completion_answer", "front_name", "JSON", "json_response", "QUIET", "read_body", "resolve", "url_of", "v2_response"]
