@@ -26,6 +26,7 @@ that owns the path's prefix.
 from __future__ import annotations
 
 import functools
+from types import MappingProxyType
 from typing import Any, Mapping
 
 from hetflow.workloads.serve.protocol import RequestError
@@ -60,21 +61,41 @@ def owner(path: str) -> Protocol:
     return prefixed[0] if prefixed else registry()[0]
 
 
+_MATCHED: dict[tuple, Match | tuple[int, str]] = {}  # (registry id, path, method, replica) -> answer
+_MATCHED_MAX = 4096  # distinct paths remembered (a model's requests repeat one path)
+
+
 def match(path: str, method: str, *, replica: bool = False) -> Match:
     """The route answering ``method`` on ``path`` (only routes a replica answers when
-    ``replica``); RequestError 405 when the path is known under another method, else 404."""
-    table = [(p, r) for p, r in routes() if not replica or r.replica is not None]
+    ``replica``); RequestError 405 when the path is known under another method, else 404.
+
+    Every request of every replica and gateway calls it, so answers are remembered per path."""
+    table = registry()
+    key = (id(table), path, method, replica)
+    answer = _MATCHED.get(key)
+    if answer is None:
+        answer = _match(table, path, method, replica)
+        if len(_MATCHED) >= _MATCHED_MAX:
+            _MATCHED.clear()
+        _MATCHED[key] = answer
+    if isinstance(answer, Match):
+        return answer
+    raise RequestError(*answer)
+
+
+def _match(table: tuple[Protocol, ...], path: str, method: str, replica: bool) -> Match | tuple[int, str]:
+    candidates = [(p, r) for p in table for r in p.routes if not replica or r.replica is not None]
     for exact in (True, False):
-        hits = [(p, r, got) for p, r in table if r.greedy != exact
+        hits = [(p, r, got) for p, r in candidates if r.greedy != exact
                 for got in [r.params(path)] if got is not None]
         if not hits:
             continue
         for p, r, got in hits:
             if r.method == method:
-                return Match(p, r, got)
+                return Match(p, r, MappingProxyType(got))  # shared: read-only
         wanted = " or ".join(dict.fromkeys(r.method for _, r, _ in hits))
-        raise RequestError(405, f"{path} takes {wanted}, not {method}")
-    raise RequestError(404, f"no endpoint {path}; {owner(path).hint}")
+        return 405, f"{path} takes {wanted}, not {method}"
+    return 404, f"no endpoint {path}; {owner(path).hint}"
 
 
 def model_prefixes() -> list[str]:

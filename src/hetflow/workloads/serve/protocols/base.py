@@ -77,7 +77,7 @@ class Protocol:
 class Match:
     protocol: Protocol
     route: Route
-    params: dict[str, str]
+    params: Mapping[str, str]
 
 
 __all__ = ["Handler", "Match", "Protocol", "Route"]
