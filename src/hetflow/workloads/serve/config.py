@@ -19,6 +19,9 @@ Cross-field rules (:func:`combination_errors`): model names are unique; every ``
 ``default_model`` names a model of the file and fallbacks form no cycle; a model gives exactly
 one of ``train_config`` / ``train``; ``replicas`` and ``autoscaling`` exclude each other;
 bf16/fp16 run on GPUs only and int8 on CPUs only.
+
+Why one file of about 660 lines: every section's schema, read top to bottom as the YAML is;
+each field's docstring is its documentation, and the cross-section checks need them all.
 """
 
 from __future__ import annotations

@@ -1,6 +1,10 @@
 """Deploying a planned config: the Serve applications (one per replica group, plus the
 gateway), the front door, readiness, and stopping (:func:`deploy`, :func:`stop`). The shape of
-the whole application: :mod:`.app`."""
+the whole application: :mod:`.app`.
+
+Why one file of about 430 lines: the deploy lifecycle in its order (applications, front
+door, readiness, stop), each step reading the previous one's state.
+"""
 
 from __future__ import annotations
 

@@ -28,6 +28,10 @@ admin socket): a model is ready when one of its servers is UP, or its fallback's
 
 :func:`render_config` is pure (tested on its own); :class:`FrontDoor` is the Ray actor that owns
 the HAProxy process (killed with the actor: ``PR_SET_PDEATHSIG``).
+
+Why one file of about 730 lines: the config's renderer and the actor that runs and reloads
+HAProxy must agree on every backend, server and map name; apart, each rule's change would
+touch both.
 """
 
 from __future__ import annotations

