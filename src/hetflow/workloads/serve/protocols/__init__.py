@@ -10,8 +10,8 @@ routes, its error body and its handlers. The routers read nothing else:
 - the **front door** (HAProxy, :mod:`~hetflow.workloads.serve.front`) sends a model's own
   requests to its replicas by the path prefixes of :func:`model_prefixes` (or, on routes that
   name the model in the body, by the body: :func:`body_model_paths`), leaves the
-  :func:`probe_paths` open without an API key, and routes an upstream's protocol by
-  :func:`paths_of`.
+  :func:`probe_paths` open without an API key, and reads the model (and routes an upstream's
+  protocol) by :func:`model_paths`.
 
 Adding a protocol is one module with a ``PROTOCOL`` and one line in :func:`registry`
 (CONTRIBUTING.md, "Adding a serving protocol").
