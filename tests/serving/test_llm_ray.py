@@ -186,9 +186,20 @@ def test_each_pool_in_metrics_and_top(llm) -> None:
     from prometheus_client.parser import text_string_to_metric_families
 
     auth = {"Authorization": f"Bearer {llm['keys']['all']}"}
-    text = requests.get(llm["url"] + "/metrics", headers=auth, timeout=60).text
-    got = {(s.name, s.labels.get("pool")): s.value for f in text_string_to_metric_families(text)
-           for s in f.samples if s.labels.get("model") == "tiny"}
+
+    def read() -> dict:
+        text = requests.get(llm["url"] + "/metrics", headers=auth, timeout=60).text
+        return {(s.name, s.labels.get("pool")): s.value for f in text_string_to_metric_families(text)
+                for s in f.samples if s.labels.get("model") == "tiny"}
+
+    def weights(got: dict) -> list[float]:
+        return [got[("hetflow_llm_routing_weight", str(p))] for _s, p, *_ in llm["engines"]]
+
+    # the weights HAProxy holds: the configured ones (1, 3) from a reload (a server list that
+    # changed) until the capacity loop sets them again, every 2 s
+    deadline = time.monotonic() + 30
+    while max(weights(got := read())) != 256 and time.monotonic() < deadline:
+        time.sleep(0.5)
     engines = engine_metric(llm, "vllm:generation_tokens_total")
     for server, pool, _h, _p, _w in llm["engines"]:
         assert got[("hetflow_llm_replicas_answering", str(pool))] == 1
@@ -196,8 +207,7 @@ def test_each_pool_in_metrics_and_top(llm) -> None:
         assert 0 < got[("hetflow_llm_generation_tokens_total", str(pool))] <= engines[server]
         assert got[("hetflow_llm_first_token_duration_seconds_count", str(pool))] > 0
     # the routing weight each pool's engines get from what they sustain (256: the best one's)
-    weights = [got[("hetflow_llm_routing_weight", str(p))] for _s, p, *_ in llm["engines"]]
-    assert max(weights) == 256 and all(1 <= w <= 256 for w in weights), weights
+    assert max(weights(got)) == 256 and all(1 <= w <= 256 for w in weights(got)), weights(got)
     # the cluster hetflow serve names (an `auto` lookup scans this machine's Ray processes: on CI
     # another test process's cluster is running too), with the token as its line says
     env = {**user_env(llm["dir"]), **({"RAY_AUTH_MODE": "token"} if llm["token"] else {})}
