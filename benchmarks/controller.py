@@ -45,7 +45,7 @@ from hetflow.sim.cluster import synthetic_cluster
 
 SIZES = (1, 1, 1, 2, 2, 4, 8)
 PINS: tuple[dict[str, Any], ...] = ({}, {}, {}, {"vendor": "amd"}, {"vendor": "nvidia"},
-                                    {"type": "H100"}, {"type": "MI300X"})
+                                    {"model": "H100"}, {"model": "MI300X"})
 
 
 class TimedPolicy:

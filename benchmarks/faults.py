@@ -91,7 +91,7 @@ def head_restart(steps: int) -> dict[str, float]:
                       "train": {"name": "bench-head", "model": {"kind": "mlp", "hidden": [256, 256]},
                                 "train": {"steps": steps, "batch_size": 256, "log_every": 10},
                                 "checkpoint": {"dir": str(tmp / "ckpt"), "interval": 40},
-                                "resources": {"device": "cpu", "cpus_per_rank": 1}}},
+                                "resources": {"devices": "cpu", "cpus_per_rank": 1}}},
             "sleeper": {"name": "sleeper", "kind": "python", "cpus": 2, "devices": {"count": 0}, "work": {"seconds": 45},
                         "python": {"script": str(SLEEP_JOB), "args": ["45"]}},
             "queued": {"name": "queued", "kind": "python", "cpus": 2, "devices": {"count": 0}, "work": {"seconds": 2},

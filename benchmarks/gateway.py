@@ -71,11 +71,11 @@ HETFLOW = [sys.executable, "-m", "hetflow.cli.main"]
 
 def _models(queue_limit: int | None) -> list[dict]:
     return [
-        {"name": "digits", "weights": "random", "device": "cpu", "replicas": 2,
+        {"name": "digits", "weights": "random", "devices": "cpu", "replicas": 2,
          "cpus_per_replica": 0.5, "queue_limit": queue_limit,
          "batching": {"max_batch_size": 32, "batch_wait_timeout_s": 0.002},
          "train": {"model": {"kind": "mlp", "hidden": [128, 128]}}},
-        {"name": "tinygpt", "weights": "random", "device": "cpu", "cpus_per_replica": 0.25,
+        {"name": "tinygpt", "weights": "random", "devices": "cpu", "cpus_per_replica": 0.25,
          "batching": {"enabled": False},
          "train": {"model": {"kind": "gpt", "layers": 1, "dim": 32, "heads": 2, "seq_len": 16}}},
     ]

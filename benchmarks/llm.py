@@ -99,7 +99,7 @@ def start_hetflow(model: Path, port: int, work: Path) -> subprocess.Popen:
     config.write_text(yaml.safe_dump({
         "name": "llmbench", "http": {"host": "127.0.0.1", "port": port},
         "models": [{"name": "tiny", "engine": "vllm", "vllm": {"model": str(model), **ENGINE},
-                    "pools": [{"device": "cpu", "replicas": 1, "cpus_per_replica": 1}]}]}))
+                    "pools": [{"devices": "cpu", "replicas": 1, "cpus_per_replica": 1}]}]}))
     env = {k: v for k, v in os.environ.items() if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"}
     env["RAY_TMPDIR"] = str(work / "ray")  # its embedded Ray's state stays in the benchmark's folder
     hetflow = Path(sys.executable).with_name("hetflow")

@@ -65,9 +65,9 @@ def serve_main(model: str, ports: list[int]) -> int:
             "name": f"capacity-{side}", "http": {"host": "127.0.0.1", "port": port},
             "models": [{"name": "tiny", "engine": "vllm", "vllm": engine,
                         "routing": {"weights": side},
-                        "pools": [{"device": "cpu", "replicas": 1, "cpus_per_replica": 0.5,
+                        "pools": [{"devices": "cpu", "replicas": 1, "cpus_per_replica": 0.5,
                                    "weight": 3, "engine": {"max_num_seqs": 1}},
-                                  {"device": "cpu", "replicas": 1, "cpus_per_replica": 0.5,
+                                  {"devices": "cpu", "replicas": 1, "cpus_per_replica": 0.5,
                                    "weight": 1}]}]})
         served.append(deploy(config, timeout_s=900))
     return serve_until_stdin_closes(served)

@@ -68,8 +68,8 @@ def serve_main(model: str, ports: list[int], blocks: int, factor: int) -> int:
             "models": [{"name": "tiny", "engine": "vllm", "vllm": engine,
                         "routing": ({"affinity": "prefix", "balance_factor": factor}
                                     if side == "affinity" else {"affinity": "none"}),
-                        "pools": [{"device": "cpu", "replicas": 1, "cpus_per_replica": 0.5},
-                                  {"device": "cpu", "replicas": 1, "cpus_per_replica": 0.5}]}]})
+                        "pools": [{"devices": "cpu", "replicas": 1, "cpus_per_replica": 0.5},
+                                  {"devices": "cpu", "replicas": 1, "cpus_per_replica": 0.5}]}]})
         served.append(deploy(config, timeout_s=900))
         engines[side] = [(host, p) for _name, host, p, _w in served[-1].llm_servers["tiny"]]
     return serve_until_stdin_closes(served, engines)

@@ -107,7 +107,7 @@ def _serve_hetflow(port: int, heavy: bool) -> str:
     from hetflow.workloads.serve.config import serve_config_from_dict
 
     def model(name: str, hidden: list[int], **kw) -> dict:
-        return {"name": name, "weights": "random", "device": "cpu",
+        return {"name": name, "weights": "random", "devices": "cpu",
                 "train": {"model": {"kind": "mlp", "hidden": hidden}}, **kw}
 
     if heavy:

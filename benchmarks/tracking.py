@@ -37,7 +37,7 @@ def one_job(root: Path, steps: int, tracked: bool, tag: str) -> tuple[float, flo
     data = {"name": f"bench-{tag}", "model": {"kind": "mlp", "hidden": [128, 128]},
             "layout": {"dp": 2}, "train": {"steps": steps, "batch_size": 64, "log_every": 10},
             "checkpoint": {"dir": str(root / tag / "ckpt"), "interval": max(1, steps // 4)},
-            "resources": {"device": "cpu", "cpus_per_rank": 1}}
+            "resources": {"devices": "cpu", "cpus_per_rank": 1}}
     if tracked:
         data["tracking"] = {"mlflow": {"uri": f"sqlite:///{root}/mlflow.db", "experiment": "bench"}}
     t0 = time.perf_counter()

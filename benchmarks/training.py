@@ -54,7 +54,7 @@ def _config(args: argparse.Namespace, name: str, ckpt: str, interval: int = 0):
         "train": {"steps": args.steps, "batch_size": args.batch, "log_every": args.log_every,
                   "warmup_steps": args.warmup, "lr": 1e-3},
         "checkpoint": {"dir": ckpt, "interval": interval, "resume": False},
-        "resources": {"device": "cpu", "cpus_per_rank": 1, "threads_per_rank": 1,
+        "resources": {"devices": "cpu", "cpus_per_rank": 1, "threads_per_rank": 1,
                       "max_failures": 1},
     })
 

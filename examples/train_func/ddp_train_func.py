@@ -81,7 +81,7 @@ def main() -> None:
     args = parser.parse_args()
     result = train.run(train_func, config={"epochs": args.epochs, "lr": args.lr,
                                            "die_at_epoch": args.die_at_epoch},
-                       layout={"dp": args.workers}, resources={"device": "auto"},
+                       layout={"dp": args.workers}, resources={"devices": "auto"},
                        checkpoint_dir=args.checkpoint_dir, max_failures=args.max_failures,
                        keep_last=2, name="ddp-train-func")
     print(f"restarts: {result.restarts}")

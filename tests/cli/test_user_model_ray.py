@@ -84,7 +84,7 @@ def trained(tmp_path_factory):
         "layout": {"dp": 2},
         "train": {"steps": 60, "batch_size": 32, "lr": 0.01, "log_every": 20},
         "checkpoint": {"dir": str(root / "checkpoints")},
-        "resources": {"device": "cpu", "ray_address": "local"},
+        "resources": {"devices": "cpu", "ray_address": "local"},
     })
     done = hetflow("train", str(config), "--json", cwd=root, on_path=True)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -113,7 +113,7 @@ def test_hetflow_tune_from_the_working_directory(tmp_path, user_pkg) -> None:
         "name": "blobs-tune",
         "base": {"model": {"spec": SPEC, "hidden": 16, "spread": 2.0},
                  "train": {"batch_size": 32},
-                 "resources": {"device": "cpu", "ray_address": "local"}},
+                 "resources": {"devices": "cpu", "ray_address": "local"}},
         "space": {"train": {"lr": {"loguniform": [1.0e-5, 0.1]}},
                   "model": {"hidden": {"choice": [8, 32]}}},
         "search": {"algorithm": "random", "scheduler": "fifo", "seed": 1},
@@ -151,7 +151,7 @@ def test_hetflow_serve_answers_with_the_trained_model(trained, user_pkg, tmp_pat
     config = write(tmp_path / "serve.yaml", {
         "name": "blobs",
         "models": [{"name": "blobs", "train_config": str(train_path), "precision": "fp32",
-                    "device": "cpu", "replicas": 1, "cpus_per_replica": 0.5}],
+                    "devices": "cpu", "replicas": 1, "cpus_per_replica": 0.5}],
     })
     out = tmp_path / "serve.out"
     with out.open("w") as stdout, (tmp_path / "serve.err").open("w") as stderr:
@@ -196,9 +196,9 @@ def test_hetflow_run_takes_the_user_model_through_every_stage(tmp_path, user_pkg
         "ray": {"num_cpus": 2},
         "train": {"model": {"spec": SPEC, "hidden": 16, "spread": 2.0},
                   "train": {"steps": 40, "batch_size": 32, "lr": 0.01, "log_every": 10},
-                  "resources": {"device": "cpu"}},
+                  "resources": {"devices": "cpu"}},
         "export": {"precision": "fp32", "min_accuracy": 0.8},
-        "serve": {"http": {"port": free_port()}, "device": "cpu", "cpus_per_replica": 0.5},
+        "serve": {"http": {"port": free_port()}, "devices": "cpu", "cpus_per_replica": 0.5},
         "load_test": {"rate": 20, "max_requests": 20, "max_duration_s": 2, "timeout_s": 5},
     })
     done = hetflow("run", str(spec), cwd=tmp_path, on_path=True)

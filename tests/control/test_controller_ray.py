@@ -87,7 +87,7 @@ def train_job(cluster: Path, name: str, hidden: int, steps: int, interval: int,
             "name": f"{name}-live", "model": {"kind": "mlp", "hidden": [hidden, hidden]},
             "train": {"steps": steps, "batch_size": 256, "log_every": 10},
             "checkpoint": {"dir": str(ckpt), "interval": interval},
-            "resources": {"device": "cpu", "cpus_per_rank": 1},
+            "resources": {"devices": "cpu", "cpus_per_rank": 1},
         },
     }
     if devices is not None:
@@ -162,13 +162,13 @@ def test_simulator_and_live_controller_agree(cluster: Path) -> None:
 
 
 def test_submit_status_cancel_and_logs(cluster: Path, capsys: pytest.CaptureFixture) -> None:
-    long = client.submit(sleep_spec("long", 2, 120, devices={"type": "L40S"}))
+    long = client.submit(sleep_spec("long", 2, 120, devices={"model": "L40S"}))
     assert long["status"] == "QUEUED" and long["job_id"].startswith("long-")
     running = wait_for(lambda: jobs_by_id()[long["job_id"]]["status"] == "RUNNING"
                        and jobs_by_id()[long["job_id"]], 30, "the long job to run")
     assert running["devices"] == "2x L40S on b [0 1]"
 
-    behind = client.submit(sleep_spec("behind", 1, 1, devices={"type": "L40S"}))
+    behind = client.submit(sleep_spec("behind", 1, 1, devices={"model": "L40S"}))
     why = wait_for(lambda: jobs_by_id()[behind["job_id"]]["reason"].startswith("waiting")
                    and jobs_by_id()[behind["job_id"]]["reason"], 10, "a waiting reason")
     assert jobs_by_id()[behind["job_id"]]["status"] == "QUEUED"
@@ -192,7 +192,7 @@ def test_submit_status_cancel_and_logs(cluster: Path, capsys: pytest.CaptureFixt
     assert ended[behind["job_id"]]["runs"] == []  # it never started
     assert "attempt 1: cancelled" in client.logs(long["job_id"])
     # its devices are free again: a job on them starts
-    after = client.submit(sleep_spec("after", 2, 0.5, devices={"type": "L40S"}))
+    after = client.submit(sleep_spec("after", 2, 0.5, devices={"model": "L40S"}))
     done = wait_for(lambda: all_ended([after["job_id"]]), 30, "a job on the freed devices")
     assert done[after["job_id"]]["status"] == "SUCCEEDED"
 
@@ -202,7 +202,7 @@ def test_job_that_can_never_fit_is_refused_at_submit(cluster: Path) -> None:
     with pytest.raises(Unschedulable, match=r"MI210: 2 in the whole cluster, it needs 3.*L40S: 2 in the whole cluster"):
         client.submit(sleep_spec("huge", 3, 1))
     with pytest.raises(Unschedulable, match=r"no MI300X devices in this cluster \(it has MI210, L40S\)"):
-        client.submit(sleep_spec("absent", 1, 1, devices={"type": "MI300X"}))
+        client.submit(sleep_spec("absent", 1, 1, devices={"model": "MI300X"}))
     with pytest.raises(Unschedulable, match=r"L40S: 48.0 GiB per device, it needs 80.0 GiB"):
         client.submit(sleep_spec("fat", 1, 1, devices={"vendor": "nvidia", "memory": "80GiB"}))
     assert len(client.status()) == before  # nothing was queued
@@ -243,11 +243,11 @@ def test_controller_killed_and_restarted_loses_and_duplicates_nothing(cluster: P
 
 def test_preempted_training_resumes_from_its_checkpoint(cluster: Path) -> None:
     client.configure({"policy": "srtf", "round_s": 1.0})
-    train, ckpt = train_job(cluster, "digits", 512, 600, 100, devices={"type": "MI210"})
+    train, ckpt = train_job(cluster, "digits", 512, 600, 100, devices={"model": "MI210"})
     job = client.submit(train)["job_id"]
     wait_for(lambda: (jobs_by_id()[job]["progress_step"] or 0) >= 30, 90, "training progress")
     # shorter remaining work on the same two devices: srtf preempts the training job for it
-    short = client.submit(sleep_spec("short", 2, 2, devices={"type": "MI210"}))["job_id"]
+    short = client.submit(sleep_spec("short", 2, 2, devices={"model": "MI210"}))["job_id"]
     jobs = wait_for(lambda: all_ended([job, short]), 120, "both jobs to end")
     client.configure({"policy": "fifo"})
 
@@ -271,7 +271,7 @@ def test_a_job_whose_runner_dies_restarts_from_its_checkpoint(cluster: Path) -> 
     newest complete checkpoint - on devices that were given back, finishing every step."""
     from hetflow.control.runner import runner_name
 
-    train, ckpt = train_job(cluster, "lost", 256, 800, 50, devices={"type": "MI210"})
+    train, ckpt = train_job(cluster, "lost", 256, 800, 50, devices={"model": "MI210"})
     job = client.submit(train)["job_id"]
     wait_for(lambda: (jobs_by_id()[job]["progress_step"] or 0) >= 120, 120, "training progress")
     complete_before = latest_checkpoint(ckpt)
@@ -309,7 +309,7 @@ def cpu_groups() -> dict[str, list[tuple[str, float]]]:
 
 def test_cpu_jobs_run_on_every_nodes_cpus_while_device_jobs_run(cluster: Path) -> None:
     head = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and "hetflow.io/node" not in (n.get("Labels") or {}))
-    device = client.submit(sleep_spec("gangs", 2, 12, devices={"type": "L40S"}))["job_id"]
+    device = client.submit(sleep_spec("gangs", 2, 12, devices={"model": "L40S"}))["job_id"]
     cpu_ids = [client.submit(sleep_spec(f"cpu{i}", 0, 6))["job_id"] for i in range(3)]
     late = client.submit(sleep_spec("cpu-late", 0, 1))["job_id"]
 
@@ -377,7 +377,7 @@ def test_a_launch_job_runs_its_ranks_on_the_policys_devices(cluster: Path) -> No
     out = cluster / "launch-env"
     env_dump = Path(__file__).resolve().parents[1] / "launch" / "scripts" / "env_dump.py"
     job = client.submit(launch_spec("ranks", env_dump, [str(out), "--init"], 2, 5,
-                                    devices={"type": "MI210"}))["job_id"]
+                                    devices={"model": "MI210"}))["job_id"]
     record = wait_for(lambda: all_ended([job]), 90, "the launch job to end")[job]
     assert record["status"] == "SUCCEEDED", record["reason"]
     records = {p.name: json.loads(p.read_text()) for p in out.glob("rank-*.json")}
@@ -398,10 +398,10 @@ def test_a_preempted_launch_job_restarts_its_group_and_the_script_resumes(cluste
     args = ["--steps", "500", "--save-every", "20", "--log-every", "50", "--step-sleep", "0.01",
             "--snapshot", str(snapshot)]
     job = client.submit(launch_spec("torchrun", LAUNCH_EXAMPLES / "ddp_snapshot.py", args, 2, 60,
-                                    devices={"type": "MI210"}))["job_id"]
+                                    devices={"model": "MI210"}))["job_id"]
     wait_for(lambda: snapshot.exists(), 90, "the script's first snapshot")
     # shorter remaining work on the same two devices: srtf preempts the launch job for it
-    short = client.submit(sleep_spec("short2", 2, 2, devices={"type": "MI210"}))["job_id"]
+    short = client.submit(sleep_spec("short2", 2, 2, devices={"model": "MI210"}))["job_id"]
     jobs = wait_for(lambda: all_ended([job, short]), 240, "both jobs to end")
     client.configure({"policy": "fifo"})
     record = jobs[job]

@@ -24,7 +24,7 @@ SNAPSHOT = ClusterSnapshot(nodes=(synthetic_node("4x L40S", "a"),))
 def train_spec(devices: dict[str, Any], tmp: Path, layout: dict[str, Any] | None = None,
                batch: int = 48, **extra: Any) -> JobSpec:
     config = {"model": {"kind": "mlp", "hidden": [32, 32]}, "layout": layout or {"dp": 2},
-              "train": {"steps": 10, "batch_size": batch}, "resources": {"device": "cpu"}}
+              "train": {"steps": 10, "batch_size": batch}, "resources": {"devices": "cpu"}}
     return resolve(job_from_dict({"name": "e", "kind": "train", "train": config, "devices": devices, **extra}), tmp)
 
 
@@ -99,7 +99,7 @@ def test_only_kinds_that_restart_at_another_size_take_a_range(tmp_path: Path) ->
 
 
 def test_a_range_checks_a_training_config_read_from_its_file(tmp_path: Path) -> None:
-    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump({"train": {"batch_size": 64}, "resources": {"device": "cpu"}}))
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump({"train": {"batch_size": 64}, "resources": {"devices": "cpu"}}))
     job = tmp_path / "job.yaml"
     job.write_text(yaml.safe_dump({"name": "e", "kind": "train", "train": "cfg.yaml", "devices": {"max": 3}}))
     with pytest.raises(InputError, match="job e: devices.max 3: train.batch_size 64 .* does not split evenly over dp 3"):

@@ -88,7 +88,7 @@ def test_an_elastic_training_job_shrinks_for_a_rigid_one_and_grows_back(cluster:
         "train": {"name": "elastic-live", "model": {"spec": "user_pkg.paced:SPEC", "hidden": 16},
                   "train": {"steps": STEPS, "batch_size": 64, "log_every": 10},
                   "checkpoint": {"dir": str(ckpt)},
-                  "resources": {"device": "cpu", "cpus_per_rank": 1}},
+                  "resources": {"devices": "cpu", "cpus_per_rank": 1}},
         "devices": {"count": 1, "max": 2, "scaling": "eff:0.85"},
     }), cluster)
     assert spec.sizes == (1, 2)

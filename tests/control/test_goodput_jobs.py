@@ -42,7 +42,7 @@ def goodput(**changes: Any) -> dict[str, Any]:
 
 def config(layout: dict[str, Any] | None = None, batch: int = 48) -> dict[str, Any]:
     return {"model": {"kind": "mlp", "hidden": [32, 32]}, "layout": layout or {"dp": 2},
-            "train": {"steps": 10, "batch_size": batch}, "resources": {"device": "cpu"}}
+            "train": {"steps": 10, "batch_size": batch}, "resources": {"devices": "cpu"}}
 
 
 def job(devices: dict[str, Any] | None = None, section: dict[str, Any] | None = None, tmp: Path | None = None,
@@ -321,7 +321,7 @@ def test_a_run_resumed_with_another_global_batch_continues_at_the_next_step(
         cfg = config_from_dict({"model": {"kind": "mlp", "hidden": [16]},
                                 "train": {"steps": steps, "batch_size": batch, "log_every": 1, "lr": 0.01},
                                 "checkpoint": {"dir": str(tmp_path / "ckpt")},
-                                "resources": {"device": "cpu"}})
+                                "resources": {"devices": "cpu"}})
         return train_rank(cfg, 0, 1, f"file://{tmp_path / store}")
 
     first = run(4, 8, "s1")
@@ -350,7 +350,7 @@ def test_steps_that_count_more_end_the_run_at_its_progress_and_resume_carries_it
                                 "train": {"steps": steps, "batch_size": batch, "step_gain": gain,
                                           "log_every": 1},
                                 "checkpoint": {"dir": str(tmp_path / "ckpt")},
-                                "resources": {"device": "cpu"}})
+                                "resources": {"devices": "cpu"}})
         return train_rank(cfg, 0, 1, f"file://{tmp_path / store}")
 
     first = run(3, 8, 1.0, "s1")  # (3 of 10 reference steps: stopped there as a preemption would)

@@ -26,7 +26,7 @@ PY = {"script": "run.py"}
      "python.entrypoint: write package.module:function"),
     ({"name": "a", "kind": "python", "python": {}}, "give exactly one of python.entrypoint"),
     ({"name": "a", "kind": "python", "python": PY, "devices": {"memory": "12 bogus"}},
-     "devices: cannot read size '12 bogus'"),
+     "devices.memory: cannot read size '12 bogus'"),
     ({"name": "a", "kind": "python", "python": PY, "devices": {"count": -1}},
      "devices.count: Input should be greater than or equal to 0"),
     ({"name": "a", "kind": "python", "python": PY, "devices": {"count": 0, "model": "MI300X"}},
@@ -115,7 +115,7 @@ def test_cpu_python_job_defaults_to_one_cpu_and_takes_host_memory() -> None:
 
 
 def test_cpu_training_config_makes_a_cpu_job_of_world_size_times_cpus_per_rank(tmp_path: Path) -> None:
-    train = {"layout": {"dp": 3}, "train": {"batch_size": 48}, "resources": {"device": "cpu", "cpus_per_rank": 2}}
+    train = {"layout": {"dp": 3}, "train": {"batch_size": 48}, "resources": {"devices": "cpu", "cpus_per_rank": 2}}
     spec = resolve(job_from_dict({"name": "a", "kind": "train", "train": train}), tmp_path)
     assert spec.num_devices == 0 and spec.job_cpus == 6.0 and spec.num_ranks == 3
     # any devices section keeps it a device job (job files written before CPU jobs existed)
@@ -123,7 +123,7 @@ def test_cpu_training_config_makes_a_cpu_job_of_world_size_times_cpus_per_rank(t
                                    "devices": {"model": "MI210"}}), tmp_path)
     assert typed.num_devices == 3 and not typed.cpu_only and typed.cpus_per_device == 2.0
     # a GPU training config stays a device job by default
-    gpu = resolve(job_from_dict({"name": "a", "kind": "train", "train": {**train, "resources": {"device": "gpu"}}}),
+    gpu = resolve(job_from_dict({"name": "a", "kind": "train", "train": {**train, "resources": {"devices": "gpu"}}}),
                   tmp_path)
     assert gpu.num_devices == 3
 
@@ -136,9 +136,9 @@ def test_devices_type_is_the_earlier_name_of_model_and_warns() -> None:
 
 
 def test_cpu_training_job_needs_a_cpu_training_config(tmp_path: Path) -> None:
-    spec = job_from_dict({"name": "a", "kind": "train", "train": {"resources": {"device": "gpu"}},
+    spec = job_from_dict({"name": "a", "kind": "train", "train": {"resources": {"devices": "gpu"}},
                           "devices": {"count": 0}})
-    with pytest.raises(InputError, match="devices.count 0 runs the training on CPUs; set resources.device: cpu"):
+    with pytest.raises(InputError, match="devices.count 0 runs the training on CPUs; set resources.devices: cpu"):
         resolve(spec, tmp_path)
 
 
@@ -169,7 +169,7 @@ def test_bad_launch_sections_say_what_to_write(launch: dict, message: str) -> No
 TRAIN = {"name": "digits-dp2", "model": {"kind": "mlp", "hidden": [32]},
          "data": {"dataset": "digits", "val_fraction": 0.2}, "layout": {"dp": 2},
          "train": {"steps": 30, "batch_size": 64, "lr": 0.003},
-         "checkpoint": {"dir": "ckpt", "interval": 10}, "resources": {"device": "cpu"}}
+         "checkpoint": {"dir": "ckpt", "interval": 10}, "resources": {"devices": "cpu"}}
 GOOD_JOBS = [
     {"name": "digits", "kind": "train", "train": TRAIN, "devices": {"count": 0}, "cpus": 2,
      "memory": "2GiB", "work": {"steps": 30}},

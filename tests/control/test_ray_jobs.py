@@ -192,12 +192,12 @@ def test_train_dry_run_plans_exact_devices_on_the_cluster_and_reserves_nothing(c
     from ray.util import placement_group_table
 
     done = hetflow(cluster, "train", "examples/train_digits.yaml", "--dry-run", "--json",
-                   "--set", "resources.device=gpu")
+                   "--set", "resources.devices.kind=gpu")
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     assert data["ray"]["address"] == cluster["address"] and data["ray"]["hetflow_nodes"] == ["a"]
     assert data["placement"]["devices"] == "hetflow" and sorted(data["placement"]["where"]) == ["a:0", "a:1"]
     assert not [g for g in placement_group_table().values() if g["state"] != "REMOVED"]
-    refused = hetflow(cluster, "train", "examples/train_digits.yaml", "--dry-run", "--set", "resources.device=gpu",
+    refused = hetflow(cluster, "train", "examples/train_digits.yaml", "--dry-run", "--set", "resources.devices.kind=gpu",
                       "--set", "layout.dp=4")
     assert refused.returncode == 3, refused.stderr

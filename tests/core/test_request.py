@@ -173,9 +173,9 @@ def _shapes() -> dict[str, PlacementRequest]:
     from hetflow.workloads.train.config import config_from_dict
 
     job = job_from_dict({"name": "j", "kind": "python", "python": {"script": "/x.py"},
-                         "devices": {"count": 4, "type": "H100", "vendor": "nvidia", "memory": "40GiB"}})
+                         "devices": {"count": 4, "model": "H100", "vendor": "nvidia", "memory": "40GiB"}})
     train = config_from_dict({"name": "j", "layout": {"tp": 4},
-                              "resources": {"vendor": "nvidia", "accelerator": "H100", "memory": "40GiB"}},
+                              "resources": {"devices": {"vendor": "nvidia", "model": "H100", "memory": "40GiB"}}},
                              source="test")
     return {
         "job file": job.placement_request,

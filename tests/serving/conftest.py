@@ -34,7 +34,7 @@ def train_digits(root: Path, hidden: list[int], steps: int = STEPS) -> Trained:
         "model": {"kind": "mlp", "hidden": hidden},
         "train": {"steps": steps, "batch_size": 64, "lr": 0.003},
         "checkpoint": {"dir": str(root)},
-        "resources": {"device": "cpu"},
+        "resources": {"devices": "cpu"},
     }
     config = config_from_dict(data)
     torch.set_num_threads(1)

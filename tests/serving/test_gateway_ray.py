@@ -58,10 +58,10 @@ def gateway(tmp_path_factory):
         "http": {"port": port},
         "auth": {"mode": "keys"},
         "models": [
-            {"name": "digits", "weights": "random", "device": "cpu", "replicas": 1,
+            {"name": "digits", "weights": "random", "devices": "cpu", "replicas": 1,
              "cpus_per_replica": 0.5, "batching": {"enabled": False},
              "train": {"model": {"kind": "mlp", "hidden": [16]}}},
-            {"name": "tinygpt", "weights": "random", "device": "cpu", "cpus_per_replica": 0.25,
+            {"name": "tinygpt", "weights": "random", "devices": "cpu", "cpus_per_replica": 0.25,
              "batching": {"enabled": False},
              "train": {"model": {"kind": "gpt", "layers": 1, "dim": 32, "heads": 2, "seq_len": 16}}},
         ],

@@ -27,7 +27,8 @@ def llm(**fields):
     ({"train": {"model": {"kind": "mlp", "hidden": [8]}}}, "drop train"),
     ({"fallback": "other"}, "take no fallback"),
     ({"autoscaling": {"min_replicas": 1, "max_replicas": 2}}, "fixed replicas per pool"),
-    ({"pools": [{"device": "cpu", "vendor": "amd"}]}, "pool 1: vendor/accelerator need device: gpu"),
+    ({"pools": [{"devices": {"kind": "cpu", "vendor": "amd"}}]}, "pool 1: devices.vendor/model need devices.kind gpu"),
+    ({"pools": [{"devices": "auto"}]}, "devices.kind auto is not for an LLM pool: write cpu or gpu"),
     ({"pools": [{"engine": {"dtype": "int3"}}]}, "pool 1 engine.dtype"),
     ({"vllm": {"model": "m", "tensor_parallel_size": 0}}, "tensor_parallel_size"),
     ({"routing": {"affinity": "sticky"}}, "routing.affinity"),
@@ -50,10 +51,10 @@ def test_vllm_fields_belong_to_engine_vllm(extra) -> None:
 def test_pools_go_to_the_devices_the_planner_picks_with_the_vendors_variables() -> None:
     snapshot = ClusterSnapshot(nodes=(synthetic_node("2x H100-SXM", "nv"),
                                       synthetic_node("2x MI300X", "amd")))
-    entry = llm(pools=[{"device": "gpu", "vendor": "nvidia", "replicas": 2, "weight": 3},
-                       {"device": "gpu", "accelerator": "MI300X", "replicas": 1,
+    entry = llm(pools=[{"devices": {"vendor": "nvidia"}, "replicas": 2, "weight": 3},
+                       {"devices": {"model": "MI300X"}, "replicas": 1,
                         "engine": {"dtype": "float16"}},
-                       {"device": "cpu", "replicas": 1, "cpus_per_replica": 2}])
+                       {"devices": "cpu", "replicas": 1, "cpus_per_replica": 2}])
     groups = plan_pools("app", entry, snapshot, 0)
     by_pool: dict[int, list] = {}
     for pool, group in groups:
@@ -76,16 +77,16 @@ def test_pools_go_to_the_devices_the_planner_picks_with_the_vendors_variables() 
 def test_pools_that_do_not_fit_say_so() -> None:
     snapshot = ClusterSnapshot(nodes=(synthetic_node("2x H100-SXM", "nv"),))
     with pytest.raises(Unschedulable):
-        plan_pools("app", llm(pools=[{"device": "gpu", "vendor": "amd"}]), snapshot, 0)
+        plan_pools("app", llm(pools=[{"devices": {"vendor": "amd"}}]), snapshot, 0)
     with pytest.raises(Unschedulable, match="replica 2 of 2 .*tensor_parallel_size 2"):
-        plan_pools("app", llm(pools=[{"device": "gpu", "replicas": 2,
+        plan_pools("app", llm(pools=[{"devices": "gpu", "replicas": 2,
                                       "engine": {"tensor_parallel_size": 2}}]), snapshot, 0)
     two_nodes = ClusterSnapshot(nodes=(synthetic_node("2x H100-SXM", "a"), synthetic_node("2x H100-SXM", "b")))
     with pytest.raises(Unschedulable, match="on one node"):  # 4 devices exist, not on one node
-        plan_pools("app", llm(pools=[{"device": "gpu", "engine": {"tensor_parallel_size": 4}}]),
+        plan_pools("app", llm(pools=[{"devices": "gpu", "engine": {"tensor_parallel_size": 4}}]),
                    two_nodes, 0)
     with pytest.raises(Unschedulable, match="need 4 GPUs"):  # Ray's own GPUs, too few
-        plan_pools("app", llm(pools=[{"device": "gpu", "replicas": 2,
+        plan_pools("app", llm(pools=[{"devices": "gpu", "replicas": 2,
                                       "engine": {"tensor_parallel_size": 2}}]), ClusterSnapshot(nodes=()), 2)
 
 
@@ -96,8 +97,8 @@ def test_a_tensor_parallel_replica_gets_a_fast_group_of_one_node_and_sees_exactl
 
     dgx1 = ClusterSnapshot(nodes=(synthetic_node("8x V100", "dgx1"),),
                            allocations=(Allocation("someone-else", "dgx1", 0),))
-    entry = llm(pools=[{"device": "gpu", "replicas": 1, "engine": {"tensor_parallel_size": 4}},
-                       {"device": "gpu", "replicas": 3}])
+    entry = llm(pools=[{"devices": "gpu", "replicas": 1, "engine": {"tensor_parallel_size": 4}},
+                       {"devices": "gpu", "replicas": 3}])
     groups = plan_pools("app", entry, dgx1, 0)
     (pool, tp), *rest = groups
     devices = [int(d) for d in tp.env["CUDA_VISIBLE_DEVICES"].split(",")]
@@ -118,7 +119,7 @@ def test_a_tensor_parallel_replica_gets_a_fast_group_of_one_node_and_sees_exactl
 
 
 def test_without_hetflow_nodes_a_tensor_parallel_replica_takes_that_many_ray_gpus() -> None:
-    groups = plan_pools("app", llm(pools=[{"device": "gpu", "replicas": 2,
+    groups = plan_pools("app", llm(pools=[{"devices": "gpu", "replicas": 2,
                                            "engine": {"tensor_parallel_size": 2}}]),
                         ClusterSnapshot(nodes=()), 4)
     (_, group), = groups
@@ -235,8 +236,8 @@ def test_the_dry_run_plan_lists_each_pools_engines_and_their_devices() -> None:
     config = serve_config_from_dict({"name": "app", "models": [{
         "name": "chat", "engine": "vllm", "vllm": {"model": "org/some-model"},
         "routing": {"affinity": "prefix"},
-        "pools": [{"device": "gpu", "replicas": 1, "weight": 4, "engine": {"tensor_parallel_size": 4}},
-                  {"device": "cpu", "replicas": 2, "cpus_per_replica": 2}]}]})
+        "pools": [{"devices": "gpu", "replicas": 1, "weight": 4, "engine": {"tensor_parallel_size": 4}},
+                  {"devices": "cpu", "replicas": 2, "cpus_per_replica": 2}]}]})
     dgx1 = ClusterSnapshot(nodes=(synthetic_node("8x V100", "dgx1"),),
                            allocations=(Allocation("someone-else", "dgx1", 0),))
     plan = describe_plan(config, {}, {"chat": plan_pools("app", config.models[0], dgx1, 0)})

@@ -70,8 +70,8 @@ def llm(tmp_path_factory):
             "name": "tiny", "engine": "vllm", "routing": {"affinity": "prefix"},
             "vllm": {"model": str(model), "load_format": "dummy", "dtype": "float32",
                      "max_model_len": 4096, "max_num_seqs": 8, "enforce_eager": True},
-            "pools": [{"device": "cpu", "replicas": 1, "cpus_per_replica": 0.5, "weight": 1},
-                      {"device": "cpu", "replicas": 1, "cpus_per_replica": 0.5, "weight": 3,
+            "pools": [{"devices": "cpu", "replicas": 1, "cpus_per_replica": 0.5, "weight": 1},
+                      {"devices": "cpu", "replicas": 1, "cpus_per_replica": 0.5, "weight": 3,
                        "engine": {"max_num_seqs": 4}}],
         }],
     }))

@@ -59,7 +59,7 @@ def served(digits_model, tmp_path_factory):
         "gateway": {"status_poll_s": 0.5, "replicas": 2},
         "models": [
             {"name": "digits", "train": digits_model.train_dict,
-             "checkpoint_dir": str(digits_model.checkpoint_dir), "device": "cpu",
+             "checkpoint_dir": str(digits_model.checkpoint_dir), "devices": "cpu",
              "replicas": 2, "cpus_per_replica": 0.5, "fallback": "digits-int8",
              "batching": {"max_batch_size": 32, "batch_wait_timeout_s": 0.005}},
             {"name": "digits-int8", "precision": "int8", "replicas": 1, "cpus_per_replica": 0.5,
@@ -67,26 +67,26 @@ def served(digits_model, tmp_path_factory):
              "train": {"name": "int8-src", "model": {"kind": "mlp", "hidden": [32]},
                        "train": {"steps": 60, "batch_size": 64, "log_every": 20},
                        "checkpoint": {"dir": str(small_ckpt)},
-                       "resources": {"device": "cpu", "cpus_per_rank": 1}}},
-            {"name": "placed", "weights": "random", "device": "auto", "memory": "20GiB",
+                       "resources": {"devices": "cpu", "cpus_per_rank": 1}}},
+            {"name": "placed", "weights": "random", "devices": {"kind": "auto", "memory": "20GiB"},
              "replicas": 3, "cpus_per_replica": 0.25, "batching": {"enabled": False},
              "train": {"model": {"kind": "mlp", "hidden": [16]}}},
             # A tiny causal LM (random weights) for the OpenAI endpoint.
-            {"name": "tinygpt", "weights": "random", "device": "cpu", "cpus_per_replica": 0.25,
+            {"name": "tinygpt", "weights": "random", "devices": "cpu", "cpus_per_replica": 0.25,
              "batching": {"enabled": False},
              "train": {"model": {"kind": "gpt", "layers": 1, "dim": 32, "heads": 2,
                                  "seq_len": 16}}},
             # Scales with load: any sustained traffic is far above its tiny target. Queue limit 0
             # (never refuse): its test checks that scaling loses no request, not shedding (which
             # `queued` checks), and a busy 2-core CI machine once held 64 of its requests at once.
-            {"name": "elastic", "weights": "random", "device": "cpu", "cpus_per_replica": 0.25,
+            {"name": "elastic", "weights": "random", "devices": "cpu", "cpus_per_replica": 0.25,
              "queue_limit": 0,
              "batching": {"enabled": False}, "train": {"model": {"kind": "mlp", "hidden": [16]}},
              "autoscaling": {"min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 0.01,
                              "upscale_delay_s": 0.0, "downscale_delay_s": 600.0}},
             # Autoscaled, so routed through the gateway, which holds its queue limit; slow on
             # purpose (a batch waits 1 s to fill), so requests stay in flight.
-            {"name": "queued", "weights": "random", "device": "cpu", "cpus_per_replica": 0.25,
+            {"name": "queued", "weights": "random", "devices": "cpu", "cpus_per_replica": 0.25,
              "train": {"model": {"kind": "mlp", "hidden": [16]}}, "queue_limit": 2,
              "batching": {"max_batch_size": 64, "batch_wait_timeout_s": 1.0},
              "autoscaling": {"min_replicas": 1, "max_replicas": 1}},
@@ -674,7 +674,7 @@ def test_dry_run_prints_what_would_start_and_starts_nothing(served, capsys) -> N
     models = [m.model_dump(mode="json") for m in served.config.models if m.name != "placed"]
     # an LLM's pool is planned too (no engine starts: the model path need not even exist)
     models.append({"name": "chat", "engine": "vllm", "vllm": {"model": "org/some-model"},
-                   "pools": [{"device": "cpu", "replicas": 2, "cpus_per_replica": 0.5}]})
+                   "pools": [{"devices": "cpu", "replicas": 2, "cpus_per_replica": 0.5}]})
     config = served.config.with_overrides(name="dry", models=models)
     path = served.small_ckpt / "dry.yaml"
     import yaml

@@ -117,7 +117,7 @@ def test_tooling_path_refuses_keys_it_cannot_check(tmp_path) -> None:
     from hetflow.workloads.serve.builder import check_tooling_auth
     from hetflow.workloads.serve.config import serve_config_from_dict
 
-    model = {"name": "m", "weights": "random", "device": "cpu", "train": {"model": {"kind": "mlp", "hidden": [8]}}}
+    model = {"name": "m", "weights": "random", "devices": "cpu", "train": {"model": {"kind": "mlp", "hidden": [8]}}}
     keyed = serve_config_from_dict({"auth": {"mode": "keys"}, "models": [model]})
     with pytest.raises(InputError, match="front door"):
         check_tooling_auth(keyed)

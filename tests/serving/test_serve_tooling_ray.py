@@ -60,13 +60,13 @@ def serving_file(digits_model, tmp_path_factory) -> tuple[Path, int]:
         "gateway": {"status_poll_s": 0.5},
         "models": [
             {"name": "digits", "train": digits_model.train_dict,
-             "checkpoint_dir": str(digits_model.checkpoint_dir), "device": "cpu",
+             "checkpoint_dir": str(digits_model.checkpoint_dir), "devices": "cpu",
              "replicas": 1, "cpus_per_replica": 0.5, "fallback": "small"},
-            {"name": "small", "weights": "random", "device": "cpu", "cpus_per_replica": 0.25,
+            {"name": "small", "weights": "random", "devices": "cpu", "cpus_per_replica": 0.25,
              "train": {"model": {"kind": "mlp", "hidden": [16]}}},
             # generative: under Serve's tooling its completions stream through the gateway,
             # which counts them against its queue limit (gateway.CountedStream)
-            {"name": "tinygpt", "weights": "random", "device": "cpu", "cpus_per_replica": 0.25,
+            {"name": "tinygpt", "weights": "random", "devices": "cpu", "cpus_per_replica": 0.25,
              "batching": {"enabled": False}, "queue_limit": 4,
              "train": {"model": {"kind": "gpt", "layers": 1, "dim": 32, "heads": 2, "seq_len": 16}}},
         ],

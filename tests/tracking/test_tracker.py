@@ -127,7 +127,7 @@ def test_file_store_works_where_mlflow_allows_it(tmp_path: Path, monkeypatch: py
 
 def test_a_uri_mlflow_cannot_use_is_one_line_before_anything_starts(tmp_path: Path) -> None:
     config = tmp_path / "t.yaml"
-    config.write_text("model: {kind: mlp, hidden: [8]}\ntrain: {steps: 2}\nresources: {device: cpu}\n")
+    config.write_text("model: {kind: mlp, hidden: [8]}\ntrain: {steps: 2}\nresources: {devices: cpu}\n")
     # MLflow's import alone takes seconds on a loaded machine: a longer limit than the CLI's
     # bad-input deadline (what is checked is the one line and that nothing started)
     done = hetflow("train", str(config), "--address", "local", "--mlflow", "bogus://nowhere", cwd=tmp_path,

@@ -67,7 +67,7 @@ def test_train_logs_params_every_step_placement_and_checkpoint(store: str, tmp_p
         "name": "tiny", "model": {"kind": "mlp", "hidden": [16]}, "layout": {"dp": 2},
         "train": {"steps": 12, "batch_size": 32, "log_every": 4},
         "checkpoint": {"dir": str(tmp_path / "ckpt"), "interval": 6},
-        "resources": {"device": "cpu", "cpus_per_rank": 1}}))
+        "resources": {"devices": "cpu", "cpus_per_rank": 1}}))
     assert hetflow(["train", str(config), "--mlflow", store, "--quiet"]) == 0
 
     [run] = runs(store, "tiny")  # experiment: the job's name by default
@@ -97,7 +97,7 @@ def test_tune_logs_the_run_and_each_trial_nested(store: str, tmp_path: Path) -> 
     config.write_text(yaml.safe_dump({
         "name": "tiny-tune",
         "base": {"model": {"kind": "mlp", "hidden": [16]}, "train": {"batch_size": 64},
-                 "resources": {"device": "cpu"}},
+                 "resources": {"devices": "cpu"}},
         "space": {"train": {"lr": {"loguniform": [1e-3, 1e-1]}}},
         "search": {"algorithm": "random", "scheduler": "fifo", "seed": 1},
         "budget": {"trials": 2, "epochs": 2, "concurrent": 2},
@@ -169,9 +169,9 @@ def test_workflow_logs_its_stages_as_nested_runs(store: str, tmp_path: Path) -> 
         "name": "wf-tracked", "results_dir": str(tmp_path / "results"), "cache_dir": str(tmp_path / "runs"),
         "train": {"model": {"kind": "mlp", "hidden": [16]},
                   "train": {"steps": 10, "batch_size": 64, "lr": 0.01, "log_every": 5},
-                  "resources": {"device": "cpu"}},
+                  "resources": {"devices": "cpu"}},
         "export": {"precision": "fp32"},
-        "serve": {"http": {"port": free_port()}, "device": "cpu", "cpus_per_replica": 0.5},
+        "serve": {"http": {"port": free_port()}, "devices": "cpu", "cpus_per_replica": 0.5},
         "load_test": {"rate": 20, "max_requests": 10, "max_duration_s": 1, "timeout_s": 5}}))
     assert hetflow(["run", str(workflow), "--no-progress", "--mlflow", store]) == 0
 

@@ -57,7 +57,7 @@ def _record_context(config):
 
 def test_every_rank_knows_its_place_and_mesh(cluster, tmp_path) -> None:
     result = train.run(_record_context, config={"out": str(tmp_path)}, layout={"pp": 2, "tp": 2},
-                       resources={"device": "cpu", "cpus_per_rank": 1}, checkpoint_dir=tmp_path / "ck")
+                       resources={"devices": "cpu", "cpus_per_rank": 1}, checkpoint_dir=tmp_path / "ck")
     assert result.return_value == 0 and result.restarts == 0 and result.checkpoint is None
     records = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in range(4)]
     for rank, rec in enumerate(records):
@@ -77,7 +77,7 @@ def _visible(config):
 def test_gpu_ranks_see_exactly_their_planned_device(cluster, tmp_path) -> None:
     expected = plan(live_snapshot(), PlacementRequest("e", layout=ParallelLayout(dp=2, tp=2)))
     train.run(_visible, config={"out": str(tmp_path)}, layout={"dp": 2, "tp": 2},
-              resources={"device": "gpu"}, checkpoint_dir=tmp_path / "ck")
+              resources={"devices": "gpu"}, checkpoint_dir=tmp_path / "ck")
     seen = [(tmp_path / f"rank-{r}").read_text() for r in range(4)]
     assert seen == [str(ref.device) for ref in expected.devices]
     assert seen[:2] != ["0", "1"]  # the planner's NV2 pair on a DGX-1, not Ray's first fit
@@ -99,7 +99,7 @@ def _checkpointing(config):
 def test_reports_commit_merged_checkpoints_and_a_failure_resumes(cluster, tmp_path) -> None:
     root = tmp_path / "ck"
     result = train.run(_checkpointing, config={"steps": 5, "fail_at": 2, "scratch": str(tmp_path / "s")},
-                       layout=2, resources={"device": "cpu", "cpus_per_rank": 1},
+                       layout=2, resources={"devices": "cpu", "cpus_per_rank": 1},
                        checkpoint_dir=root, keep_last=2, max_failures=1)
     assert result.restarts == 1 and "ValueError: on purpose" in result.failures[0]
     assert [m["step"] for m in result.metrics_history] == [0, 1, 2, 3, 4]  # resumed after step 2
@@ -121,7 +121,7 @@ def test_after_max_failures_the_run_fails_with_the_cause(cluster, tmp_path) -> N
     marker = tmp_path / "ran.txt"
     with pytest.raises(train.TrainingFailed, match="RuntimeError: broken training code"):
         train.run(_always_fails, config={"marker": str(marker)}, layout=1,
-                  resources={"device": "cpu"}, checkpoint_dir=tmp_path / "ck", max_failures=1)
+                  resources={"devices": "cpu"}, checkpoint_dir=tmp_path / "ck", max_failures=1)
     assert marker.read_text().count("ran") == 2  # the first try and one restart
     with pytest.raises(InputError, match="layout: unknown key 'ddp'"):
         train.run(_always_fails, layout={"ddp": 2})

@@ -23,11 +23,11 @@ def test_train_torch_is_reachable_from_the_package() -> None:
 def test_scaling_config_maps_to_hetflow_layout_and_resources() -> None:
     layout, res = ScalingConfig(num_workers=4, resources_per_worker={"CPU": 2})._resolved()
     assert (layout.dp, layout.pp, layout.tp) == (4, 1, 1)
-    assert res == {"device": "cpu", "cpus_per_rank": 2.0}
+    assert res == {"devices": {"kind": "cpu"}, "cpus_per_rank": 2.0}
     layout, res = ScalingConfig(use_gpu=True, accelerator_type="MI300X", layout={"dp": 2, "tp": 4},
                                 memory="40GiB", vendor="amd")._resolved()
-    assert layout.world_size == 8 and res == {"device": "gpu", "accelerator": "MI300X",
-                                               "memory": "40GiB", "vendor": "amd"}
+    assert layout.world_size == 8 and res == {"devices": {"kind": "gpu", "model": "MI300X",
+                                                           "vendor": "amd", "memory": "40GiB"}}
     assert ScalingConfig(num_workers=3, use_gpu=True).total_resources == {"CPU": 3.0, "GPU": 3.0}
     assert ScalingConfig()._resolved()[0].world_size == 1
 

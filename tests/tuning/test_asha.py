@@ -98,7 +98,7 @@ def test_quorum_zero_decides_exactly_like_rays_asha(results: list[tuple[int, flo
 
 
 def test_the_config_takes_the_quorum_and_refuses_a_negative_one() -> None:
-    data = {"base": {"model": {"kind": "mlp", "hidden": [32]}, "resources": {"device": "cpu"}},
+    data = {"base": {"model": {"kind": "mlp", "hidden": [32]}, "resources": {"devices": "cpu"}},
             "space": {"train": {"lr": {"loguniform": [1e-4, 0.1]}}}}
     assert tuning_config_from_dict(data).search.first_rung_quorum == 3
     assert tuning_config_from_dict(

@@ -69,11 +69,11 @@ def test_small_trials_share_devices_by_memory_where_the_planner_put_them(
     config = tuning_config_from_dict({
         "name": "shared",
         "base": {"model": {"kind": "mlp", "hidden": [32]}, "train": {"batch_size": 64},
-                 "resources": {"device": "auto"}},
+                 "resources": {"devices": "auto"}},
         "space": {"train": {"lr": {"loguniform": [1e-3, 1e-2]}}},
         "search": {"algorithm": "random", "scheduler": "fifo"},
         "budget": {"trials": 4, "epochs": 2},
-        "trial": {"memory": "20GiB"},
+        "trial": {"devices": {"memory": "20GiB"}},
         "output": {"dir": str(tmp_path / "run"), "live": False},
     })
     watch = WatchDevices()

@@ -24,7 +24,7 @@ from hetflow.workloads.tune.space import parse_space
 
 REPO = Path(__file__).resolve().parents[2]
 BASE = config_from_dict({"model": {"kind": "mlp", "hidden": [32]},
-                         "resources": {"device": "cpu"}})
+                         "resources": {"devices": "cpu"}})
 
 GOOD = {
     "train": {
@@ -124,7 +124,7 @@ def test_every_mistake_of_a_space_is_reported_at_once() -> None:
 
 
 def _config(**sections: object) -> dict:
-    data = {"base": {"model": {"kind": "mlp", "hidden": [32]}, "resources": {"device": "cpu"}},
+    data = {"base": {"model": {"kind": "mlp", "hidden": [32]}, "resources": {"devices": "cpu"}},
             "space": {"train": {"lr": {"loguniform": [1e-4, 0.1]}}}}
     data.update(sections)
     return data
@@ -137,7 +137,7 @@ BAD_CONFIGS = [
     ({"budget": {"time": "10 min"}}, ["budget.time", "not a duration"]),
     ({"budget": {"trials": 0}}, ["budget.trials", "greater than 0"]),
     ({"budget": {"epochs": 1}}, ["grace_epochs 1 must be below budget.epochs 1"]),
-    ({"trial": {"memory": "lots"}}, ["trial.memory"]),
+    ({"trial": {"devices": {"memory": "lots"}}}, ["trial.devices.memory"]),
     ({"base": {"model": {"kind": "mlp", "hiden": [3]}}},
      ["base.model.hiden: unknown key", "did you mean 'hidden'"]),
     ({"base": {"layout": {"dp": 2}}}, ["base.layout", "one process"]),

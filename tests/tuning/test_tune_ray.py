@@ -43,7 +43,7 @@ def tuning(out: Path, **sections: Any) -> dict[str, Any]:
         "name": "t",
         "base": {"model": {"kind": "mlp", "hidden": [32]},
                  "train": {"batch_size": 64, "optimizer": "adamw"},
-                 "resources": {"device": "cpu"}},
+                 "resources": {"devices": "cpu"}},
         # lr over five decades: some trials learn in one epoch, some barely move
         "space": {"train": {"lr": {"loguniform": [1e-5, 1.0]}}},
         "search": {"algorithm": "random", "scheduler": "fifo", "seed": 3},

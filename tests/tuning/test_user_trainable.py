@@ -28,7 +28,7 @@ def _config(tmp_path: Path, **over) -> dict:
         "name": "blobs-fn",
         "trainable": TRAINABLE,
         "config": {"spread": 2.0},
-        "base": {"resources": {"device": "cpu", "ray_address": "local"}},
+        "base": {"resources": {"devices": "cpu", "ray_address": "local"}},
         "space": {"lr": {"loguniform": [1.0e-4, 0.5]}, "hidden": {"choice": [4, 32]}},
         "search": {"algorithm": "tpe", "scheduler": "asha", "metric": "accuracy", "mode": "max",
                    "seed": 0, "startup_trials": 3, "first_rung_quorum": 2},

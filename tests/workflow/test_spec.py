@@ -24,7 +24,7 @@ train:
 export:
   precision: int8
 serve:
-  device: cpu
+  devices: cpu
 load_test:
   rate: 10
 """
@@ -80,7 +80,7 @@ def test_good_file_fills_defaults_and_wires_the_data(tmp_path: Path) -> None:
     # missing required field inside a section (tune space for an enabled tune stage)
     (GOOD + "tune:\n  enabled: true\n", ["tune.space: empty"]),
     # rules across stages, checked by building the stage's own config at load time
-    (GOOD.replace("  device: cpu", "  device: gpu").replace("precision: int8", "precision: int8"),
+    (GOOD.replace("  devices: cpu", "  devices: gpu").replace("precision: int8", "precision: int8"),
      ["wf.yaml:11", "serve:", "int8"]),
     (GOOD + "  max_p99_ms: -3\n", ["load_test.max_p99_ms", "greater than 0"]),
     (GOOD.replace("train:\n  model", "train:\n  data: {seed: 1}\n  model"),
@@ -141,12 +141,12 @@ def test_gpu_example_is_the_cpu_example_with_only_resources_changed() -> None:
     gpu_path = EXAMPLE.with_name("digits_gpu.yaml")
     gpu = dict(_leaves(yaml.safe_load(gpu_path.read_text())))
     changed = {k for k in cpu.keys() & gpu.keys() if cpu[k] != gpu[k]}
-    assert changed == {"name", "train.layout.dp", "train.resources.device", "export.precision",
-                       "serve.device", "serve.replicas"}
-    assert set(gpu) - set(cpu) == {"train.train.precision", "serve.memory"}
+    assert changed == {"name", "train.layout.dp", "train.resources.devices", "export.precision",
+                       "serve.devices.kind", "serve.replicas"}
+    assert set(gpu) - set(cpu) == {"train.train.precision", "serve.devices.memory"}
     assert all(k.startswith("tune.") for k in set(cpu) - set(gpu))  # tuning off in both
     spec = load_workflow(gpu_path)  # and it loads: bf16 is accepted on GPUs
-    assert (spec.train.resources.device, spec.serve.device) == ("gpu", "gpu")
+    assert (spec.train.resources.devices.kind, spec.serve.devices.kind) == ("gpu", "gpu")
     assert spec.serve_config("export").models[0].precision == "bf16"
 
 

@@ -43,10 +43,10 @@ def spec_dict(root: Path, port: int, precision: str = "fp32") -> dict:
             "model": {"kind": "mlp", "hidden": [64]},
             "train": {"steps": STEPS, "batch_size": 64, "lr": 0.01, "log_every": 5},
             "checkpoint": {"interval": 20},
-            "resources": {"device": "cpu"},
+            "resources": {"devices": "cpu"},
         },
         "export": {"precision": precision, "min_accuracy": 0.6},
-        "serve": {"http": {"port": port}, "device": "cpu", "cpus_per_replica": 0.5},
+        "serve": {"http": {"port": port}, "devices": "cpu", "cpus_per_replica": 0.5},
         "load_test": {"rate": 20, "max_requests": 40, "max_duration_s": 3, "timeout_s": 5},
     }
 

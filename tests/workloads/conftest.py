@@ -28,7 +28,7 @@ def job(model: dict, layout: dict, ckpt_dir: str, precision: str = "fp32",
         "train": {"steps": steps, "batch_size": 8, "log_every": 1, "precision": precision,
                   "optimizer": optimizer, "lr": lr},
         "checkpoint": {"dir": ckpt_dir, "interval": interval},
-        "resources": {"device": "cpu"},
+        "resources": {"devices": "cpu"},
     })
 
 

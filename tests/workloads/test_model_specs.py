@@ -43,7 +43,7 @@ def blobs_job(ckpt: Path, layout: dict | None = None, **sections: dict):
     data = {"model": {"spec": BLOBS, "hidden": 16}, "layout": layout or {},
             "train": {"steps": 6, "batch_size": 16, "log_every": 1, "optimizer": "sgd",
                       "lr": 0.2},
-            "checkpoint": {"dir": str(ckpt)}, "resources": {"device": "cpu"}}
+            "checkpoint": {"dir": str(ckpt)}, "resources": {"devices": "cpu"}}
     for name, values in sections.items():
         data[name] = {**data.get(name, {}), **values}
     return config_from_dict(data, source="job.yaml")

@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[2]
 def test_example_loads() -> None:
     config = load_config(REPO / "examples" / "train_digits.yaml")
     assert (config.layout.dp, config.layout.pp, config.layout.tp) == (2, 1, 1)
-    assert config.resources.device == "cpu"
+    assert config.resources.devices.kind == "cpu"
     assert config.dataset == "digits"
 
 

@@ -55,7 +55,7 @@ def digits(tmp: Path, name: str, **sections: dict) -> TrainConfig:
         "layout": {"dp": 2},
         "train": {"steps": STEPS, "batch_size": 64, "log_every": 5},
         "checkpoint": {"dir": str(tmp / name), "interval": INTERVAL},
-        "resources": {"device": "cpu", "max_failures": 2},
+        "resources": {"devices": "cpu", "max_failures": 2},
     }
     for section, values in sections.items():
         base[section] = {**base.get(section, {}), **values}
@@ -140,7 +140,7 @@ def test_too_many_failures_stop_the_job_then_rerun_resumes(cluster, tmp_path) ->
 
 
 def test_planner_binds_each_rank_to_its_device(cluster, tmp_path) -> None:
-    config = digits(tmp_path, "placed", train={"steps": 20}, resources={"device": "auto"})
+    config = digits(tmp_path, "placed", train={"steps": 20}, resources={"devices": "auto"})
     result = run_training(config)
     gpu_node_id = next(n["NodeID"] for n in ray.nodes()
                        if n["Alive"] and n["Labels"].get("hetflow.io/node") == "gpu-node")
@@ -158,7 +158,7 @@ def test_planner_binds_each_rank_to_its_device(cluster, tmp_path) -> None:
 def test_error_in_training_code_fails_at_once(cluster, tmp_path) -> None:
     # device: gpu on a worker whose torch sees no GPU is an error of the job, not of a process:
     # restarting would repeat it, so the job fails without using its max_failures.
-    config = digits(tmp_path, "no-gpu", resources={"device": "gpu", "max_failures": 3})
+    config = digits(tmp_path, "no-gpu", resources={"devices": "gpu", "max_failures": 3})
     job = TrainingJob(config)
     with pytest.raises(TrainingFailed, match="sees no GPU"):
         job.run()

@@ -163,8 +163,8 @@ def dry_run(spec: Any, as_json: bool) -> int:
     cluster = preview_cluster(spec.address, None if os.environ.get("RAY_ADDRESS") else "local")
     cores = check_embedded(spec.nproc) if cluster.address is None else None
     cpus = Session(False, cores).cpus_per_rank(spec.nproc, spec.cpus_per_rank)
-    res = ResourcesConfig(device=spec.device, cpus_per_rank=cpus, vendor=spec.vendor, accelerator=spec.model,
-                          memory=spec.memory, placement_timeout_s=spec.placement_timeout_s)
+    res = ResourcesConfig(devices=spec.devices(), cpus_per_rank=cpus,
+                          placement_timeout_s=spec.placement_timeout_s)
     ranks = preview_ranks(spec.layout, res, cluster, spec.run_id or "launch")
     command = shlex.join(target.argv)
     lines = [("ray", cluster.describe()),

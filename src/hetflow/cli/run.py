@@ -109,7 +109,7 @@ def dry_run(spec: Any, address: str | None, as_json: bool = False) -> int:
         "export": f"{spec.export.precision} from {spec.export.source}"
                   + (f", needs accuracy >= {spec.export.min_accuracy:g}" if spec.export.min_accuracy else ""),
         "serve": f"Ray Serve at http://{spec.serve.http.host}:{spec.serve.http.port}, {spec.serve.replicas} "
-                 f"replica(s) on {spec.serve.device}"
+                 f"replica(s) on {spec.serve.devices.kind}"
                  + (", kept serving after the run" if spec.serve.keep_serving else ""),
         "load test": f"{spec.load_test.rate:g} req/s, at most {spec.load_test.max_requests} requests or "
                      f"{spec.load_test.max_duration_s:g} s"

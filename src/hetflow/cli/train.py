@@ -34,7 +34,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("config", metavar="CONFIG.yaml", help="training config (see docs/training.md)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="override one config value, e.g. train.steps=50 (repeatable)")
+                   help="override one config value, e.g. train.steps=50 or "
+                        "resources.devices.kind=cpu (repeatable)")
     p.add_argument("--address", help="Ray cluster to join (default: resources.ray_address, "
                                      "else a running local cluster, else a new local one)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -47,14 +48,28 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def parse_overrides(items: list[str]) -> dict[str, dict[str, Any]]:
-    """``["train.steps=50"]`` -> ``{"train": {"steps": 50}}`` (values read as YAML scalars)."""
+    """``["train.steps=50", "resources.devices.kind=cpu"]`` -> ``{"train": {"steps": 50},
+    "resources": {"devices": {"kind": "cpu"}}}`` (values read as YAML scalars; ``devices`` is
+    the one section inside a section, merged key by key: hetflow.core.devices)."""
     sections: dict[str, dict[str, Any]] = {}
     for item in items:
         key, sep, value = item.partition("=")
         section, dot, field = key.strip().partition(".")
-        if not sep or not dot or not section or not field or "." in field:
-            raise InputError(f"--set {item!r}: expected SECTION.KEY=VALUE, e.g. train.steps=50")
-        sections.setdefault(section, {})[field] = yaml.safe_load(value) if value else None
+        field, dot2, sub = field.partition(".")
+        if (not sep or not dot or not section or not field or (dot2 and field != "devices")
+                or (dot2 and (not sub or "." in sub))):
+            raise InputError(f"--set {item!r}: expected SECTION.KEY=VALUE, e.g. train.steps=50 "
+                             "(or SECTION.devices.KEY=VALUE, e.g. resources.devices.kind=cpu)")
+        parsed = yaml.safe_load(value) if value else None
+        if dot2:
+            devices = sections.setdefault(section, {}).setdefault("devices", {})
+            if not isinstance(devices, dict):
+                raise InputError(f"--set {item!r}: {section}.devices is set whole and by key; give one")
+            devices[sub] = parsed
+        else:
+            if field == "devices" and isinstance(sections.get(section, {}).get("devices"), dict):
+                raise InputError(f"--set {item!r}: {section}.devices is set whole and by key; give one")
+            sections.setdefault(section, {})[field] = parsed
     return sections
 
 

@@ -8,14 +8,14 @@ Four kinds of job, each with a device request the policy schedules (or none: a C
     name: digits                 # job name (the controller adds a number: digits-3)
     kind: train                  # train | tune | python | launch
     train: ../train_digits.yaml  # train: a training config file, or the config inline
-    devices: {count: 2, type: L40S, memory: 20GiB}
+    devices: {count: 2, model: L40S, memory: 20GiB}
     preemptible: true            # may the policy checkpoint it and move it
     weight: 1.0                  # share in weighted policies
     work: {steps: 300}           # the policy's estimate of its size (steps or seconds)
 
 A **CPU job** asks for no device: ``devices: {count: 0}`` with ``cpus`` (the CPUs of the whole
 job, default 1) and optionally ``memory`` (host memory, e.g. ``8GiB``); all of it is reserved on
-one node. A ``train`` job whose config says ``resources: {device: cpu}`` and whose job file
+one node. A ``train`` job whose config says ``resources: {devices: cpu}`` and whose job file
 gives no ``devices`` section is a CPU job by default, with ``cpus`` = world size x
 ``cpus_per_rank``. (A ``devices`` section - any count, type, vendor or memory - keeps it a
 device job, as before.)
@@ -54,6 +54,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from hetflow.core.devices import DeviceSpec
 from hetflow.core.errors import InputError
 from hetflow.core.request import ParallelLayout, PlacementRequest
 from hetflow.core.topology import AcceleratorVendor
@@ -69,12 +70,14 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
-class DeviceRequest(_Section):
-    """The accelerators a job needs: a gang of ``count`` devices of one type, all at once."""
+class DeviceRequest(DeviceSpec):
+    """The accelerators a job needs: a gang of ``count`` devices of one type, all at once (the
+    one :class:`~hetflow.core.devices.DeviceSpec`, with ``scaling``; ``kind``, ``share`` and
+    ``strategy`` are not a job's)."""
 
     count: int | None = Field(None, ge=0)
     """Devices (one rank each); 0: a CPU job (see ``cpus`` and ``memory``). Default: a training
-    job's world size (dp x pp x tp) - or 0 when its config says ``resources.device: cpu`` and
+    job's world size (dp x pp x tp) - or 0 when its config says ``resources.devices: cpu`` and
     this section is left out - else 1."""
     model: str | None = None
     """Only devices of this model, by the planner's rule (``hetflow plan --model``): a catalog
@@ -113,6 +116,10 @@ class DeviceRequest(_Section):
 
     @model_validator(mode="after")
     def _memory_parses(self) -> "DeviceRequest":
+        other = [k for k in ("kind", "share", "strategy") if getattr(self, k) is not None]
+        if other:
+            raise ValueError(f"devices: {', '.join(other)} does not apply to a job; it takes "
+                             "count, model, vendor, memory, min, max, scaling")
         if self.scaling is not None and self.min is None and self.max is None:
             raise ValueError("scaling is the speed curve of an elastic job: give min and/or max "
                              "(the range of devices it may run on) too, or leave scaling out")
@@ -133,16 +140,7 @@ class DeviceRequest(_Section):
                 raise ValueError(f"count 0 asks for no device, so {', '.join(given)} cannot apply; "
                                  "give a count > 0 or leave them out (host memory is the top-level "
                                  "`memory` key)")
-        if self.memory:
-            try:
-                parse_bytes(self.memory)
-            except InputError as exc:
-                raise ValueError(str(exc)) from None
         return self
-
-    @property
-    def memory_bytes(self) -> int | None:
-        return parse_bytes(self.memory) if self.memory else None
 
     @property
     def elastic(self) -> bool:
@@ -629,7 +627,7 @@ class JobSpec(_Section):
             return self.devices.count
         if self.kind == "train" and isinstance(self.train, dict):
             config = self.train_config()
-            if config.resources.device == "cpu" and self.devices.is_default:
+            if config.resources.devices.kind == "cpu" and self.devices.is_default:
                 return 0
             return config.layout.world_size
         if self.kind == "launch" and self.launch is not None:
@@ -771,10 +769,10 @@ def resolve(spec: JobSpec, base: Path) -> JobSpec:
             default = ckpt or f"runs/{config.name}/checkpoints"
             data = {**data, "checkpoint": {**data.get("checkpoint", {}), "dir": str(_absolute(default, base))}}
         world = config.layout.world_size
-        if spec.devices.count == 0 and config.resources.device != "cpu":
+        if spec.devices.count == 0 and config.resources.devices.kind != "cpu":
             raise InputError(f"job {spec.name}: devices.count 0 runs the training on CPUs; set "
-                             f"resources.device: cpu in its training config (it says "
-                             f"{config.resources.device!r}) or ask for devices")
+                             f"resources.devices: cpu in its training config (it says "
+                             f"{config.resources.devices.kind!r}) or ask for devices")
         if spec.devices.count and spec.devices.count != world:
             raise InputError(f"job {spec.name}: devices.count {spec.devices.count} must equal the "
                              f"training layout's world size dp*pp*tp = {world} (or leave it out)")

@@ -68,7 +68,7 @@ def published_nodes() -> dict[str, NodeTopology]:
 
 def published_accelerators() -> bool:
     """Whether any published node has an accelerator hetflow manages. CPU-only nodes started
-    with ``hetflow node start`` are published too, but a job with ``device: auto`` on a
+    with ``hetflow node start`` are published too, but a job with ``devices: auto`` on a
     cluster of only those runs on CPUs (as on plain Ray nodes), not on the device planner."""
     from hetflow.core.topology import Vendor
 

@@ -99,16 +99,16 @@ def preview_ranks(layout: Any, res: Any, cluster: ClusterPreview, job_id: str) -
     """Where ``layout``'s ranks would go with resources ``res`` (a train ResourcesConfig) on
     ``cluster``; Unschedulable with the run's own reasons when they could not."""
     world = layout.world_size
-    if res.device != "cpu" and cluster.snapshot is not None:
+    if res.devices.kind != "cpu" and cluster.snapshot is not None:
         from hetflow.scheduling.planner import plan
 
         placement = plan(cluster.snapshot, res.placement_request(job_id, layout))
         return RanksPreview(world, placement.explain().splitlines()[0], "hetflow", res.cpus_per_rank,
                             [str(d) for d in placement.devices])
-    gpus = cluster.gpus if res.device != "cpu" else 0
-    if res.device == "gpu" and not gpus:
-        raise Unschedulable(f"job {job_id}: resources.device is gpu but {cluster.describe()} has no "
-                            "hetflow-managed nodes and no GPUs; set resources.device: cpu, or join a GPU "
+    gpus = cluster.gpus if res.devices.kind != "cpu" else 0
+    if res.devices.kind == "gpu" and not gpus:
+        raise Unschedulable(f"job {job_id}: resources.devices.kind is gpu but {cluster.describe()} has no "
+                            "hetflow-managed nodes and no GPUs; set resources.devices: cpu, or join a GPU "
                             "cluster with --address")
     if gpus and world > gpus:
         raise Unschedulable(f"job {job_id}: {world} ranks need one GPU each, {cluster.describe()} has "

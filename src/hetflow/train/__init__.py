@@ -1,6 +1,6 @@
 """``import hetflow.train as train``: run a Ray-Train-style ``train_func`` on hetflow's placement.
 
-    train.run(train_func, config=..., layout={"dp": 2}, resources={"device": "cpu"},
+    train.run(train_func, config=..., layout={"dp": 2}, resources={"devices": "cpu"},
               checkpoint_dir="runs/x", max_failures=2)
     # or Ray Train's trainer, unchanged but for the imports:
     from hetflow.train import RunConfig, ScalingConfig

@@ -410,7 +410,7 @@ class _Run:
             shutil.rmtree(target, ignore_errors=True)
             shutil.copytree(checkpoint, target / Path(checkpoint).name)
             replica = ReplicaSpec(self.spec.name, train_dict, str(target), e.precision,
-                                  "cpu" if e.precision == "int8" else self.spec.serve.device)
+                                  "cpu" if e.precision == "int8" else self.spec.serve.devices.kind)
             accuracy = ray.get(ray.remote(num_cpus=e.cpus)(_evaluate).remote(replica, arrays_ref))
             record = {"source": source, "precision": e.precision, "accuracy": accuracy,
                       "checkpoint_dir": str(target), "train_config": train_dict,

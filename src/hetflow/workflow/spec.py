@@ -25,7 +25,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from hetflow.core.devices import fold_devices
+from hetflow.core.devices import DeviceKeys, DeviceSpec
 from hetflow.core.errors import InputError
 from hetflow.core.validation import field_errors
 from hetflow.core.yamlfile import read_user_text
@@ -93,6 +93,10 @@ class ExportStage(_Section):
     """CPUs Ray reserves for the evaluation task."""
 
 
+STAGE_DEVICES = DeviceKeys("the serve stage", ("kind", "memory"), {"kind": "auto"})
+"""The workflow serve stage's ``devices`` (hetflow.core.devices)."""
+
+
 class ServeStage(_Section):
     """Ray Serve for the exported model (see docs/serving.md): one model behind the gateway."""
 
@@ -106,10 +110,11 @@ class ServeStage(_Section):
     """Model replicas."""
     batching: BatchingConfig = Field(default_factory=BatchingConfig)
     """Dynamic batching."""
-    device: Literal["auto", "cpu", "gpu"] = "auto"
-    """``cpu``, ``gpu`` or ``auto`` (GPUs when the cluster has them, else CPU)."""
-    memory: str | None = None
-    """Device memory per replica on a GPU, e.g. ``1GiB`` (default: estimated from the model)."""
+    devices: DeviceSpec = Field(default_factory=STAGE_DEVICES.default)
+    """Each replica's devices (:mod:`hetflow.core.devices`): ``kind`` ``cpu``, ``gpu`` or
+    ``auto`` (default: GPUs when the cluster has them, else CPU); ``memory`` per replica on a
+    GPU, e.g. ``1GiB`` (default: estimated from the model). The earlier flat ``device`` and
+    ``memory`` are read with a deprecation warning until the next release."""
     cpus_per_replica: float = Field(0.5, ge=0)
     """CPUs Ray reserves for each replica."""
     threads_per_replica: int = Field(1, gt=0)
@@ -121,9 +126,9 @@ class ServeStage(_Section):
     @model_validator(mode="before")
     @classmethod
     def _devices(cls, data: Any) -> Any:
-        """``devices: cpu`` / ``{kind: gpu, memory: 1GiB}`` (hetflow.core.devices), as in a
-        serving config; the flat keys are the earlier spelling."""
-        return fold_devices(data, {"kind": "device", "memory": "memory"}, "the serve stage")
+        """``devices`` (hetflow.core.devices), as in a serving config; the earlier flat keys
+        folded into it with a warning."""
+        return STAGE_DEVICES.read(data, "serve")
 
 
 class LoadTestStage(_Section):
@@ -270,8 +275,7 @@ class WorkflowSpec(_Section):
             "train": train or self.train_config().model_dump(mode="json"),
             "checkpoint_dir": checkpoint_dir,
             "precision": self.export.precision,
-            "device": s.device,
-            "memory": s.memory,
+            "devices": s.devices.model_dump(mode="json"),
             "replicas": s.replicas,
             "batching": s.batching.model_dump(mode="json"),
             "cpus_per_replica": s.cpus_per_replica,

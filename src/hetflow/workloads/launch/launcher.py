@@ -254,8 +254,7 @@ class Launcher:
         from hetflow.runtime.session import Session
 
         cpus = Session(False, self._embedded_cores).cpus_per_rank(spec.nproc, spec.cpus_per_rank)
-        return ResourcesConfig(device=spec.device, cpus_per_rank=cpus, vendor=spec.vendor,
-                               accelerator=spec.model, memory=spec.memory,
+        return ResourcesConfig(devices=spec.devices(), cpus_per_rank=cpus,
                                placement_timeout_s=spec.placement_timeout_s)
 
     def _start_group(self, target: Target, attempt: int) -> None:

@@ -9,7 +9,7 @@ The same object is built from ``hetflow launch`` flags and from a controller job
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -95,6 +95,11 @@ class LaunchSpec(BaseModel):
     @property
     def layout(self) -> ParallelLayout:
         return ParallelLayout(dp=self.nproc // (self.tp * self.pp), pp=self.pp, tp=self.tp)
+
+    def devices(self) -> dict[str, Any]:
+        """Each rank's devices as a training config's ``resources.devices`` takes them."""
+        return {k: v for k, v in (("kind", self.device), ("model", self.model), ("vendor", self.vendor),
+                                  ("memory", self.memory)) if v is not None}
 
     @property
     def target(self) -> str:

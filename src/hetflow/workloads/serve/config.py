@@ -32,18 +32,20 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from hetflow.core.devices import fold_devices
+from hetflow.core.devices import DeviceKeys, DeviceSpec
 from hetflow.core.errors import InputError
 from hetflow.core.units import parse_bytes
 from hetflow.core.validation import describe
 from hetflow.core.yamlfile import read_yaml
-from hetflow.workloads.serve.llm import LLMPool, LLMRouting, VLLMEngine
-from hetflow.core.topology import AcceleratorVendor
+from hetflow.workloads.serve.llm import POOL_DEVICES, LLMPool, LLMRouting, VLLMEngine
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 # Chosen by measurement on a 2-core CPU host (docs/serving.md, "Batching defaults").
 DEFAULT_MAX_BATCH_SIZE = 32
 DEFAULT_BATCH_WAIT_TIMEOUT_S = 0.002
+SERVED_DEVICES = DeviceKeys("a served model", ("kind", "model", "vendor", "memory", "share", "strategy"),
+                            {"kind": "auto", "share": True, "strategy": "pack"})
+"""A served model's ``devices``: one replica's (hetflow.core.devices)."""
 
 
 class _Section(BaseModel):
@@ -229,26 +231,22 @@ class ModelServeConfig(_Section):
     precision: Literal["fp32", "bf16", "fp16", "int8"] = "fp32"
     """``fp32``; ``bf16`` or ``fp16`` weights and activations on GPUs; ``int8``: dynamic
     quantisation of the linear layers (int8 weights, activations quantised per batch) on CPUs."""
-    device: Literal["auto", "cpu", "gpu"] = "auto"
-    """``cpu``: CPU replicas. ``gpu``: each replica on a GPU (hetflow-managed devices placed by
-    the planner, else Ray's own GPUs). ``auto``: GPUs when the cluster has them, else CPU."""
-    vendor: AcceleratorVendor | None = None
-    """Only GPUs of this vendor (hetflow-managed nodes)."""
-    accelerator: str | None = None
-    """Only GPUs of this catalog model, e.g. ``L40S`` (hetflow-managed nodes)."""
-    memory: int | str | None = None
-    """Device memory one replica needs, e.g. ``2GiB`` (default: 512 MiB plus twice the weights
-    at the serving precision). The planner puts several replicas on one device while their
-    memory fits."""
-    share_devices: bool = True
-    """Let replicas (of this and other jobs) share a device by memory; ``false``: one whole
-    device per replica."""
-    strategy: Literal["pack", "spread"] = "pack"
-    """``pack``: fill partly used devices and nodes first; ``spread``: emptiest nodes first."""
+    devices: DeviceSpec = Field(default_factory=SERVED_DEVICES.default)
+    """One replica's devices (:mod:`hetflow.core.devices`): ``kind`` ``cpu``, ``gpu`` (each
+    replica on a GPU: hetflow-managed devices placed by the planner, else Ray's own GPUs) or
+    ``auto`` (default: GPUs when the cluster has them, else CPU); ``model`` (a catalog model,
+    e.g. ``L40S``) and ``vendor`` (hetflow-managed nodes; either makes it a GPU's); ``memory``,
+    the device memory one replica needs, e.g. ``2GiB`` (default: 512 MiB plus twice the weights
+    at the serving precision: the planner puts several replicas on one device while their memory
+    fits); ``share`` (default ``true``: replicas of this and other jobs share a device by memory;
+    ``false``: one whole device per replica); ``strategy`` ``pack`` (default: fill partly used
+    devices and nodes first) or ``spread`` (emptiest nodes first). The earlier flat keys
+    (``device``, ``accelerator``, ``vendor``, ``memory``, ``share_devices``, ``strategy``) are
+    read with a deprecation warning until the next release."""
     gpu_fraction: float | None = Field(None, gt=0, le=1)
     """On Ray's own GPUs (nodes hetflow does not manage): ``num_gpus`` per replica. Default:
-    ``memory`` over the GPU's memory (Ray's ``accelerator_type`` looked up in the catalog) when
-    ``share_devices``, so replicas share a GPU by memory there too; a whole GPU otherwise."""
+    ``devices.memory`` over the GPU's memory (Ray's ``accelerator_type`` looked up in the catalog)
+    when ``devices.share``, so replicas share a GPU by memory there too; a whole GPU otherwise."""
     replicas: int | None = Field(None, gt=0)
     """A fixed number of replicas (default 1 when ``autoscaling`` is not given)."""
     autoscaling: AutoscalingConfig | None = None
@@ -274,8 +272,8 @@ class ModelServeConfig(_Section):
     """vLLM's engine arguments (``engine: vllm``)."""
     pools: list[LLMPool] = Field(default_factory=list)
     """``engine: vllm``: replica pools, each on one kind of device with its own engine
-    overrides, behind this one model name (default: one pool from ``device``, ``vendor``,
-    ``accelerator``, ``replicas``, ``cpus_per_replica``)."""
+    overrides, behind this one model name (default: one pool from ``devices``, ``replicas``,
+    ``cpus_per_replica``)."""
     routing: LLMRouting | None = None
     """``engine: vllm``: how the front door picks an engine (default: prefix affinity with
     bounded load; :class:`~hetflow.workloads.serve.llm.LLMRouting`)."""
@@ -288,11 +286,16 @@ class ModelServeConfig(_Section):
     @model_validator(mode="before")
     @classmethod
     def _devices(cls, data: Any) -> Any:
-        """``devices: {kind, model, vendor, memory, share, strategy}`` (hetflow.core.devices)
-        into the fields below; the flat keys are the earlier spelling."""
-        return fold_devices(data, {"kind": "device", "model": "accelerator", "vendor": "vendor",
-                                   "memory": "memory", "share": "share_devices", "strategy": "strategy"},
-                            "a served model")
+        """``devices`` (hetflow.core.devices) with its defaults; the earlier flat keys folded
+        into it, and into each pool's, with a warning."""
+        if not isinstance(data, dict):
+            return data
+        where = f"models[{data['name']}]" if isinstance(data.get("name"), str) else "models[]"
+        pools = data.get("pools")
+        if isinstance(pools, list):
+            data = {**data, "pools": [POOL_DEVICES.read(p, f"{where}.pools[{i}]")
+                                      for i, p in enumerate(pools)]}
+        return SERVED_DEVICES.read(data, where)
 
     @model_validator(mode="after")
     def _check_model(self) -> "ModelServeConfig":
@@ -306,10 +309,12 @@ class ModelServeConfig(_Section):
         """``engine: vllm``: the pools (given, or one from the entry's device fields)."""
         if self.pools:
             return list(self.pools)
-        return [LLMPool(device="gpu" if self.device == "gpu" or self.vendor or self.accelerator
-                        else "cpu", vendor=self.vendor, accelerator=self.accelerator,
-                        replicas=self.replicas or 1, cpus_per_replica=self.cpus_per_replica,
-                        memory=self.memory)]
+        d = self.devices
+        kind = "gpu" if d.kind == "gpu" or d.vendor or d.model else "cpu"
+        given = {k: v for k, v in (("model", d.model), ("vendor", d.vendor), ("memory", d.memory))
+                 if v is not None}
+        return [LLMPool(devices={"kind": kind, **given}, replicas=self.replicas or 1,
+                        cpus_per_replica=self.cpus_per_replica)]
 
     @property
     def fixed_replicas(self) -> int | None:
@@ -341,7 +346,8 @@ class ModelServeConfig(_Section):
 
     @property
     def memory_bytes(self) -> int | None:
-        return None if self.memory is None else parse_bytes(self.memory)
+        """``devices.memory`` in bytes (None: not given)."""
+        return self.devices.memory_bytes
 
 
 class UpstreamConfig(_Section):
@@ -474,12 +480,10 @@ def model_errors(m: ModelServeConfig) -> list[str]:
             errors.append(f"{key} must be 'package.module:function', got {value!r}")
     if m.replicas is not None and m.autoscaling is not None:
         errors.append("give replicas (a fixed count) or autoscaling, not both")
-    if m.precision in ("bf16", "fp16") and m.device == "cpu":
+    if m.precision in ("bf16", "fp16") and m.devices.kind == "cpu":
         errors.append(f"precision {m.precision} serves on GPUs; on CPU use fp32 or int8")
-    if m.precision == "int8" and m.device == "gpu":
+    if m.precision == "int8" and m.devices.kind == "gpu":
         errors.append("int8 dynamic quantisation runs on CPUs; on GPUs use bf16 or fp16")
-    if m.memory is not None:
-        errors.extend(_size_errors("memory", m.memory))
     if m.fallback == m.name:
         errors.append(f"model {m.name} cannot be its own fallback")
     return errors
@@ -499,10 +503,8 @@ def llm_errors(m: ModelServeConfig, sources: list[str]) -> list[str]:
     if m.fallback is not None:
         errors.append("engine: vllm models take no fallback yet; list more pools instead")
     for i, pool in enumerate(m.pools):
-        if pool.device == "cpu" and (pool.vendor or pool.accelerator):
-            errors.append(f"pool {i + 1}: vendor/accelerator need device: gpu")
-        if pool.memory is not None:
-            errors.extend(_size_errors(f"pool {i + 1} memory", pool.memory))
+        if pool.devices.kind == "cpu" and (pool.devices.vendor or pool.devices.model):
+            errors.append(f"pool {i + 1}: devices.vendor/model need devices.kind gpu")
         if m.vllm is not None and pool.engine:
             try:
                 m.vllm.merged(pool.engine)

@@ -8,7 +8,7 @@ Precision (``apply_precision``):
 
 * ``fp32``: as trained.
 * ``bf16`` / ``fp16``: weights cast, inputs cast on the way in, logits back to fp32 for the
-  softmax. Meant for GPUs (the serving config refuses them with ``device: cpu``); the cast
+  softmax. Meant for GPUs (the serving config refuses them with ``devices: cpu``); the cast
   itself works on CPU too, which is how the accuracy tests measure them on a CPU-only host.
 * ``int8``: dynamic quantisation of every ``nn.Linear`` (int8 weights, activations quantised
   per batch at run time) with ``torch.ao.quantization.quantize_dynamic`` - still the eager,
@@ -162,9 +162,9 @@ def resolve_device(choice: str) -> torch.device:
     has_gpu = torch.cuda.is_available()
     if choice == "gpu" and not has_gpu:
         raise InputError(
-            "device: gpu, but torch sees no GPU in this replica (CUDA_VISIBLE_DEVICES="
+            "devices: gpu, but torch sees no GPU in this replica (CUDA_VISIBLE_DEVICES="
             f"{os.environ.get('CUDA_VISIBLE_DEVICES')!r}, torch {torch.__version__}); install "
-            "a CUDA or ROCm build of torch, or use device: auto or cpu")
+            "a CUDA or ROCm build of torch, or use devices: auto or cpu")
     return torch.device("cuda:0" if choice in ("gpu", "auto") and has_gpu else "cpu")
 
 

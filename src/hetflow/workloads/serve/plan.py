@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 
-from hetflow.core.units import parse_bytes
 from hetflow.workloads.serve.access import AccessPlan
 from hetflow.workloads.serve.config import (
     ModelServeConfig,
@@ -76,7 +75,7 @@ def plan_models(config: ServeConfig, dry_run: bool = False,
             train, entry.precision, entry.torchscript or entry.exported))
         groups = plan_replica_groups(config.name, entry, snapshot, ray_gpus, memory)
         # Slots planned for this model hold memory for the next model's plan too.
-        device = "cpu" if groups[0].compute == "cpu" else entry.device
+        device = "cpu" if groups[0].compute == "cpu" else entry.devices.kind
         spec = ReplicaSpec(entry.name, train.model_dump(mode="json") if train else None,
                            checkpoint, entry.precision, device, entry.threads_per_replica,
                            source_of(entry))
@@ -102,7 +101,7 @@ def _with_groups(snapshot: Any, app: str, entry: Any, groups: list[ReplicaGroup]
         for i in range(count):
             allocs.append(Allocation(f"{group.deployment}-{i}", group.device.node,
                                      group.device.device, memory,
-                                     exclusive=not entry.share_devices))
+                                     exclusive=not entry.devices.share))
     return replace(snapshot, allocations=snapshot.allocations + tuple(allocs))
 
 
@@ -217,17 +216,16 @@ def plan_pools(app: str, entry: Any, snapshot: Any, ray_gpus: float
     out = []
     for i, pool in enumerate(entry.effective_pools):
         engine = entry.vllm.merged(pool.engine)
-        memory = parse_bytes(pool.memory) if pool.memory is not None else DEFAULT_GPU_MEMORY
-        if pool.device == "gpu" and engine.tensor_parallel_size > 1:
+        memory = pool.devices.memory_bytes if pool.devices.memory is not None else DEFAULT_GPU_MEMORY
+        if pool.devices.kind == "gpu" and engine.tensor_parallel_size > 1:
             groups, snapshot = _tensor_parallel_groups(app, entry, i, pool, engine.tensor_parallel_size,
                                                        snapshot, ray_gpus, memory)
             out += [(i, group) for group in groups]
             continue
         shadow = ModelServeConfig.model_construct(
-            name=f"{entry.name}-p{i}", device=pool.device, vendor=pool.vendor,
-            accelerator=pool.accelerator, replicas=pool.replicas, autoscaling=None,
-            cpus_per_replica=pool.cpus_per_replica, share_devices=pool.share_devices,
-            precision="fp32", gpu_fraction=1.0, strategy="pack")
+            name=f"{entry.name}-p{i}", devices=pool.devices.model_copy(update={"strategy": "pack"}),
+            replicas=pool.replicas, autoscaling=None, cpus_per_replica=pool.cpus_per_replica,
+            precision="fp32", gpu_fraction=1.0)
         for group in plan_replica_groups(app, shadow, snapshot, ray_gpus, memory):
             out.append((i, group))
     return out
@@ -257,7 +255,7 @@ def _tensor_parallel_groups(app: str, entry: Any, index: int, pool: Any, tp: int
                              compute="gpu")], snapshot
     requests = [PlacementRequest.parse(
         f"{base}-r{r}", count=tp, memory=memory, memory_note="LLM replica (per device)",
-        vendor=pool.vendor, model=pool.accelerator, share=False) for r in range(pool.replicas)]
+        vendor=pool.devices.vendor, model=pool.devices.model, share=False) for r in range(pool.replicas)]
     placements, snapshot = plan_in_turn(requests, snapshot, lambda r, exc: (
         f"{where}: replica {r + 1} of {pool.replicas} (tensor_parallel_size {tp}) does not fit "
         f"({exc}); lower replicas or tensor_parallel_size"))

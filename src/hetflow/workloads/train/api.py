@@ -15,7 +15,7 @@
                 train.report({"loss": loss, "epoch": epoch}, checkpoint=train.Checkpoint.from_directory(d))
 
     result = train.run(train_func, config={"epochs": 5}, layout={"dp": 2},
-                       resources={"device": "cpu"}, checkpoint_dir="runs/mine", max_failures=2)
+                       resources={"devices": "cpu"}, checkpoint_dir="runs/mine", max_failures=2)
     print(result.metrics, result.checkpoint.path)
 
 What it does (the same placement path as ``hetflow train`` and ``hetflow launch``):
@@ -198,8 +198,7 @@ def run(train_func: Callable[..., Any], config: Any = None, *, layout: Any = Non
         timeout_s: float = 600.0) -> Result:
     """Run ``train_func(config)`` (or ``train_func()``) on every rank of ``layout`` (a dict of
     dp/pp/tp, or an int: dp) with ``resources`` (the fields of ``hetflow train``'s
-    ``resources`` section: device, cpus_per_rank, threads_per_rank, vendor, accelerator, memory,
-    placement_timeout_s) until it returns on every rank. ``keep_last`` with ``keep_score``
+    ``resources`` section: devices, cpus_per_rank, threads_per_rank, placement_timeout_s) until it returns on every rank. ``keep_last`` with ``keep_score``
     (metric, "max" or "min"): keep the best checkpoints by that metric (and the newest).
     ``timeout_s``: torch.distributed's collective timeout. See the module docstring."""
     import ray

@@ -12,7 +12,7 @@ Example (``examples/train_digits.yaml``)::
     layout: {dp: 2}
     train: {steps: 300, batch_size: 64, lr: 0.003}
     checkpoint: {interval: 100}
-    resources: {device: cpu, max_failures: 2}
+    resources: {devices: cpu, max_failures: 2}
 
 The ``model:`` section is read by the model spec it names (``kind`` a built-in, ``spec`` an
 import path: :mod:`hetflow.workloads.models.spec`); so is what the rules below ask of the model.
@@ -33,7 +33,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from hetflow.core.devices import fold_devices
+from hetflow.core.devices import DeviceKeys, DeviceSpec, override
 from hetflow.core.errors import InputError
 from hetflow.core.request import ParallelLayout, PlacementRequest
 from hetflow.core.validation import describe
@@ -48,7 +48,11 @@ from hetflow.workloads.models.spec import (
     spec_label,
     spec_of,
 )
-from hetflow.core.topology import AcceleratorVendor
+
+
+RANK_DEVICES = DeviceKeys("resources (each rank's devices)", ("kind", "model", "vendor", "memory"),
+                         {"kind": "auto"})
+"""A training config's ``resources.devices``: each rank's (hetflow.core.devices)."""
 
 
 class _Section(BaseModel):
@@ -164,20 +168,19 @@ class CheckpointConfig(_Section):
 class ResourcesConfig(_Section):
     """What each rank runs on, and how failures are handled."""
 
-    device: Literal["auto", "cpu", "gpu"] = "auto"
-    """``cpu``: CPU ranks with gloo. ``gpu``: one GPU per rank (CUDA or ROCm), nccl; fails when
-    none is visible. ``auto``: GPUs when the cluster has them, else CPU."""
+    devices: DeviceSpec = Field(default_factory=RANK_DEVICES.default)
+    """Each rank's devices (:mod:`hetflow.core.devices`): ``kind`` ``cpu`` (CPU ranks with
+    gloo), ``gpu`` (one GPU per rank, CUDA or ROCm, nccl; fails when none is visible) or
+    ``auto`` (default: GPUs when the cluster has them, else CPU); ``model`` (only GPUs of this
+    catalog model, e.g. ``MI300X``) and ``vendor`` (only GPUs of this vendor; hetflow-managed
+    nodes; either makes it ``gpu``); ``memory``, the device memory each rank needs on
+    hetflow-managed nodes, e.g. ``20GiB`` (the planner only picks devices that have it). The
+    earlier flat keys (``device``, ``accelerator``, ``vendor``, ``memory``) are read with a
+    deprecation warning until the next release."""
     cpus_per_rank: float = Field(1.0, gt=0)
     """CPUs Ray reserves for each rank's actor."""
     threads_per_rank: int = Field(1, gt=0)
     """torch intra-op threads in each rank (``torch.set_num_threads``)."""
-    vendor: AcceleratorVendor | None = None
-    """Only GPUs of this vendor (hetflow-managed nodes)."""
-    accelerator: str | None = None
-    """Only GPUs of this catalog model, e.g. ``MI300X`` (hetflow-managed nodes)."""
-    memory: str | None = None
-    """Device memory each rank needs on hetflow-managed nodes, e.g. ``20GiB`` (the planner only
-    picks devices that have it)."""
     max_failures: int = Field(2, ge=0)
     """Restarts from the last checkpoint after a worker dies, before the job fails."""
     elastic: bool = False
@@ -192,16 +195,15 @@ class ResourcesConfig(_Section):
     @model_validator(mode="before")
     @classmethod
     def _devices(cls, data: Any) -> Any:
-        """``devices: cpu`` / ``{model: MI300X, memory: 20GiB}`` (hetflow.core.devices) into
-        the fields above; the flat keys are the earlier spelling."""
-        return fold_devices(data, {"kind": "device", "model": "accelerator", "vendor": "vendor",
-                                   "memory": "memory"}, "resources (each rank's devices)")
+        """``devices`` (hetflow.core.devices) with its defaults; the earlier flat keys folded
+        into it with a warning."""
+        return RANK_DEVICES.read(data, "resources")
 
     def placement_request(self, job_id: str, layout: ParallelLayout) -> PlacementRequest:
         """These resources for ``layout``'s ranks as the planner's request (hetflow-managed
         nodes): the one core request type, parsed the one way."""
-        return PlacementRequest.parse(job_id, layout=layout, memory=self.memory, vendor=self.vendor,
-                                      model=self.accelerator)
+        d = self.devices
+        return PlacementRequest.parse(job_id, layout=layout, memory=d.memory, vendor=d.vendor, model=d.model)
 
 
 class TrainConfig(_Section):
@@ -253,7 +255,9 @@ class TrainConfig(_Section):
         """A copy with some fields of some sections replaced, validated like a file."""
         data = self.model_dump(mode="json")
         for section, values in sections.items():
-            if isinstance(data.get(section), dict):
+            if section == "resources" and isinstance(values, dict):
+                data[section] = override(data[section], values)  # devices key by key
+            elif isinstance(data.get(section), dict):
                 data[section] = {**data[section], **values}
             else:
                 data[section] = values
@@ -327,10 +331,6 @@ def combination_errors(config: TrainConfig) -> list[str]:
                           "tensor-parallel DTensor parameters)")
     if spec.check is not None:
         errors.extend(spec.check(model, layout))
-    if config.resources.memory is not None:
-        from hetflow.core.units import parse_bytes
-
-        parse_bytes(config.resources.memory)  # raises InputError with the accepted forms
     return errors
 
 

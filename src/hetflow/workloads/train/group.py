@@ -6,12 +6,12 @@ it. Here each rank's actor gets exactly its planned device (``hetflow.runtime.bi
 
 Placement, in order of preference:
 
-1. **hetflow-managed nodes** (published with ``hetflow node``) and ``resources.device`` not
+1. **hetflow-managed nodes** (published with ``hetflow node``) and ``resources.devices.kind`` not
    ``cpu``: the planner places the dp x pp x tp layout (tensor-parallel groups on the fastest
    links) and :func:`~hetflow.runtime.binding.reserve` binds each rank to its device.
 2. **plain Ray GPUs** (no hetflow nodes): one Ray GPU per rank in a placement group; Ray
    chooses which GPUs (first fit) and sets their visibility.
-3. **CPU only** (``resources.device: cpu``, or a cluster with no GPUs at all): one bundle of
+3. **CPU only** (``resources.devices: cpu``, or a cluster with no GPUs at all): one bundle of
    ``cpus_per_rank`` CPUs per rank, in a placement group so that all ranks start together or
    not at all.
 
@@ -62,17 +62,17 @@ def place_layout(layout: ParallelLayout, res: ResourcesConfig, job_id: str) -> P
     waiting ``placement_timeout_s`` for a group Ray would leave pending forever.
     """
     world = layout.world_size
-    if res.device != "cpu":
+    if res.devices.kind != "cpu":
         from hetflow.runtime.binding import published_accelerators
 
         if published_accelerators():
             return _place_on_hetflow_nodes(layout, res, job_id)
-    gpus = ray.cluster_resources().get("GPU", 0) if res.device != "cpu" else 0
-    if res.device == "gpu" and not gpus:
+    gpus = ray.cluster_resources().get("GPU", 0) if res.devices.kind != "cpu" else 0
+    if res.devices.kind == "gpu" and not gpus:
         raise Unschedulable(
-            f"job {job_id}: resources.device is gpu but the Ray cluster has no hetflow-managed "
+            f"job {job_id}: resources.devices.kind is gpu but the Ray cluster has no hetflow-managed "
             "nodes and no Ray GPUs; start the GPU nodes with `hetflow node` (or `ray start "
-            "--num-gpus N`), or set resources.device: cpu"
+            "--num-gpus N`), or set resources.devices: cpu"
         )
     total = ray.cluster_resources()
     if gpus and world > gpus:

@@ -74,13 +74,13 @@ STOP_FILE_ENV = "HETFLOW_STOP_FILE"
 
 
 def check_device(preference: str, device: torch.device) -> None:
-    """``resources.device: gpu`` and this rank sees no GPU: an error that says what to install."""
+    """``resources.devices: gpu`` and this rank sees no GPU: an error that says what to install."""
     if preference == "gpu" and device.type != "cuda":
         seen = visible_devices()
         raise HetflowError(
-            f"resources.device is gpu but this worker sees no GPU (torch {torch.__version__}, "
+            f"resources.devices.kind is gpu but this worker sees no GPU (torch {torch.__version__}, "
             f"visibility {seen}); install a CUDA or ROCm build of torch on the workers, or set "
-            "resources.device: cpu"
+            "resources.devices: cpu"
         )
 
 
@@ -151,7 +151,7 @@ def train_func(job: Mapping[str, Any]) -> RankResult:
         data = ray.get(data)
     ctx = get_context()
     assert ctx.world_size == config.layout.world_size, "world size must be dp * pp * tp"
-    check_device(config.resources.device, ctx.device)
+    check_device(config.resources.devices.kind, ctx.device)
     return _train(config, ctx, data)
 
 
@@ -163,7 +163,7 @@ def train_rank(config: TrainConfig, rank: int, world_size: int, init_method: str
 
     os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world_size),
                        "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world_size)})
-    with rank_context(config.layout.parallel.shape, config.resources.device,
+    with rank_context(config.layout.parallel.shape, config.resources.devices.kind,
                       config.resources.threads_per_rank,
                       {"checkpoint_dir": str(config.checkpoint_dir), "name": config.name},
                       init_method=init_method):

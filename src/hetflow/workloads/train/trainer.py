@@ -83,7 +83,8 @@ class ScalingConfig:
                                  f"{layout.world_size} ranks; give one of them, or make them agree")
         else:
             layout = _layout(workers or 1)
-        resources: dict[str, Any] = {"device": "gpu" if self.use_gpu else "cpu"}
+        devices: dict[str, Any] = {"kind": "gpu" if self.use_gpu else "cpu"}
+        resources: dict[str, Any] = {"devices": devices}
         for key, amount in dict(self.resources_per_worker or {}).items():
             if key == "CPU":
                 resources["cpus_per_rank"] = float(amount)
@@ -92,14 +93,16 @@ class ScalingConfig:
                     raise InputError(f"ScalingConfig(resources_per_worker={{'GPU': {amount}}}): hetflow binds "
                                      "each worker to exactly one device; for several GPUs per model "
                                      "use layout={'tp': N} (tensor parallel ranks on the fastest links)")
-                resources["device"] = "gpu"
+                devices["kind"] = "gpu"
             else:
                 raise InputError(f"ScalingConfig(resources_per_worker): {key!r} is not supported; give CPU "
                                  "(and GPU: 1), and the device with accelerator_type, vendor or memory")
         if self.accelerator_type:
-            resources["accelerator"] = self.accelerator_type
-        for key, value in (("vendor", self.vendor), ("memory", self.memory),
-                           ("threads_per_rank", self.threads_per_worker),
+            devices["model"] = self.accelerator_type
+        for key, value in (("vendor", self.vendor), ("memory", self.memory)):
+            if value is not None:
+                devices[key] = value
+        for key, value in (("threads_per_rank", self.threads_per_worker),
                            ("placement_timeout_s", self.placement_timeout_s)):
             if value is not None:
                 resources[key] = value
@@ -114,7 +117,7 @@ class ScalingConfig:
         layout, resources = self._resolved()
         n = layout.world_size
         out = {"CPU": n * float(resources.get("cpus_per_rank", 1.0))}
-        if resources["device"] == "gpu":
+        if resources["devices"]["kind"] == "gpu":
             out["GPU"] = float(n)
         return out
 
@@ -243,7 +246,7 @@ class DataParallelTrainer:
         more failures than ``FailureConfig.max_failures``."""
         layout, resources = self.scaling_config._resolved()
         backend = self.torch_config.backend
-        if backend is not None and (backend == "nccl") != (resources["device"] == "gpu"):
+        if backend is not None and (backend == "nccl") != (resources["devices"]["kind"] == "gpu"):
             raise InputError(f"TorchConfig(backend={backend!r}) does not fit "
                              f"use_gpu={self.scaling_config.use_gpu}: nccl is for GPU workers, gloo for CPU ones")
         name, directory = self.run_config._directory()

@@ -8,7 +8,7 @@ write instead. Example (``examples/tune_digits.yaml``)::
     base:                         # the training job every trial starts from (or a file path)
       model: {kind: mlp, hidden: [64]}
       train: {batch_size: 64}
-      resources: {device: cpu}
+      resources: {devices: cpu}
     space:
       train:
         lr: {loguniform: [1.0e-5, 1.0]}
@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from hetflow.core.devices import fold_devices
+from hetflow.core.devices import DeviceKeys, DeviceSpec
 from hetflow.core.errors import InputError
 from hetflow.core.validation import describe
 from hetflow.core.yamlfile import read_yaml
@@ -123,6 +123,10 @@ class BudgetConfig(_Section):
         return None if self.time is None else parse_duration(self.time)
 
 
+TRIAL_DEVICES = DeviceKeys("a trial (its kind and model are base.resources)", ("memory",))
+"""A tuning trial's ``devices`` (hetflow.core.devices)."""
+
+
 class TrialConfig(_Section):
     """What one trial gets."""
 
@@ -130,10 +134,13 @@ class TrialConfig(_Section):
     """CPUs Ray reserves for each trial."""
     threads: int = Field(1, gt=0)
     """torch intra-op threads in each trial (``torch.set_num_threads``)."""
-    memory: str | None = None
-    """Device memory one trial needs on hetflow-managed GPU nodes, e.g. ``2GiB``: the planner
-    lets several trials share a device by memory. Default: ``base.resources.memory``, and
-    without either each trial takes a whole device."""
+    devices: DeviceSpec = Field(default_factory=TRIAL_DEVICES.default)
+    """Each trial's devices (:mod:`hetflow.core.devices`; its kind and model are
+    ``base.resources.devices``): ``memory``, the device memory one trial needs on
+    hetflow-managed GPU nodes, e.g. ``2GiB`` - the planner lets several trials share a device by
+    memory. Default: ``base.resources.devices.memory``, and without either each trial takes a
+    whole device. The earlier flat ``memory`` is read with a deprecation warning until the next
+    release."""
     reuse_actors: bool = True
     """Run the next trial in a finished trial's process when their resources match (saves
     starting Python and importing torch for every trial)."""
@@ -141,21 +148,9 @@ class TrialConfig(_Section):
     @model_validator(mode="before")
     @classmethod
     def _devices(cls, data: Any) -> Any:
-        """``devices: {memory: 2GiB}`` (hetflow.core.devices; a trial's kind and model are its
-        base training config's ``resources``); the flat ``memory`` is the earlier spelling."""
-        return fold_devices(data, {"memory": "memory"}, "a trial (its kind and model are base.resources)")
-
-    @field_validator("memory")
-    @classmethod
-    def _check_memory(cls, value: str | None) -> str | None:
-        if value is not None:
-            from hetflow.core.units import parse_bytes
-
-            try:
-                parse_bytes(value)
-            except InputError as exc:
-                raise ValueError(str(exc)) from None
-        return value
+        """``devices: {memory: 2GiB}`` (hetflow.core.devices); the earlier flat ``memory``
+        folded into it with a warning."""
+        return TRIAL_DEVICES.read(data, "trial")
 
 
 class OutputConfig(_Section):
@@ -278,7 +273,7 @@ class TuningConfig(_Section):
 
     @property
     def trial_memory(self) -> str | None:
-        return self.trial.memory or self.base.resources.memory
+        return self.trial.devices.memory or self.base.resources.devices.memory
 
 
 def parse_duration(value: float | int | str) -> float:

@@ -2,9 +2,9 @@
 
 A trial is one process on at most one device. Three cases, in order of preference:
 
-1. **hetflow-managed GPU nodes** (published with ``hetflow node``; ``base.resources.device``
+1. **hetflow-managed GPU nodes** (published with ``hetflow node``; ``base.resources.devices.kind``
    not ``cpu``): the planner places the trial as a one-device request. With a memory size
-   (``trial.memory`` or ``base.resources.memory``) the request is shareable
+   (``trial.devices.memory`` or ``base.resources.devices.memory``) the request is shareable
    (``exclusive=False``): the trial's bundle takes the device's resource ``hetflow_dev_<i>``
    only up to that memory (MiB), so several small trials share one device and Ray's resource
    accounting refuses to over-commit it. Without one, a trial takes the whole device. The
@@ -221,10 +221,10 @@ def place_trials(config: Any, key: str) -> TrialPlacement:
 
     res, cpus = config.base.resources, config.trial.cpus
     concurrent = config.budget.concurrent
-    if res.device != "cpu" and published_accelerators():
+    if res.devices.kind != "cpu" and published_accelerators():
         memory = config.trial_memory
         request = trial_request(f"{config.name}-trial", parse_bytes(memory) if memory else None,
-                                parse_vendor(res.vendor), res.accelerator)
+                                parse_vendor(res.devices.vendor), res.devices.model)
         limit = min(concurrent or config.budget.trials, config.budget.trials)
         slots = tuple(plan_trial_slots(live_snapshot(), request, cpus, limit))
         counts: dict[str, int] = {}
@@ -238,12 +238,12 @@ def place_trials(config: Any, key: str) -> TrialPlacement:
         _LEDGERS.pop(key, None)
         return TrialPlacement(SlotAssigner(key, slots), len(slots), how, slots,
                               [SlotLedgerSync(key)])
-    gpus = ray.cluster_resources().get("GPU", 0) if res.device != "cpu" else 0
-    if res.device == "gpu" and not gpus:
+    gpus = ray.cluster_resources().get("GPU", 0) if res.devices.kind != "cpu" else 0
+    if res.devices.kind == "gpu" and not gpus:
         raise Unschedulable(
-            f"{config.name}: base.resources.device is gpu but the Ray cluster has no "
+            f"{config.name}: base.resources.devices.kind is gpu but the Ray cluster has no "
             "hetflow-managed nodes and no Ray GPUs; start the GPU nodes with `hetflow node` "
-            "(or `ray start --num-gpus N`), or set base.resources.device: cpu")
+            "(or `ray start --num-gpus N`), or set base.resources.devices: cpu")
     slot = TrialSlot({"CPU": float(cpus), "GPU": 1.0}) if gpus else cpu_slot(cpus)
     where = "one Ray GPU each (Ray chooses which)" if gpus else f"{cpus:g} CPU each"
     return TrialPlacement(slot.factory(), concurrent, f"trials get {where}", (slot,))

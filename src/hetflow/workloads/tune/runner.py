@@ -247,7 +247,7 @@ def _run(config: TuningConfig, experiment: Path, resume: bool, callbacks: list[A
 
         user = UserTrialSetup(trainable=config.trainable, fixed=dict(config.config), space=space,
                               epochs=budget.epochs, threads=config.trial.threads,
-                              device=config.base.resources.device)
+                              device=config.base.resources.devices.kind)
         trial_fn: Any = tune.with_parameters(run_user_trial, setup=user)
     else:
         setup = TrialSetup(base=config.base.model_dump(mode="json"), space=space,

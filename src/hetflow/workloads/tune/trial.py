@@ -86,7 +86,7 @@ def run_trial(sampled: dict[str, Any], setup: TrialSetup,
     bound = bind_planned_device()  # before torch initialises any GPU
     torch.set_num_threads(setup.threads)
     config = setup.trial_config(sampled)
-    device = select_device(config.resources.device)
+    device = select_device(config.resources.devices.kind)
     spec = model_spec(config)
     model = build_model(config).to(device)
     optimizer = build_optimizer(config, model)

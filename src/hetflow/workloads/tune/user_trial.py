@@ -25,7 +25,7 @@ class UserTrialSetup:
     space: SearchSpace
     epochs: int
     threads: int
-    device: str  # resources.device: auto, cpu or gpu
+    device: str  # resources.devices.kind: auto, cpu or gpu
 
 
 def trial_values(setup: UserTrialSetup, sampled: dict[str, Any]) -> dict[str, Any]:
