@@ -73,7 +73,7 @@ def test_first_decision_is_the_simulators(policy: str) -> None:
 
 @pytest.mark.parametrize("extra, message", [
     ({"devices": {"count": 9}}, "MI300X: 8 in the whole cluster, it needs 9"),
-    ({"devices": {"count": 1, "type": "H100-SXM"}}, "no H100-SXM devices in this cluster (it has MI210, L40S, MI300X)"),
+    ({"devices": {"count": 1, "model": "H100-SXM"}}, "no H100-SXM devices in this cluster (it has MI210, L40S, MI300X)"),
     ({"devices": {"count": 1, "vendor": "nvidia", "memory": "64GiB"}}, "L40S: 48.0 GiB per device, it needs 64.0 GiB"),
     ({"devices": {"count": 4, "vendor": "amd", "memory": "200GiB"}},
      "MI210: 2 in the whole cluster, it needs 4; MI300X: 192.0 GiB per device, it needs 200.0 GiB"),
@@ -91,7 +91,7 @@ def test_admission_gives_the_rate_on_each_allowed_type() -> None:
 
 
 def test_a_boundary_preempts_for_a_shorter_job_and_waits_for_the_checkpoint() -> None:
-    long_spec, short_spec = spec("long", 2, 1000, devices={"type": "MI210"}), spec("short", 2, 5, devices={"type": "MI210"})
+    long_spec, short_spec = spec("long", 2, 1000, devices={"model": "MI210"}), spec("short", 2, 5, devices={"model": "MI210"})
     held = HeldDevices("MI210", [Slot("a", 0), Slot("a", 1)])
     long = record(1, long_spec, status=Status.RUNNING, token=1, held=held, seg_start=0.0)
     short = record(2, short_spec)
@@ -121,7 +121,7 @@ def test_a_boundary_preempts_for_a_shorter_job_and_waits_for_the_checkpoint() ->
 
 
 def test_reasons_without_a_decision_are_typed_too() -> None:
-    never = record(1, spec("huge", 64, 10, devices={"type": "MI210"}))
+    never = record(1, spec("huge", 64, 10, devices={"model": "MI210"}))
     plan = LiveScheduler(ControllerSettings()).decide([never], SNAPSHOT, 0.0, boundary=False, force=True)
     assert plan.reasons["huge-1"].why is Why.NEVER_FITS and "can never run on this cluster" in plan.reasons["huge-1"]
     empty = LiveScheduler(ControllerSettings()).decide([never], ClusterSnapshot(nodes=()), 0.0, boundary=False)
@@ -137,16 +137,16 @@ def test_reasons_without_a_decision_are_typed_too() -> None:
 
 def test_a_job_that_is_not_preemptible_keeps_its_devices_at_a_boundary() -> None:
     held = HeldDevices("MI210", [Slot("a", 0), Slot("a", 1)])
-    long = record(1, spec("long", 2, 1000, devices={"type": "MI210"}, preemptible=False),
+    long = record(1, spec("long", 2, 1000, devices={"model": "MI210"}, preemptible=False),
                   status=Status.RUNNING, token=1, held=held)
-    short = record(2, spec("short", 2, 5, devices={"type": "MI210"}))
+    short = record(2, spec("short", 2, 5, devices={"model": "MI210"}))
     plan = LiveScheduler(ControllerSettings(policy="srtf")).decide([long, short], SNAPSHOT, 360.0, boundary=True)
     assert plan.decided and not plan.stops and not plan.launches
 
 
 def test_devices_held_outside_the_controller_are_not_handed_out() -> None:
     foreign = replace(SNAPSHOT, allocations=(Allocation("by-hand", "b", 0), Allocation("by-hand", "b", 1)))
-    job = record(1, spec("x", 1, 10, devices={"type": "L40S"}))
+    job = record(1, spec("x", 1, 10, devices={"model": "L40S"}))
     plan = LiveScheduler(ControllerSettings(policy="fifo")).decide([job], foreign, 0.0, False, force=True)
     assert not plan.launches
     assert plan.reasons["x-1"] == "waiting: needs 1x L40S; L40S: none free"
@@ -199,7 +199,7 @@ def test_a_job_files_device_type_matches_models_as_the_planner_does() -> None:
                                       synthetic_node("2x A100-80GB", "a100"), synthetic_node("2x A10", "a10")))
     cluster = LiveCluster.of(snapshot)
     scheduler = LiveScheduler(ControllerSettings(policy="fifo"))
-    allowed = lambda t: scheduler.allowed_types(spec("j", 1, 5.0, devices={"type": t}), cluster)  # noqa: E731
+    allowed = lambda t: scheduler.allowed_types(spec("j", 1, 5.0, devices={"model": t}), cluster)  # noqa: E731
     assert allowed("H100") == {"H100-SXM", "H100-PCIE"}  # as `hetflow plan --model H100`
     assert allowed("H100-SXM") == {"H100-SXM"}
     assert allowed("A10") == {"A10"}  # not A100-80GB

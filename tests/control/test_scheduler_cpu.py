@@ -100,7 +100,7 @@ def test_a_job_that_can_never_fit_is_refused_with_the_reason(snapshot: ClusterSn
 
 def test_device_refusals_do_not_list_cpus_as_a_device_type() -> None:
     with pytest.raises(Unschedulable) as exc:
-        LiveScheduler(ControllerSettings()).admit(gpu_spec("x", 1, 10, devices={"count": 1, "type": "L40S"}), MIXED)
+        LiveScheduler(ControllerSettings()).admit(gpu_spec("x", 1, 10, devices={"count": 1, "model": "L40S"}), MIXED)
     assert "no L40S devices in this cluster (it has MI210)" in str(exc.value)
 
 
