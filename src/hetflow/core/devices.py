@@ -16,14 +16,20 @@ LLM pool ``kind model vendor memory share`` (kind ``cpu`` or ``gpu``, default ``
 ``auto``), a workflow's serve stage ``kind memory``, a tuning trial ``memory``, a controller
 job ``count model vendor memory min max scaling`` (its gang; ``DeviceRequest``). A ``model`` or
 a ``vendor`` without a ``kind`` is a GPU's. Readers read ``config.devices.<key>``, and
-everything hetflow writes back (``model_dump``, the controller's stored specs, ``--set``
-overrides) is in this spelling.
+everything hetflow writes back (``model_dump``: only the keys that are set; the controller's
+stored specs; ``with_overrides``) is in this spelling; ``--set SECTION.devices.KEY=VALUE``
+sets one key of a section's ``devices`` (:func:`override`).
 
 The schemas' earlier flat keys (``device``, ``vendor``, ``accelerator``, ``memory``,
 ``share_devices``, ``strategy`` beside the section's other fields) are read until the next
-release, into ``devices``, with one ``FutureWarning`` per section naming what to write instead
-(``hetflow`` prints it as one ``hetflow: deprecated: ...`` line); so is a controller job's
-``devices.type`` (now ``devices.model``). The same thing given both ways is an error.
+release, into ``devices``, with one ``FutureWarning`` per section naming what to write instead,
+e.g. ``resources.device: write resources.devices: {kind: cpu} (device is read until the next
+release)`` (``hetflow`` prints it as one ``hetflow: deprecated: ...`` line); a ``--set`` of a
+flat key is read and warned about the same way. A flat ``accelerator`` or ``vendor`` without
+``device`` kept the schema's default kind, so the suggested spelling writes that kind out and
+the meaning stays; a flat key whose value is null (an earlier dump's "not set") is dropped
+without a word. A controller job's ``devices.type`` (now ``devices.model``) is read with a
+``FutureWarning`` too. The same thing given both ways is an error.
 """
 
 from __future__ import annotations
