@@ -17,7 +17,7 @@ A **CPU job** asks for no device: ``devices: {count: 0}`` with ``cpus`` (the CPU
 job, default 1) and optionally ``memory`` (host memory, e.g. ``8GiB``); all of it is reserved on
 one node. A ``train`` job whose config says ``resources: {devices: cpu}`` and whose job file
 gives no ``devices`` section is a CPU job by default, with ``cpus`` = world size x
-``cpus_per_rank``. (A ``devices`` section - any count, type, vendor or memory - keeps it a
+``cpus_per_rank``. (A ``devices`` section - any count, model, vendor or memory - keeps it a
 device job, as before.)
 
 **Elastic jobs** (``train`` and ``launch``): ``devices: {count: 2, min: 1, max: 4, scaling:
