@@ -85,7 +85,7 @@ def test_the_head_restarts_and_the_queue_and_running_jobs_survive(hosts: HostClu
                   "train": {"name": "head-restart", "model": {"kind": "mlp", "hidden": [768, 768]},
                             "train": {"steps": STEPS, "batch_size": 256, "log_every": 10},
                             "checkpoint": {"dir": str(ckpt), "interval": 40},
-                            "resources": {"device": "cpu", "cpus_per_rank": 1}}},
+                            "resources": {"devices": "cpu", "cpus_per_rank": 1}}},
         "holder": {"name": "holder", "kind": "python", "cpus": 2, "devices": {"count": 0},
                     "python": {"script": str(UNTIL_FILE_JOB), "args": [str(release)]},
                     "work": {"seconds": 30}},

@@ -162,7 +162,7 @@ def _train_config(hosts: HostCluster, tmp: Path, steps: int) -> dict:
             "data": {"dataset": "digits"}, "layout": {"dp": 2},
             "train": {"steps": steps, "batch_size": 256, "lr": 0.003, "log_every": 10},
             "checkpoint": {"dir": str(tmp / "checkpoints"), "interval": 40},
-            "resources": {"device": "cpu", "cpus_per_rank": 1, "max_failures": 2,
+            "resources": {"devices": "cpu", "cpus_per_rank": 1, "max_failures": 2,
                           "ray_address": hosts.address}}
 
 

@@ -74,7 +74,7 @@ def lose_a_replica_host(hosts: HostCluster, tmp: Path) -> dict[str, float]:
     config = {"name": "hostloss", "http": {"host": hosts.head.address, "port": port},
               "auth": {"store": str(tmp / "keys")},
               "limits": {"request_timeout_s": 30},
-              "models": [{"name": "m", "weights": "random", "device": "cpu", "replicas": 2,
+              "models": [{"name": "m", "weights": "random", "devices": "cpu", "replicas": 2,
                           "cpus_per_replica": 1.5, "batching": {"enabled": False},
                           "train": {"model": {"kind": "mlp", "hidden": [32]}}}]}
     path = tmp / "serve.yaml"

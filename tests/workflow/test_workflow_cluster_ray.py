@@ -2,7 +2,7 @@
 file, with only the training stage's device changed from ``cpu`` to ``auto``.
 
 The cluster (``ray.cluster_utils.Cluster``, loopback) has a CPU head and a hetflow node that
-declares two L40S GPUs it does not have. With ``device: auto`` the train stage's ranks are
+declares two L40S GPUs it does not have. With ``devices: auto`` the train stage's ranks are
 placed by the planner on that node's devices, each seeing exactly its own (with a CPU build of
 torch they still compute on the CPU); everything else runs as on one machine. The load test is
 shortened to keep the test short.
@@ -49,8 +49,8 @@ def cluster():
 
 def test_the_demo_file_runs_on_a_cluster_with_only_its_device_changed(cluster, tmp_path: Path) -> None:
     data = yaml.safe_load((REPO / "examples" / "digits.yaml").read_text())
-    assert data["train"]["resources"]["device"] == "cpu"
-    data["train"]["resources"]["device"] = "auto"  # the one resource that differs
+    assert data["train"]["resources"]["devices"] == "cpu"
+    data["train"]["resources"]["devices"] = "auto"  # the one resource that differs
     data["serve"]["http"]["port"] = _free_port()
     data["load_test"].update(max_requests=100, max_duration_s=4)
     data.update(results_dir=str(tmp_path / "results"), cache_dir=str(tmp_path / "runs"))

@@ -1,8 +1,8 @@
 """Training on a real local Ray cluster: the actor group, placement, recovery and the command.
 
 One cluster for the module: a head with 4 CPUs and one hetflow-managed node that declares two
-L40S GPUs it does not have (``ray.cluster_utils.Cluster``). Jobs with ``device: cpu`` run as
-plain CPU actors; jobs with ``device: auto`` are placed by the planner on the "GPU" node, where
+L40S GPUs it does not have (``ray.cluster_utils.Cluster``). Jobs with ``devices: cpu`` run as
+plain CPU actors; jobs with ``devices: auto`` are placed by the planner on the "GPU" node, where
 each rank sees exactly its planned device (and, with a CPU build of torch, trains on the CPU).
 
 A worker is killed with SIGKILL from outside while the job runs; the job must finish by itself
@@ -156,7 +156,7 @@ def test_planner_binds_each_rank_to_its_device(cluster, tmp_path) -> None:
 
 
 def test_error_in_training_code_fails_at_once(cluster, tmp_path) -> None:
-    # device: gpu on a worker whose torch sees no GPU is an error of the job, not of a process:
+    # devices: gpu on a worker whose torch sees no GPU is an error of the job, not of a process:
     # restarting would repeat it, so the job fails without using its max_failures.
     config = digits(tmp_path, "no-gpu", resources={"devices": "gpu", "max_failures": 3})
     job = TrainingJob(config)
