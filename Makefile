@@ -44,18 +44,26 @@ $(STAMP): $(PY) pyproject.toml
 
 venv: $(STAMP)
 
+# hetflow's bytecode is written once before a run: where PYTHONDONTWRITEBYTECODE is set (this
+# kind of machine sets it) every process a test starts - Ray workers, replicas, ranks, each
+# `hetflow` command - would compile the modules it imports from source again (~0.1 CPU-s each).
+BYTECODE := $(PY) -m compileall -q src > /dev/null
+
 test: $(STAMP)
 	bash scripts/system_deps.sh
+	$(BYTECODE)
 	$(PY) -m pytest -q $(PARALLEL)
 
 # the suite with each test's CPU counted (tests/cpu_profile.py; root: a cpuacct cgroup per
 # test process), then the modules and tests that cost most
 test-cpu: $(STAMP)
 	rm -f .cpu-profile.jsonl
+	$(BYTECODE)
 	$(PY) -m pytest -q $(PARALLEL) -p tests.cpu_profile; status=$$?; \
 	$(PY) -m tests.cpu_profile .cpu-profile.jsonl; exit $$status
 
 test-quick: $(STAMP)
+	$(BYTECODE)
 	$(PY) -m pytest -q -n 2 --dist loadfile -m "not ray and not hosts"
 
 demo: $(STAMP)
