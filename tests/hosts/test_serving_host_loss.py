@@ -15,7 +15,6 @@ import json
 import re
 import shutil
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -38,13 +37,25 @@ def serve_env() -> dict[str, str]:
     return dict(FAST_ENV)
 
 
-def _replicas_running(hosts: HostCluster, app: str) -> int:
-    out = hosts.python(hosts.head, "import ray\nfrom ray import serve\nray.init(address=ADDRESS)\n"
-                                   f"app = serve.status().applications.get({app!r})\n"
-                                   "n = sum(d.replica_states.get('RUNNING', 0) for d in app.deployments.values()) if app else 0\n"
-                                   "print(f'RUNNING={n}')\n", check=False)
-    found = re.findall(r"RUNNING=(\d+)", out.stdout)
-    return int(found[-1]) if found else 0
+def _replicas_running(hosts: HostCluster, app: str, until: int | None = None,
+                      timeout: float = 120) -> tuple[int, float]:
+    """(the app's RUNNING replicas, seconds it took) as Ray Serve reports them, read by one
+    Python process on the head that joins Ray once: with ``until``, it polls until that many
+    run or ``timeout`` passes (a process per poll would cost ~3 CPU-s each: Ray and Serve's
+    imports and a join)."""
+    code = ("import time\nimport ray\nfrom ray import serve\nray.init(address=ADDRESS)\n"
+            f"app_name, until, timeout = {app!r}, {until!r}, {timeout!r}\n"
+            "start = time.monotonic()\n"
+            "while True:\n"
+            "    app = serve.status().applications.get(app_name)\n"
+            "    n = sum(d.replica_states.get('RUNNING', 0) for d in app.deployments.values()) if app else 0\n"
+            "    if until is None or n >= until or time.monotonic() - start > timeout:\n"
+            "        break\n"
+            "    time.sleep(0.5)\n"
+            "print(f'RUNNING={n} AFTER={time.monotonic() - start:.2f}')\n")
+    out = hosts.python(hosts.head, code, check=False, timeout=timeout + 60)
+    found = re.findall(r"RUNNING=(\d+) AFTER=([\d.]+)", out.stdout)
+    return (int(found[-1][0]), float(found[-1][1])) if found else (0, 0.0)
 
 
 def _hey_counts(text: str) -> tuple[int, int]:
@@ -89,7 +100,7 @@ def lose_a_replica_host(hosts: HostCluster, tmp: Path) -> dict[str, float]:
                                         "-T", "application/json", "-D", str(body),
                                         "-H", f"Authorization: Bearer {key}", url])
         victim = hosts.worker_hosts[-1]
-        before = _replicas_running(hosts, "hostloss.m")
+        before, _ = _replicas_running(hosts, "hostloss.m")
         killed: list[int] = []
         killer = threading.Timer(KILL_AFTER_S, lambda: killed.append(hosts.kill_host(victim)))
         killer.start()
@@ -98,12 +109,7 @@ def lose_a_replica_host(hosts: HostCluster, tmp: Path) -> dict[str, float]:
         ok, bad = _hey_counts(text)
         assert ok > 0, text
         hosts.rejoin(victim)
-        started = time.monotonic()
-        deadline = started + 120
-        while _replicas_running(hosts, "hostloss.m") < 2 and time.monotonic() < deadline:
-            time.sleep(1)
-        replaced_s = time.monotonic() - started
-        replicas = _replicas_running(hosts, "hostloss.m")
+        replicas, replaced_s = _replicas_running(hosts, "hostloss.m", until=2, timeout=120)
     finally:
         hosts.run(hosts.head, ["hetflow", "serve", str(path), "--address", hosts.address, "--stop"],
                   check=False, timeout=120)
