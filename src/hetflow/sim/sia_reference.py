@@ -25,6 +25,7 @@ all 18 workloads, Sia all-rigid equal to 3 digits on 9, Sia adaptive within 2.1 
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Callable, Mapping
 
@@ -457,8 +458,10 @@ class SiaMipPolicy:
         return per_type
 
 
+@functools.lru_cache(maxsize=1)
 def cbc_available() -> bool:
-    """Whether cvxpy can call CBC (``cylp`` installed: ``pip install hetflow[sia]``)."""
+    """Whether cvxpy can call CBC (``cylp`` installed: ``pip install hetflow[sia]``); asked once
+    a process (cvxpy's ``installed_solvers`` takes ~4 ms, and a policy asks every round)."""
     try:
         import cvxpy as cp
 
