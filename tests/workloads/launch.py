@@ -45,11 +45,20 @@ def _worker(rank: int, jobs: list[TrainConfig], stores: list[str], queue) -> Non
             raise
 
 
+def _context():
+    """A fork server that has imported torch and the training loop once for this test process:
+    each world's workers fork from it (a clean, single-threaded process: nothing of the test
+    process's own threads) instead of starting Python and importing torch again."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "hetflow.workloads.train.loop", __name__])
+    return ctx
+
+
 def run_worlds(jobs: list[TrainConfig], timeout_s: float = 240) -> list[JobOutcome]:
     processes = max(c.layout.world_size for c in jobs)
     tmp = Path(tempfile.mkdtemp(prefix="hetflow-stores-"))
     stores = [str(tmp / f"job{i}") for i in range(len(jobs))]
-    ctx = mp.get_context("spawn")
+    ctx = _context()
     queue = ctx.Queue()
     procs = [ctx.Process(target=_worker, args=(r, jobs, stores, queue)) for r in range(processes)]
     for p in procs:
