@@ -143,6 +143,7 @@ class HostCluster:
         env.update({"RAY_AUTH_MODE": "disabled", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1",
                     "RAY_USAGE_STATS_ENABLED": "0", "PATH": f"{BIN}:{env.get('PATH', '')}",
                     "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), str(REPO / "src"),
+                                                                str(REPO / "tests" / "fixtures"),
                                                                 env.get("PYTHONPATH", "")])),
                     "RAY_ADDRESS": self.address})
         env.update(self.env)

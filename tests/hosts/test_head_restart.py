@@ -3,7 +3,7 @@
 The head is started by ``hetflow node start --gcs-redis ADDR --gcs-namespace NAME`` (the
 documented recipe, docs/reliability.md) against Debian's ``redis-server`` running outside every
 host. Three controller jobs are submitted from a worker host with ``hetflow submit``: a
-training job (one CPU rank, checkpoints every 40 steps), a ``python`` job on the other host
+training job (one CPU rank of a paced model, checkpoints every 40 steps), a ``python`` job on the other host
 that holds its CPUs until the test releases it (after the restart), and a third that must wait
 in the queue for the second one's CPUs. Mid-run the head host loses every process at once (the controller with it) and is started again at the same address.
 
@@ -34,7 +34,9 @@ pytestmark = [pytest.mark.ray, pytest.mark.hosts,
 
 SLEEP_JOB = REPO / "tests" / "control" / "sleep_job.py"
 UNTIL_FILE_JOB = REPO / "tests" / "control" / "until_file_job.py"
-STEPS = 600  # ~25 steps/s here: at step 60-200 when the head goes down, running ~20 s past it
+# the paced model (tests/fixtures/user_pkg/paced.py: each step waits 20 ms, ~45 steps/s here):
+# it outlasts the restart by ~20 s as a busy 768x768 MLP once did, without burning the CPU
+STEPS = 1000
 ENDED = {"SUCCEEDED", "FAILED", "CANCELLED"}
 
 
@@ -82,8 +84,8 @@ def test_the_head_restarts_and_the_queue_and_running_jobs_survive(hosts: HostClu
     release = tmp_path / "release-the-holder"  # the holder keeps the queued job waiting until then
     files = {
         "train": {"name": "train", "kind": "train", "preemptible": True,
-                  "train": {"name": "head-restart", "model": {"kind": "mlp", "hidden": [768, 768]},
-                            "train": {"steps": STEPS, "batch_size": 256, "log_every": 10},
+                  "train": {"name": "head-restart", "model": {"spec": "user_pkg.paced:SPEC", "hidden": 16},
+                            "train": {"steps": STEPS, "batch_size": 64, "log_every": 10},
                             "checkpoint": {"dir": str(ckpt), "interval": 40},
                             "resources": {"devices": "cpu", "cpus_per_rank": 1}}},
         "holder": {"name": "holder", "kind": "python", "cpus": 2, "devices": {"count": 0},

@@ -158,9 +158,11 @@ print("RESULT_JSON " + json.dumps({"steps": sorted(result.losses), "restarts": r
 
 
 def _train_config(hosts: HostCluster, tmp: Path, steps: int) -> dict:
-    return {"name": "hosts-train", "model": {"kind": "mlp", "hidden": [512, 512]},
-            "data": {"dataset": "digits"}, "layout": {"dp": 2},
-            "train": {"steps": steps, "batch_size": 256, "lr": 0.003, "log_every": 10},
+    # the paced model (tests/fixtures/user_pkg/paced.py): 20 ms a step whatever the machine,
+    # so the kill lands mid-run without the ranks burning the CPU on a large model
+    return {"name": "hosts-train", "model": {"spec": "user_pkg.paced:SPEC", "hidden": 16},
+            "layout": {"dp": 2},
+            "train": {"steps": steps, "batch_size": 64, "lr": 0.003, "log_every": 10},
             "checkpoint": {"dir": str(tmp / "checkpoints"), "interval": 40},
             "resources": {"devices": "cpu", "cpus_per_rank": 1, "max_failures": 2,
                           "ray_address": hosts.address}}

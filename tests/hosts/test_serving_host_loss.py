@@ -29,6 +29,9 @@ pytestmark = [pytest.mark.ray, pytest.mark.hosts,
 
 LOAD_S = 12
 KILL_AFTER_S = 4
+# 8 clients at 25 req/s each: 200 req/s, always requests in flight on both replicas, without
+# saturating both cores for the whole load (unthrottled, hey alone took a core)
+QPS_PER_CLIENT = 25
 
 
 def serve_env() -> dict[str, str]:
@@ -96,7 +99,8 @@ def lose_a_replica_host(hosts: HostCluster, tmp: Path) -> dict[str, float]:
     body.write_text(json.dumps({"inputs": [[0.5] * 64]}))
     url = f"http://{hosts.head.address}:{port}/v1/models/m/predict"
     try:
-        load = hosts.popen(hosts.head, [hey, "-z", f"{LOAD_S}s", "-c", "8", "-t", "30", "-m", "POST",
+        load = hosts.popen(hosts.head, [hey, "-z", f"{LOAD_S}s", "-c", "8", "-q", str(QPS_PER_CLIENT),
+                                        "-t", "30", "-m", "POST",
                                         "-T", "application/json", "-D", str(body),
                                         "-H", f"Authorization: Bearer {key}", url])
         victim = hosts.worker_hosts[-1]
