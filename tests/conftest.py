@@ -4,7 +4,9 @@ comes from); a missing file fails the test that reads it, it never skips."""
 
 from __future__ import annotations
 
+import functools
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -61,13 +63,15 @@ def _no_serve_client_of_an_earlier_cluster():
 
 
 # --- order and grouping ---------------------------------------------------------------------------
-# `make test` runs the modules on two processes (pytest-xdist, `--dist loadfile`, with the
+# `make test` runs the modules on three processes (pytest-xdist, `--dist loadfile`, with the
 # scheduler below): a module stays on one process, so its Ray cluster starts once, and the
 # modules of tests/hosts stay together, so their one namespace cluster (a package fixture,
 # tests/hosts/conftest.py) starts once and never twice at the same time. (xdist's own
 # `loadgroup` marks do not group under pytest 9: the nodeid it rewrites is no longer read.)
-# The modules that start Ray take most of the time, so they are handed out first and the quick
-# unit modules fill the gaps at the end; within a module the order is the file's.
+# The modules that start Ray take most of the time, so they are handed out first, longest first,
+# to the first two processes; the third takes the unit modules only (ModuleGroups below), and the
+# first two take what units are left once their Ray modules are done; within a module the order
+# is the file's.
 def group_of(nodeid: str) -> str:
     path = nodeid.split("::", 1)[0]
     return "tests/hosts" if path.startswith("tests/hosts/") else path
@@ -84,10 +88,49 @@ def pytest_xdist_make_scheduler(config, log):
     config.option.loadscopereorder = False
 
     class ModuleGroups(LoadScopeScheduling):
+        """With 3 or more processes the last one takes unit modules only: their waits (timers,
+        rate limits, subprocess start-ups) then fall where the Ray modules on the others keep
+        the cores busy, instead of all together at the end of the run."""
+
         def _split_scope(self, nodeid: str) -> str:
             return group_of(nodeid)
 
+        def _units_only(self, node) -> bool:
+            return self.numnodes >= 3 and node.gateway.id == f"gw{self.numnodes - 1}"
+
+        def _reschedule(self, node) -> None:
+            if (not node.shutting_down and self.workqueue and self._units_only(node)
+                    and not any(not starts_ray(scope) for scope in self.workqueue)):
+                if self._pending_of(self.assigned_work[node]) == 0:
+                    node.shutdown()  # no unit module left: the Ray modules stay with the others
+                return
+            super()._reschedule(node)
+
+        def _assign_work_unit(self, node) -> None:
+            if self._units_only(node):
+                scope = next((s for s in self.workqueue if not starts_ray(s)), None)
+                if scope is None:
+                    return
+                self.workqueue.move_to_end(scope, last=False)  # the parent pops the first
+            super()._assign_work_unit(node)
+
     return ModuleGroups(config, log)
+
+
+_SLOW_MARKS = re.compile(r"pytest\.mark\.(ray|hosts)\b")
+
+
+@functools.lru_cache(maxsize=None)
+def starts_ray(scope: str) -> bool:
+    """Whether a module (or the tests/hosts group) is one of the Ray modules, read from its
+    source in the scheduling process (which collects nothing): their marks are module-level."""
+    path = Path(__file__).resolve().parent.parent / scope
+    if path.is_dir():
+        return True  # the tests/hosts group
+    try:
+        return bool(_SLOW_MARKS.search(path.read_text()))
+    except OSError:
+        return True
 
 
 def pytest_collection_modifyitems(session, config, items):
@@ -97,7 +140,31 @@ def pytest_collection_modifyitems(session, config, items):
     first = {}
     for item in items:
         first.setdefault(group_of(item.nodeid), slow(item))
-    items.sort(key=lambda item: not first[group_of(item.nodeid)])
+    # Ray modules longest first (so the run does not end on one long module while the other
+    # process has nothing left); units after them in collection order
+    items.sort(key=lambda item: (not first[group_of(item.nodeid)],
+                                 -RAY_MODULE_WALL_S.get(group_of(item.nodeid), 30)
+                                 if first[group_of(item.nodeid)] else 0))
+
+
+# Each Ray module's wall time in seconds (`make test-cpu`, 2026-12-06, 3 processes): only the
+# order of the Ray modules comes from it; a module not listed counts as 30 s. tests/hosts (278 s)
+# is put fifth, not first: its hosts' health checks are 1 s, and at the start the units' process
+# shares the cores too.
+RAY_MODULE_WALL_S = {
+    "tests/hosts": 110, "tests/control/test_controller_ray.py": 153,
+    "tests/serving/test_serve_ray.py": 120, "tests/launch/test_launch_ray.py": 114,
+    "tests/cli/test_user_model_ray.py": 113, "tests/train_api/test_train_func.py": 93,
+    "tests/serving/test_serve_tooling_ray.py": 87, "tests/workflow/test_workflow_ray.py": 79,
+    "tests/serving/test_llm_ray.py": 74, "tests/control/test_elastic_resize_ray.py": 65,
+    "tests/tracking/test_tracking_ray.py": 60, "tests/workloads/test_train_ray.py": 55,
+    "tests/control/test_ray_jobs.py": 54, "tests/runtime/test_binding_ray.py": 47,
+    "tests/workflow/test_workflow_cluster_ray.py": 41, "tests/serving/test_gateway_ray.py": 35,
+    "tests/tuning/test_tune_ray.py": 34, "tests/control/test_submit_user_ray.py": 32,
+    "tests/tuning/test_placement_ray.py": 19, "tests/observability/test_metrics_ray.py": 19,
+    "tests/launch/test_launch_local.py": 18, "tests/tuning/test_user_trainable.py": 16,
+    "tests/train_api/test_ray_examples.py": 14, "tests/runtime/test_ray_gpus_ray.py": 12,
+}
 
 
 # --- ending the test process --------------------------------------------------------------------

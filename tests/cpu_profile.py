@@ -53,11 +53,12 @@ def pytest_runtest_protocol(item, nextitem):
     if not _ready:
         yield
         return
-    c0, t0 = _usage(), time.monotonic()
+    c0, t0, started = _usage(), time.monotonic(), time.time()
     yield
     with OUT.open("a") as f:
         f.write(json.dumps({"test": item.nodeid, "cpu_s": round(_usage() - c0, 3),
-                            "wall_s": round(time.monotonic() - t0, 3), "worker": WORKER}) + "\n")
+                            "wall_s": round(time.monotonic() - t0, 3), "worker": WORKER,
+                            "start": round(started, 3)}) + "\n")
 
 
 def pytest_unconfigure(config) -> None:
