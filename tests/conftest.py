@@ -62,6 +62,23 @@ def _no_serve_client_of_an_earlier_cluster():
     yield
 
 
+# --- nor its Ray's settings -----------------------------------------------------------------------
+# ray.init() of a new local cluster sets RAY_AUTH_MODE=token in os.environ and leaves it there
+# after ray.shutdown(): every later module in this process, and every command it starts, would
+# run as if the user had set it. Each module starts with the variables this process began with.
+_RAY_ENV_AT_START = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_ADDRESS")}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _no_ray_settings_of_an_earlier_module():
+    for key, value in _RAY_ENV_AT_START.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    yield
+
+
 # --- order and grouping ---------------------------------------------------------------------------
 # `make test` runs the modules on three processes (pytest-xdist, `--dist loadfile`, with the
 # scheduler below): a module stays on one process, so its Ray cluster starts once, and the
@@ -88,27 +105,42 @@ def pytest_xdist_make_scheduler(config, log):
     config.option.loadscopereorder = False
 
     class ModuleGroups(LoadScopeScheduling):
-        """With 3 or more processes the last one takes unit modules only: their waits (timers,
-        rate limits, subprocess start-ups) then fall where the Ray modules on the others keep
-        the cores busy, instead of all together at the end of the run."""
+        """With 3 or more processes the last one starts with the unit modules: their waits
+        (timers, rate limits, subprocess start-ups) then fall where the Ray modules on the others
+        keep the cores busy, instead of all together at the end of the run. Once the units are
+        handed out it takes the shortest Ray modules left (the others take the longest), one at
+        a time, never tests/hosts (its hosts' 1 s health checks want the least contention)."""
 
         def _split_scope(self, nodeid: str) -> str:
             return group_of(nodeid)
 
-        def _units_only(self, node) -> bool:
+        def _third(self, node) -> bool:
             return self.numnodes >= 3 and node.gateway.id == f"gw{self.numnodes - 1}"
 
+        def _pick(self) -> str | None:
+            units = [s for s in self.workqueue if not starts_ray(s)]
+            if units:
+                return units[0]
+            short = [s for s in self.workqueue if s != "tests/hosts"]
+            return short[-1] if short else None
+
         def _reschedule(self, node) -> None:
-            if (not node.shutting_down and self.workqueue and self._units_only(node)
-                    and not any(not starts_ray(scope) for scope in self.workqueue)):
-                if self._pending_of(self.assigned_work[node]) == 0:
-                    node.shutdown()  # no unit module left: the Ray modules stay with the others
+            if not node.shutting_down and self.workqueue and self._third(node):
+                pending = self._pending_of(self.assigned_work[node])
+                scope = self._pick()
+                if scope is None:
+                    if pending == 0:
+                        node.shutdown()
+                    return
+                if pending > (2 if not starts_ray(scope) else 0):
+                    return  # a Ray module only once this process has nothing else to run
+                self._assign_work_unit(node)
                 return
             super()._reschedule(node)
 
         def _assign_work_unit(self, node) -> None:
-            if self._units_only(node):
-                scope = next((s for s in self.workqueue if not starts_ray(s)), None)
+            if self._third(node):
+                scope = self._pick()
                 if scope is None:
                     return
                 self.workqueue.move_to_end(scope, last=False)  # the parent pops the first
