@@ -62,23 +62,6 @@ def _no_serve_client_of_an_earlier_cluster():
     yield
 
 
-# --- nor its Ray's settings -----------------------------------------------------------------------
-# ray.init() of a new local cluster sets RAY_AUTH_MODE=token in os.environ and leaves it there
-# after ray.shutdown(): every later module in this process, and every command it starts, would
-# run as if the user had set it. Each module starts with the variables this process began with.
-_RAY_ENV_AT_START = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_ADDRESS")}
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _no_ray_settings_of_an_earlier_module():
-    for key, value in _RAY_ENV_AT_START.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
-    yield
-
-
 # --- order and grouping ---------------------------------------------------------------------------
 # `make test` runs the modules on three processes (pytest-xdist, `--dist loadfile`, with the
 # scheduler below): a module stays on one process, so its Ray cluster starts once, and the

@@ -223,8 +223,11 @@ def test_each_pool_in_metrics_and_top(llm) -> None:
                and 1 <= r["weight"] <= 256 for r in rows)
     assert llm["keys"]["all"] not in top.stdout + top.stderr
     if llm["token"]:  # without the token the command says so in one line, at once
+        # (without RAY_AUTH_MODE: an earlier ray.init() of a local cluster in this test process
+        # leaves RAY_AUTH_MODE=token in its environment, which the commands would inherit)
+        bare_env = {k: v for k, v in user_env(llm["dir"]).items() if k != "RAY_AUTH_MODE"}
         bare = subprocess.run([*HETFLOW, "top", "--once", "--no-start", "--address", llm["ray"]],
-                              env=user_env(llm["dir"]), capture_output=True, text=True, timeout=120)
+                              env=bare_env, capture_output=True, text=True, timeout=120)
         assert bare.returncode == 2 and "RAY_AUTH_MODE=token" in bare.stderr
         assert len(bare.stderr.strip().splitlines()) == 1
 
