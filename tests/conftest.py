@@ -115,8 +115,11 @@ def pytest_xdist_make_scheduler(config, log):
                     if pending == 0:
                         node.shutdown()
                     return
-                if pending > (2 if not starts_ray(scope) else 0):
-                    return  # a Ray module only once this process has nothing else to run
+                # a Ray module only once this process has at most one test left: an xdist
+                # worker holds its last test until it hears of the next one (its teardown
+                # depends on it), so waiting for none left would wait for the end of the run
+                if pending > (2 if not starts_ray(scope) else 1):
+                    return
                 self._assign_work_unit(node)
                 return
             super()._reschedule(node)
