@@ -309,7 +309,8 @@ def cpu_groups() -> dict[str, list[tuple[str, float]]]:
 
 def test_cpu_jobs_run_on_every_nodes_cpus_while_device_jobs_run(cluster: Path) -> None:
     head = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and "hetflow.io/node" not in (n.get("Labels") or {}))
-    device = client.submit(sleep_spec("gangs", 2, 12, devices={"model": "L40S"}))["job_id"]
+    # long enough to outlast the CPU jobs on a loaded machine (CI took more than 12 s); cancelled below
+    device = client.submit(sleep_spec("gangs", 2, 120, devices={"model": "L40S"}))["job_id"]
     cpu_ids = [client.submit(sleep_spec(f"cpu{i}", 0, 6))["job_id"] for i in range(3)]
     late = client.submit(sleep_spec("cpu-late", 0, 1))["job_id"]
 
