@@ -14,7 +14,10 @@ nodes; its simulator gives each placement's offline decode throughput. Per setti
   pipeline parallelism across nodes), routed by capacity: Helix's own "separate pipelines"
   baseline, by its simulator, over Helix's (``pipelines_over_helix``); the memory-respecting
   replicas hetflow's planner would make and their estimated capacity; the same pools under
-  equal weights, which the capacity rule avoids.
+  equal weights, which the capacity rule avoids;
+- pipelines over nodes of *several* types with an uneven layer split
+  (``plan_mixed_pipelines``: what vLLM's pipeline parallelism over chosen nodes could run, not
+  placed by hetflow yet), their estimated capacity over Helix's (``mixed_over_helix``).
 
 The last line: ``RESULT sim_over_helix=<x> setting=<primary> ...`` (primary: LLaMA-2 70B on the
 24-node cluster, Helix's headline single-cluster setting).
@@ -35,7 +38,8 @@ def _fmt(x: float, digits: int = 1) -> str:
 def main() -> None:
     t0 = time.perf_counter()
     print(f"{'setting':<20} {'helix':>7} {'engines':>7} {'pools':>7} {'ratio':>6} {'separate':>8} "
-          f"{'sep/helix':>9} {'pp repl':>7} {'pp est':>7} {'sep est':>7} {'equal-w':>7}")
+          f"{'sep/helix':>9} {'pp repl':>7} {'pp est':>7} {'sep est':>7} {'equal-w':>7} {'mix repl':>8} "
+          f"{'mix est':>7} {'mix/helix':>9}")
     results = {}
     for setting in SETTINGS:
         r = evaluate(setting)
@@ -43,7 +47,8 @@ def main() -> None:
         print(f"{setting:<20} {r.helix:7.1f} {r.node_engines:7d} {r.node_throughput:7.1f} "
               f"{r.sim_over_helix:6.2f} {r.separate:8.1f} {r.pipelines_over_helix:9.2f} "
               f"{r.pipeline_replicas:7d} {r.pipeline_estimate:7.1f} {_fmt(r.separate_estimate):>7} "
-              f"{_fmt(r.equal_weights):>7}")
+              f"{_fmt(r.equal_weights):>7} {r.mixed_replicas:8d} {r.mixed_estimate:7.1f} "
+              f"{r.mixed_over_helix:9.2f}")
     print("why no engine: most layers one node holds (Helix's max_num_layers) against the model's")
     for setting in SETTINGS:
         model_name, cluster = setting.split("/")
@@ -54,6 +59,8 @@ def main() -> None:
     p = results[PRIMARY]
     extra = " ".join(f"pipelines_over_helix_{s.replace('/', '_')}={results[s].pipelines_over_helix:.2f}"
                      for s in SETTINGS)
+    extra += " " + " ".join(f"mixed_over_helix_{s.replace('/', '_')}={results[s].mixed_over_helix:.2f}"
+                            for s in SETTINGS)
     print(f"RESULT sim_over_helix={p.sim_over_helix:.2f} setting={PRIMARY} engines={p.node_engines} "
           f"helix_tokens_s={p.helix:.1f} {extra} wall_s={time.perf_counter() - t0:.2f}")
 

@@ -100,3 +100,42 @@ def test_data_small_and_credited() -> None:
     assert sum(p.stat().st_size for p in files) < 200_000
     readme = (lp.DATA / "README.md").read_text()
     assert "148b733080c0c5d3ddca0fe3c985b2e52a7f7b35" in readme and "Apache" in readme
+
+
+@pytest.mark.parametrize("setting", ["llama70b/cluster24", "llama30b/cluster24"])
+def test_mixed_pipelines_hold_the_model_within_memory(setting: str) -> None:
+    model_name, cluster = setting.split("/")
+    model, nodes = lp.load_model(model_name), lp.load_cluster(cluster)
+    mixed = lp.plan_mixed_pipelines(model, nodes)
+    assert mixed and all(e.capacity > 0 for e in mixed)
+    used = [n for e in mixed for n in e.nodes]
+    assert len(used) == len(set(used))  # no node in two replicas
+    for e in mixed:
+        assert sum(e.stages) == model.layers and len(e.nodes) == len(e.stages) <= lp.MAX_STAGES
+        assert all(0 < k <= model.devices[nodes[n]].max_num_layers for n, k in zip(e.nodes, e.stages))
+        assert e.capacity == pytest.approx(lp.pipeline_capacity(
+            model, [(nodes[n], k) for n, k in zip(e.nodes, e.stages)]))
+    slots = sum(model.devices[t].max_num_layers for t in nodes)
+    assert len(mixed) <= slots // model.layers
+    single = lp.plan_pools(model, nodes, "pipeline")
+    assert sum(e.capacity for e in mixed) >= sum(e.capacity for e in single)
+
+
+def test_a_model_no_single_type_holds_runs_on_a_mixed_pipeline() -> None:
+    model, nodes = lp.load_model("llama70b"), lp.load_cluster("cluster24")
+    per_type = Counter(nodes)
+    assert all(n * model.devices[t].max_num_layers < model.layers for t, n in per_type.items())
+    mixed = lp.plan_mixed_pipelines(model, nodes)
+    assert len({nodes[n] for n in mixed[0].nodes}) > 1
+
+
+def test_mixed_split_fills_the_fast_device_first() -> None:
+    def dev(name: str, ms: float) -> lp.DeviceProfile:
+        return lp.DeviceProfile(name=name, max_num_layers=3, vllm_num_blocks={k: 10**6 for k in (1, 2, 3)},
+                                decode_max_tokens={1: 10, 2: 10, 3: 10}, prompt_ms=((0, ms), (1000, ms)),
+                                decode_ms=((0, ms), (100, ms)))
+    model = lp.ModelProfile(name="toy", layers=4, hidden=0, devices={"F": dev("F", 1.0), "S": dev("S", 5.0)})
+    (engine,) = lp.plan_mixed_pipelines(model, ["S", "F", "S"])
+    # F holds 3, one S the last: 3 x 1 ms + 1 x 5 ms beats 2 + 2 (12 ms) and any S-only pair
+    assert sorted(zip(engine.nodes, engine.stages)) == [(0, 1), (1, 3)]
+    assert engine.capacity == pytest.approx(10 * 240 / (0.011 + 240 * 0.011))
