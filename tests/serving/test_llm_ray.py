@@ -389,6 +389,29 @@ def test_bench_serve_profiles_the_pools_for_capacity_serve(llm, tmp_path) -> Non
     assert json.loads(plan.stdout)["counts"] == {"cpu-pools": math.ceil(10 / per - 1e-9)}
 
 
+def test_two_thousand_streams_at_once_get_200_or_503_and_the_engines_stay_up(llm, tmp_path) -> None:
+    """2,000 streamed completions at once from ``hey`` (an external load tool): each answered
+    200 or 503 (past the model's queue limit: two batches per engine), none 5xx otherwise, no
+    connection error; the engines still answer and the next request is served."""
+    import shutil
+
+    hey = shutil.which("hey")
+    assert hey, "hey is not installed: run scripts/system_deps.sh (apt-get install -y hey)"
+    body = tmp_path / "body.json"
+    body.write_text(json.dumps({"model": "tiny", "prompt": "hello there", "max_tokens": 4, "stream": True}))
+    out = subprocess.run([hey, "-n", "2000", "-c", "2000", "-t", "120", "-m", "POST", "-T", "application/json",
+                          "-H", f"Authorization: Bearer {llm['keys']['all']}", "-D", str(body),
+                          llm["url"] + "/v1/completions"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    codes = {int(c): int(n) for c, n in re.findall(r"\[(\d{3})\]\s+(\d+) responses", out.stdout)}
+    assert sum(codes.values()) == 2000 and "Error distribution" not in out.stdout, out.stdout[-3000:]
+    assert set(codes) <= {200, 503} and codes.get(503, 0) > 0 and codes.get(200, 0) > 0, codes
+    for server, _pool, host, port, _w in llm["engines"]:  # every engine alive and answering
+        assert requests.get(f"http://{host}:{port}/health", timeout=30).status_code == 200, server
+    reply = client(llm).completions.create(model="tiny", prompt="and after", max_tokens=3)
+    assert reply.usage.completion_tokens == 3
+
+
 def test_the_stop_leaves_no_engine_running(llm) -> None:
     assert stop(llm["proc"]) == 0, llm["err"].read_text()[-2000:]
     for _s, _p, host, port, _w in llm["engines"]:
