@@ -131,6 +131,11 @@ def test_the_command_on_a_real_simulation(tmp_path) -> None:
     (["--devices", "A100-80GB", "--price", "A100-80GB=1", "--target-avg-jct", "never"], 2, "positive time"),
     (["--devices", "A100-80GB", "--price", "A100-80GB=1", "--target-avg-jct", "1s", "--max-nodes", "1"], 3,
      "no fleet of up to 1 nodes"),
+    # huge counts: refused at once, not walked (a grid of 10^8 fleets once ran until killed)
+    (["--devices", "A100-80GB", "--price", "A100-80GB=1", "--target-avg-jct", "5h", "--max-nodes", "100000000"], 2,
+     "past the 10,000 nodes"),
+    (["--devices", "A100-80GB,MI300X,H100-SXM", "--price", "A100-80GB=1", "--price", "MI300X=1", "--price",
+      "H100-SXM=1", "--target-avg-jct", "5h", "--max-nodes", "200"], 2, "lower --max-nodes to 124 or fewer"),
 ])
 def test_bad_input_is_one_line(flags, code, words) -> None:
     out = subprocess.run([*HETFLOW, "capacity", "train", "--trace", "synthetic:jobs=4,rate=6,seed=1",

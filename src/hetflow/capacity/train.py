@@ -224,6 +224,29 @@ def _srpt_mean_flow(arrivals: Sequence[float], work: Sequence[float], speed: flo
     return total / len(arrivals)
 
 
+MAX_NODES_PER_MODEL = 10_000
+"""The most nodes of one model a search walks (the bounds simulate that fleet once: 80,000
+devices at 8 a node take about 10 s)."""
+MAX_FLEETS = 2_000_000
+"""The most fleets (``(max_nodes + 1) ** models``) a search walks: it holds the whole grid."""
+
+
+def check_search_size(models: Sequence[str], max_nodes: int) -> None:
+    """One line (InputError) for a search too large to walk: ``max_nodes`` past
+    :data:`MAX_NODES_PER_MODEL`, or more fleets than :data:`MAX_FLEETS`."""
+    if max_nodes <= 0:
+        raise InputError("--node-size and --max-nodes must be > 0")
+    if max_nodes > MAX_NODES_PER_MODEL:
+        raise InputError(f"--max-nodes {max_nodes:,} is past the {MAX_NODES_PER_MODEL:,} nodes of one model a "
+                         "search walks; lower --max-nodes")
+    fleets = (max_nodes + 1) ** len(models)
+    if fleets > MAX_FLEETS:
+        most = int(MAX_FLEETS ** (1 / len(models)) + 1e-9) - 1
+        raise InputError(f"--max-nodes {max_nodes:,} over {len(models)} models is {fleets:,} fleets to walk, "
+                         f"past the {MAX_FLEETS:,} a search holds; lower --max-nodes to {most:,} or fewer, or "
+                         "give fewer --devices")
+
+
 def job_times(jobs: Sequence[Any], models: Sequence[str], node_size: int | Mapping[str, int], max_nodes: int,
               throughputs: Any,
               policy: str = "hetflow") -> list[JobTimes]:
@@ -235,6 +258,7 @@ def job_times(jobs: Sequence[Any], models: Sequence[str], node_size: int | Mappi
     from hetflow.sim.cluster import synthetic_cluster
     from hetflow.sim.engine import Simulator
 
+    check_search_size(models, max_nodes)
     cluster = ClusterModel.from_snapshot(synthetic_cluster(
         [(max_nodes, f"{k}x {m}") for m, k in zip(models, node_sizes(models, node_size))]))
     sim = Simulator(cluster, [], make_policy(policy), throughputs)
@@ -290,8 +314,7 @@ def plan_train(models: Sequence[str], prices: dict[str, float], simulate: Callab
     if not (target_s > 0 and math.isfinite(target_s)):
         raise InputError("the JCT target must be a positive time, e.g. 12h")
     sizes = node_sizes(models, node_size)
-    if max_nodes <= 0:
-        raise InputError("--node-size and --max-nodes must be > 0")
+    check_search_size(models, max_nodes)
     if workers <= 0:
         raise InputError("--workers must be > 0")
     missing = [m for m in models if m not in prices]
