@@ -67,6 +67,9 @@ def test_simulate_openb_packing(tmp_path) -> None:
     (["--trace", "missing.trace"], "no such trace file"),
     (["--cluster", "4 * 8x Z999"], "unknown accelerator"),
     (["--packing", "0"], "--packing"),
+    # huge counts: refused at once (each once ran until killed)
+    (["--cluster", "100000000 * 8x V100"], "a cluster of 100,000,000 nodes is past the 100,000"),
+    (["--trace", "synthetic:jobs=100000000,rate=4"], "100,000,000 jobs is past the 1,000,000"),
     (["--elastic-fraction", "2"], "--elastic-fraction 2.0: give a share between 0 and 1"),
     (["--elastic-fraction", "0.5", "--elastic-scaling", "eff:2"], "the efficiency must be in (0, 1]"),
     (["--elastic-fraction", "0.5", "--protocol", "gavel"], "apply to hetflow's own model"),

@@ -26,6 +26,11 @@ from hetflow.sim.textio import open_text, plain_suffix
 _PART = re.compile(r"^\s*(\d+)\s*\*\s*(.+?)\s*$")
 
 
+MAX_NODES = 100_000
+"""The most nodes a synthetic cluster has (10,000 nodes of 8 build and run a short trace in
+seconds; 10^8 once ran until killed)."""
+
+
 def synthetic_cluster(parts: Sequence[tuple[int, str]], inter_node_gbps: float = 25.0) -> ClusterSnapshot:
     """``[(32, "8x H100"), (32, "8x MI300X")]`` -> a snapshot of catalog nodes named
     ``<model>-<i>`` (e.g. ``H100-SXM-0``)."""
@@ -33,6 +38,10 @@ def synthetic_cluster(parts: Sequence[tuple[int, str]], inter_node_gbps: float =
 
     nodes = []
     used: dict[str, int] = {}
+    total = sum(count for count, _ in parts)
+    if total > MAX_NODES:
+        raise InputError(f"a cluster of {total:,} nodes is past the {MAX_NODES:,} a simulated cluster holds; "
+                         "lower the node counts")
     for count, node_text in parts:
         if count <= 0:
             raise InputError(f"node count {count} for {node_text!r} must be > 0")

@@ -397,6 +397,10 @@ def openb_packing_jobs(pods: Sequence[Job], capacity_gpus: float, overload: floa
 GANG_SIZES = ((1, 0.70), (2, 0.10), (4, 0.15), (8, 0.05))
 
 
+MAX_SYNTHETIC_JOBS = 1_000_000
+"""The most jobs a synthetic trace draws (the public traces have up to about 100,000)."""
+
+
 def synthetic_trace(model: ThroughputModel, num_jobs: int, jobs_per_hour: float, seed: int = 0,
                     reference_types: Sequence[str] = ("V100-16GB",), multi_gpu: bool = True,
                     job_types: Sequence[str] | None = None, restore_s: float | None = None) -> Trace:
@@ -404,6 +408,9 @@ def synthetic_trace(model: ThroughputModel, num_jobs: int, jobs_per_hour: float,
     reference type where the job runs and converted to steps with that type's rate."""
     if num_jobs <= 0 or jobs_per_hour <= 0:
         raise InputError("a synthetic trace needs jobs > 0 and a rate > 0 jobs/hour")
+    if num_jobs > MAX_SYNTHETIC_JOBS:
+        raise InputError(f"a synthetic trace of {num_jobs:,} jobs is past the {MAX_SYNTHETIC_JOBS:,} it draws; "
+                         "lower jobs=")
     rng = random.Random(seed)
     types = [t for t in (job_types or model.job_types()) if t != FIXED_DURATION]
     if not types:
