@@ -113,3 +113,24 @@ def test_more_whole_plain_ray_gpus_than_the_cluster_has_cannot_fit() -> None:
 def test_vendor_constraint_without_matching_devices_falls_back_to_cpu(snapshot) -> None:
     groups = plan_replica_groups("app", entry(devices={"kind": "auto", "vendor": "amd"}), snapshot, 0, GIB20)
     assert groups[0].compute == "cpu"
+
+
+def test_more_cpus_than_the_whole_cluster_has_cannot_fit(snapshot) -> None:
+    from hetflow.workloads.serve.plan import check_cpus, group_cpus
+
+    config = serve_config_from_dict({"gateway": {"replicas": 2, "cpus": 0.5}, "models": [
+        {"name": "a", "devices": "cpu", "replicas": 3, "cpus_per_replica": 1.5,
+         "train": {"model": {"kind": "mlp", "hidden": [16]}}},
+        {"name": "b", "devices": {"memory": "20GiB"}, "replicas": 3, "cpus_per_replica": 0.5,
+         "train": {"model": {"kind": "mlp", "hidden": [16]}}},
+        {"name": "s", "devices": "cpu", "cpus_per_replica": 2, "autoscaling": {"min_replicas": 2, "max_replicas": 9},
+         "train": {"model": {"kind": "mlp", "hidden": [16]}}},
+        {"name": "llm", "engine": "vllm", "vllm": {"model": "m"},
+         "pools": [{"devices": "cpu", "replicas": 2, "cpus_per_replica": 1}]}]})
+    groups = {m.name: plan_replica_groups("app", m, snapshot, 0, GIB20) for m in config.models[:3]}
+    asks = {n: sum(group_cpus(g) for g in gs) for n, gs in groups.items()}
+    assert asks == {"a": 4.5, "b": 1.5, "s": 4.0}  # b: placed groups, one CPU bundle per replica
+    check_cpus(config, groups, 4.5 + 1.5 + 4.0 + 2.0 + 1.0)  # exactly the cluster: fits
+    with pytest.raises(Unschedulable, match=r"^the replicas ask for 13 CPUs \(a 4.50, s 4, llm 2, b 1.50; "
+                                            r"the gateway 1\) and the cluster has 12.90: lower replicas"):
+        check_cpus(config, groups, 12.9)

@@ -83,7 +83,38 @@ def plan_models(config: ServeConfig, dry_run: bool = False,
                                       memory, entry_output(train) == "sequence_logits")
         snapshot = _with_groups(snapshot, config.name, entry, groups, memory)
     _check_fallback_inputs(config, plans)
+    check_cpus(config, {n: mp.groups for n, mp in plans.items()}, float(ray.cluster_resources().get("CPU", 0)))
     return plans
+
+
+def group_cpus(group: ReplicaGroup) -> float:
+    """CPUs a replica group holds at its fixed (or least autoscaled) size."""
+    count = group.num_replicas if group.num_replicas is not None else group.autoscaling["min_replicas"]
+    per = group.ray_actor_options.get("num_cpus") or 0.0
+    if group.placement_group_bundles:
+        per = sum(b.get("CPU", 0.0) for b in group.placement_group_bundles)
+    return count * float(per)
+
+
+def check_cpus(config: ServeConfig, groups: dict[str, list[ReplicaGroup]], cluster_cpus: float) -> None:
+    """Unschedulable (exit 3, one line) when the replicas ask for more CPUs than the whole cluster
+    has - they would wait for a CPU forever (Ray queues an actor it cannot place), the server
+    ready on the ones that fit. The gateway's replicas and ``engine: vllm`` pools count too."""
+    from hetflow.core.errors import Unschedulable
+
+    asks = {name: sum(group_cpus(g) for g in gs) for name, gs in groups.items()}
+    for entry in config.models:  # engine: vllm models, planned later: each pool's replicas
+        if entry.engine == "vllm":
+            asks[entry.name] = sum(p.replicas * p.cpus_per_replica for p in entry.effective_pools)
+    gateway = config.gateway.replicas * config.gateway.cpus
+    total = sum(asks.values()) + gateway
+    if cluster_cpus > 0 and total > cluster_cpus + 1e-9:
+        def num(x: float) -> str:
+            return f"{round(x):,}" if abs(x - round(x)) < 1e-9 else f"{x:,.2f}"
+        parts = ", ".join(f"{n} {num(c)}" for n, c in sorted(asks.items(), key=lambda kv: -kv[1]) if c)
+        raise Unschedulable(f"the replicas ask for {num(total)} CPUs ({parts}; the gateway {num(gateway)}) "
+                            f"and the cluster has {num(cluster_cpus)}: lower replicas or cpus_per_replica, "
+                            "or add nodes")
 
 
 def _with_groups(snapshot: Any, app: str, entry: Any, groups: list[ReplicaGroup],
