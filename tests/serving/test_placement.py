@@ -115,7 +115,7 @@ def test_vendor_constraint_without_matching_devices_falls_back_to_cpu(snapshot) 
     assert groups[0].compute == "cpu"
 
 
-def test_more_cpus_than_the_whole_cluster_has_cannot_fit(snapshot) -> None:
+def test_more_cpus_than_the_whole_cluster_has_cannot_fit(snapshot, capsys) -> None:
     from hetflow.workloads.serve.plan import check_cpus, group_cpus
 
     config = serve_config_from_dict({"gateway": {"replicas": 2, "cpus": 0.5}, "models": [
@@ -134,3 +134,7 @@ def test_more_cpus_than_the_whole_cluster_has_cannot_fit(snapshot) -> None:
     with pytest.raises(Unschedulable, match=r"^the replicas ask for 13 CPUs \(a 4.50, s 4, llm 2, b 1.50; "
                                             r"the gateway 1\) and the cluster has 12.90: lower replicas"):
         check_cpus(config, groups, 12.9)
+    # a cluster that may grow (joined, not started here): one warning line, no refusal
+    check_cpus(config, groups, 12.9, refuse=False)
+    warned = capsys.readouterr().err
+    assert warned.startswith("hetflow: warning: the replicas ask for 13 CPUs") and warned.count("\n") == 1

@@ -83,8 +83,21 @@ def plan_models(config: ServeConfig, dry_run: bool = False,
                                       memory, entry_output(train) == "sequence_logits")
         snapshot = _with_groups(snapshot, config.name, entry, groups, memory)
     _check_fallback_inputs(config, plans)
-    check_cpus(config, {n: mp.groups for n, mp in plans.items()}, float(ray.cluster_resources().get("CPU", 0)))
+    check_cpus(config, {n: mp.groups for n, mp in plans.items()}, float(ray.cluster_resources().get("CPU", 0)),
+               refuse=_local_ray_started_here())
     return plans
+
+
+def _local_ray_started_here() -> bool:
+    """Whether this process started the Ray it is connected to (an embedded local Ray, which no
+    node joins and no autoscaler grows), rather than joining a cluster."""
+    try:
+        import ray._private.worker as worker
+
+        node = worker._global_node
+        return node is not None and bool(node.all_processes)
+    except Exception:  # noqa: BLE001 - Ray moved it: treat the cluster as one that may grow
+        return False
 
 
 def group_cpus(group: ReplicaGroup) -> float:
@@ -96,10 +109,13 @@ def group_cpus(group: ReplicaGroup) -> float:
     return count * float(per)
 
 
-def check_cpus(config: ServeConfig, groups: dict[str, list[ReplicaGroup]], cluster_cpus: float) -> None:
-    """Unschedulable (exit 3, one line) when the replicas ask for more CPUs than the whole cluster
-    has - they would wait for a CPU forever (Ray queues an actor it cannot place), the server
-    ready on the ones that fit. The gateway's replicas and ``engine: vllm`` pools count too."""
+def check_cpus(config: ServeConfig, groups: dict[str, list[ReplicaGroup]], cluster_cpus: float,
+               refuse: bool = True) -> None:
+    """When the replicas ask for more CPUs than the whole cluster has (the gateway's replicas and
+    ``engine: vllm`` pools count too): with ``refuse`` (a local Ray started here, which nothing
+    grows) Unschedulable, exit 3 - the rest would wait for a CPU forever (Ray queues an actor it
+    cannot place) while the server is ready on the ones that fit; else (a cluster that nodes may
+    join or an autoscaler may grow) one warning line on stderr."""
     from hetflow.core.errors import Unschedulable
 
     asks = {name: sum(group_cpus(g) for g in gs) for name, gs in groups.items()}
@@ -112,9 +128,15 @@ def check_cpus(config: ServeConfig, groups: dict[str, list[ReplicaGroup]], clust
         def num(x: float) -> str:
             return f"{round(x):,}" if abs(x - round(x)) < 1e-9 else f"{x:,.2f}"
         parts = ", ".join(f"{n} {num(c)}" for n, c in sorted(asks.items(), key=lambda kv: -kv[1]) if c)
-        raise Unschedulable(f"the replicas ask for {num(total)} CPUs ({parts}; the gateway {num(gateway)}) "
-                            f"and the cluster has {num(cluster_cpus)}: lower replicas or cpus_per_replica, "
-                            "or add nodes")
+        what = (f"the replicas ask for {num(total)} CPUs ({parts}; the gateway {num(gateway)}) and the cluster "
+                f"has {num(cluster_cpus)}")
+        if refuse:
+            raise Unschedulable(f"{what}: lower replicas or cpus_per_replica, or serve on a larger cluster "
+                                "(--address)")
+        import sys
+
+        print(f"hetflow: warning: {what} now; the rest wait until nodes join or the autoscaler adds them",
+              file=sys.stderr)
 
 
 def _with_groups(snapshot: Any, app: str, entry: Any, groups: list[ReplicaGroup],
