@@ -58,9 +58,12 @@ def served(digits_model, tmp_path_factory):
         # two gateway replicas: /metrics must be the sum over replicas whichever one answers
         "gateway": {"status_poll_s": 0.5, "replicas": 2},
         "models": [
+            # Queue limit 0 (never refuse): its kill tests check that a replica's death loses no
+            # request, not shedding (`queued` checks that); with both cores starved by a test
+            # beside it, the surviving replica once held its 64 slots and 24 requests were shed.
             {"name": "digits", "train": digits_model.train_dict,
              "checkpoint_dir": str(digits_model.checkpoint_dir), "devices": "cpu",
-             "replicas": 2, "cpus_per_replica": 0.5, "fallback": "digits-int8",
+             "replicas": 2, "cpus_per_replica": 0.5, "fallback": "digits-int8", "queue_limit": 0,
              "batching": {"max_batch_size": 32, "batch_wait_timeout_s": 0.005}},
             {"name": "digits-int8", "precision": "int8", "replicas": 1, "cpus_per_replica": 0.5,
              "train_if_missing": True,
