@@ -246,6 +246,15 @@ def test_a_burst_needs_a_rate_at_most_its_size(store) -> None:
             K.create_key(store, "b", rps=rps, burst=burst)
     K.create_key(store, "b", rps=5, burst=5)  # a burst the size of the rate is the plain rate
 
+
+@pytest.mark.parametrize("field", ["rps", "burst", "tokens_per_min"])
+def test_a_limit_past_haproxys_counters_is_one_line(store, field) -> None:
+    limits = {"rps": 5, field: 2**31}  # HAProxy's counters are 32-bit: 2^31 - 1 is the most
+    with pytest.raises(InputError, match=r"past 2,147,483,647.*leave it out for no limit"):
+        K.create_key(store, f"big-{field}".replace("_", "-"), **limits)
+    assert f"big-{field}".replace("_", "-") not in store.records()
+    K.create_key(store, f"top-{field}".replace("_", "-"), **{"rps": 2**31 - 1, field: 2**31 - 1})
+
 def test_tokens_per_minute_count_the_answers_tokens(front, store) -> None:
     key = K.create_key(store, "tpm", tokens_per_min=100)  # each answer says 40 tokens
     f = front()

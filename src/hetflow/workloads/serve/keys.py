@@ -54,6 +54,11 @@ class Quota(BaseModel):
         return f"{self.limit} {self.unit}/{self.period}"
 
 
+MAX_RATE = 2**31 - 1
+"""The largest ``rps``, ``burst`` or ``tokens_per_min``: HAProxy counts a key's requests and tokens
+in 32-bit counters and rates, so a larger limit could never be reached."""
+
+
 class KeyRecord(BaseModel):
     """One key as stored: its hash and policy, never the key."""
 
@@ -240,6 +245,10 @@ def create_key(store: KeyStore, name: str, *, models: list[str] | None = None, r
                          "or revoke it first")
     if expires is not None and expires <= time.time():
         raise InputError("--expires is in the past")
+    for flag, value in (("--rps", rps), ("--burst", burst), ("--tokens-per-min", tokens_per_min)):
+        if value is not None and value > MAX_RATE:
+            raise InputError(f"{flag} {value:,} is past {MAX_RATE:,}, the most HAProxy's counters reach "
+                             "(leave it out for no limit)")
     if burst is not None and (rps is None or burst < rps):
         raise InputError(f"--burst {burst}: a burst is the requests a key may send in one second above "
                          "its --rps rate; give --rps too, and a burst at least as large")
