@@ -80,6 +80,14 @@ def test_autoscaling_plans_its_maximum() -> None:
     ({"models": [model(batching={"concurrent_batches": 0})]},
      "models.0.batching.concurrent_batches"),
     ({"models": [model()], "http": {"port": 0}}, "http.port"),
+    # huge numbers: one line naming the key and its bound (they would overflow HAProxy's timers and
+    # counters, or wait for replicas forever)
+    ({"models": [model(replicas=10**12)]}, "models.0.replicas: Input should be less than or equal to 100000"),
+    ({"models": [model(queue_limit=10**15)]}, "models.0.queue_limit: Input should be less than or equal to 1000000"),
+    ({"models": [model(batching={"max_batch_size": 10**9})]}, "models.0.batching.max_batch_size"),
+    ({"models": [model(autoscaling={"max_replicas": 10**9})]}, "models.0.autoscaling.max_replicas"),
+    ({"models": [model()], "limits": {"request_timeout_s": 1e15}}, "limits.request_timeout_s: Input should be less"),
+    ({"models": [model()], "gateway": {"replicas": 10**9}}, "gateway.replicas"),
     ([1, 2], "expected a mapping"),
 ])
 def test_bad_configs_name_the_key(doc, message) -> None:

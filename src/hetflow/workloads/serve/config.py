@@ -48,6 +48,12 @@ SERVED_DEVICES = DeviceKeys("a served model", ("kind", "model", "vendor", "memor
 """A served model's ``devices``: one replica's (hetflow.core.devices)."""
 
 
+
+MAX_REPLICAS = 100_000
+"""The most replicas one model (or LLM pool) may ask for. Past the numeric bounds of this file
+(timeouts: a day; a batch: 65,536 rows; queues: 1,000,000) the config is refused in one line:
+larger values overflow HAProxy's or Serve's own limits, or wait forever."""
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
@@ -73,7 +79,7 @@ class LimitsConfig(_Section):
     """Largest request body (e.g. ``64KiB``, ``1MiB``); a bigger one gets 413."""
     max_rows: int = Field(32, gt=0)
     """Most input rows in one request; more gets 413."""
-    request_timeout_s: float = Field(30.0, gt=0)
+    request_timeout_s: float = Field(30.0, gt=0, le=86_400)
     """How long the gateway waits for a model's answer before replying 504."""
     max_new_tokens: int = Field(256, gt=0)
     """Most tokens one ``/v1/completions`` request may ask for (``max_tokens``); more is a 400."""
@@ -90,9 +96,9 @@ class GatewayConfig(_Section):
     """The ingress deployment: parses and checks requests, routes them by model name, falls
     back when a model's replicas are down, and serves /health and /metrics."""
 
-    replicas: int = Field(1, gt=0)
+    replicas: int = Field(1, gt=0, le=1_000)
     """Gateway replicas (/metrics shows the sum of every replica's counts, whichever answers)."""
-    cpus: float = Field(0.0, ge=0)
+    cpus: float = Field(0.0, ge=0, le=4_096)
     """CPUs Ray reserves for each gateway replica (it mostly waits on I/O)."""
     status_poll_s: float = Field(0.5, gt=0)
     """How often the gateway reads Serve's replica states (to route around a model whose
@@ -121,9 +127,9 @@ class AuthConfig(_Section):
 class AutoscalingConfig(_Section):
     """Ray Serve autoscaling of one model's replicas (by ongoing requests per replica)."""
 
-    min_replicas: int = Field(1, ge=1)
+    min_replicas: int = Field(1, ge=1, le=MAX_REPLICAS)
     """Fewest replicas kept running (at least one, so the gateway can tell 'down' from idle)."""
-    max_replicas: int = Field(4, ge=1)
+    max_replicas: int = Field(4, ge=1, le=MAX_REPLICAS)
     """Most replicas; on hetflow nodes this many are planned (by memory) up front."""
     initial_replicas: int | None = Field(None, ge=1)
     """Replicas at start (default: ``min_replicas``)."""
@@ -160,10 +166,10 @@ class BatchingConfig(_Section):
 
     enabled: bool = True
     """Gather concurrent requests into one forward pass. Off: each request runs alone."""
-    max_batch_size: int = Field(DEFAULT_MAX_BATCH_SIZE, gt=0)
+    max_batch_size: int = Field(DEFAULT_MAX_BATCH_SIZE, gt=0, le=65_536)
     """Most input rows in one forward pass (rows, not requests: a request may carry several).
     A request with more rows than this runs alone."""
-    batch_wait_timeout_s: float = Field(DEFAULT_BATCH_WAIT_TIMEOUT_S, ge=0)
+    batch_wait_timeout_s: float = Field(DEFAULT_BATCH_WAIT_TIMEOUT_S, ge=0, le=60)
     """How long the first request of a batch waits for others. It bounds the latency batching
     adds at low load; under load batches fill before it expires."""
     concurrent_batches: int | None = Field(None, gt=0)
@@ -247,16 +253,16 @@ class ModelServeConfig(_Section):
     """On Ray's own GPUs (nodes hetflow does not manage): ``num_gpus`` per replica. Default:
     ``devices.memory`` over the GPU's memory (Ray's ``accelerator_type`` looked up in the catalog)
     when ``devices.share``, so replicas share a GPU by memory there too; a whole GPU otherwise."""
-    replicas: int | None = Field(None, gt=0)
+    replicas: int | None = Field(None, gt=0, le=MAX_REPLICAS)
     """A fixed number of replicas (default 1 when ``autoscaling`` is not given)."""
     autoscaling: AutoscalingConfig | None = None
     """Scale replicas with the load instead of a fixed number."""
     batching: BatchingConfig = Field(default_factory=BatchingConfig)
     """Dynamic batching."""
-    max_ongoing_requests: int | None = Field(None, gt=0)
+    max_ongoing_requests: int | None = Field(None, gt=0, le=1_000_000)
     """Requests Serve sends to one replica before queueing at the caller (default: twice
     ``batching.max_batch_size``, at least 16, so a batch can fill while another runs)."""
-    cpus_per_replica: float = Field(1.0, ge=0)
+    cpus_per_replica: float = Field(1.0, ge=0, le=4_096)
     """CPUs Ray reserves for each replica."""
     threads_per_replica: int = Field(1, gt=0)
     """torch intra-op threads in each replica."""
@@ -277,7 +283,7 @@ class ModelServeConfig(_Section):
     routing: LLMRouting | None = None
     """``engine: vllm``: how the front door picks an engine (default: prefix affinity with
     bounded load; :class:`~hetflow.workloads.serve.llm.LLMRouting`)."""
-    queue_limit: int | None = Field(None, ge=0)
+    queue_limit: int | None = Field(None, ge=0, le=1_000_000)
     """Requests in flight per running replica past which the front door answers ``503``
     (``Retry-After: 1``) at once instead of queueing, so admitted requests keep their latency
     (default: ``max_ongoing_requests``; ``engine: vllm``: twice the engines' ``max_num_seqs``,

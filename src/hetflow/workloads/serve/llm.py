@@ -89,8 +89,8 @@ class LLMPool(_Strict):
     a whole device per replica). The earlier flat keys (``device``, ``accelerator``,
     ``vendor``, ``memory``, ``share_devices``) are read with a deprecation warning until the
     next release."""
-    replicas: int = Field(1, gt=0)
-    cpus_per_replica: float = Field(1.0, ge=0)
+    replicas: int = Field(1, gt=0, le=100_000)
+    cpus_per_replica: float = Field(1.0, ge=0, le=4_096)
     weight: int = Field(1, ge=1, le=256)
     """Relative capacity of one replica of this pool (HAProxy server weight)."""
     engine: dict[str, Any] = Field(default_factory=dict)
