@@ -311,7 +311,10 @@ def test_cpu_jobs_run_on_every_nodes_cpus_while_device_jobs_run(cluster: Path) -
     head = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and "hetflow.io/node" not in (n.get("Labels") or {}))
     # long enough to outlast the CPU jobs on a loaded machine (CI took more than 12 s); cancelled below
     device = client.submit(sleep_spec("gangs", 2, 120, devices={"model": "L40S"}))["job_id"]
-    cpu_ids = [client.submit(sleep_spec(f"cpu{i}", 0, 6))["job_id"] for i in range(3)]
+    # the CPU jobs run until released (CI's loaded machine started them more than 6 s apart)
+    release = cluster / "cpu-release"
+    cpu_ids = [client.submit(until_spec(f"cpu{i}", 0, release, cluster / "cpu-started"))["job_id"]
+               for i in range(3)]
     late = client.submit(sleep_spec("cpu-late", 0, 1))["job_id"]
 
     def all_running():  # the records and the placement groups read together (a loaded machine)
@@ -320,7 +323,7 @@ def test_cpu_jobs_run_on_every_nodes_cpus_while_device_jobs_run(cluster: Path) -
             return None
         groups = cpu_groups()
         return (jobs, groups) if all(i in groups for i in cpu_ids) else None
-    running, groups = wait_for(all_running, 30, "three CPU jobs running")
+    running, groups = wait_for(all_running, 60, "three CPU jobs running")
     # one CPU each on a, b and the plain head: the cluster's three CPUs, reserved in Ray
     assert sorted(running[i]["devices"] for i in cpu_ids) == ["1 CPU on a", "1 CPU on b", f"1 CPU on ray-{head[:12]}"]
     assert sorted(cpu for i in cpu_ids for _, cpu in groups[i]) == [1.0, 1.0, 1.0]
@@ -329,7 +332,8 @@ def test_cpu_jobs_run_on_every_nodes_cpus_while_device_jobs_run(cluster: Path) -
     assert running[late]["reason"].startswith(f"waiting: needs 1 CPU on one node; CPUs free: 0 on a, 0 on b, "
                                               f"0 on ray-{head[:12]}")
 
-    jobs = wait_for(lambda: all_ended(cpu_ids + [late]), 30, "the CPU jobs to end")
+    release.touch()
+    jobs = wait_for(lambda: all_ended(cpu_ids + [late]), 60, "the CPU jobs to end")
     assert all(jobs[i]["status"] == "SUCCEEDED" for i in cpu_ids + [late])
     assert jobs[device]["status"] == "RUNNING"  # they ran beside the device job
     assert "on  CUDA_VISIBLE_DEVICES=\n" in client.logs(late)  # no device, none visible

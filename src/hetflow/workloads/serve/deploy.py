@@ -8,6 +8,7 @@ door, readiness, stop), each step reading the previous one's state.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -227,6 +228,43 @@ def _free_port(host: str) -> int:
         return int(s.getsockname()[1])
 
 
+SERVE_START_ATTEMPTS = 2
+
+
+def _start_serve(serve_host: str, host: str, proxy_location: str) -> None:
+    """``serve.start`` on an internal port. A controller or proxy whose process died while
+    starting (on a starved machine a worker can miss Ray's registration deadline) is a system
+    failure, not a configuration one: Serve is shut down and started once more before the
+    failure is reported - with the actor and Ray's reason, not only Ray's first line."""
+    for attempt in range(1, SERVE_START_ATTEMPTS + 1):
+        try:
+            serve.start(http_options={"host": serve_host, "port": _free_port(host)},
+                        proxy_location=proxy_location)
+            return
+        except (ray.exceptions.RayError, TimeoutError) as exc:  # e.g. its proxy not up in time
+            died = isinstance(exc, ray.exceptions.ActorDiedError) and not exc.actor_init_failed
+            if died and attempt < SERVE_START_ATTEMPTS:
+                log.warning("Ray Serve did not start (%s); starting it again", _reason(exc))
+                with contextlib.suppress(Exception):
+                    serve.shutdown()
+                continue
+            raise ServeFailed(f"Ray Serve did not start on this cluster ({_reason(exc)}); is the "
+                              "machine overloaded? `ray status` shows what runs") from None
+
+
+def _reason(exc: BaseException) -> str:
+    """Ray's error in one line: its first line, plus for a dead actor its class and cause."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    if isinstance(exc, ray.exceptions.ActorDiedError):
+        names = [line.split(":", 1)[1].strip() for line in lines[1:] if line.startswith("class_name:")]
+        causes = [line for line in lines[1:] if ":" not in line[:20]]  # Ray's own sentence
+        if names:
+            return f"its {names[0]} actor died" + (f": {causes[0][:300]}" if causes else "")
+    return lines[0]
+
+
 def deploy(config: ServeConfig, *, timeout_s: float = 300.0) -> Served:
     """Deploy ``config`` and return once it is ready: every model (or its fallback) has a
     replica the front door routes to.
@@ -258,13 +296,7 @@ def deploy(config: ServeConfig, *, timeout_s: float = 300.0) -> Served:
         # address (one node's) would fail on the others: they bind all of their node's
         # addresses then, and the front door reaches each at its node's IP.
         serve_host = host if loopback else "0.0.0.0"
-        try:
-            serve.start(http_options={"host": serve_host, "port": _free_port(host)},
-                        proxy_location="HeadOnly" if loopback else "EveryNode")
-        except (ray.exceptions.RayError, TimeoutError) as exc:  # e.g. its proxy not up in time
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise ServeFailed(f"Ray Serve did not start on this cluster ({first}); is the machine "
-                              "overloaded? `ray status` shows what runs") from None
+        _start_serve(serve_host, host, "HeadOnly" if loopback else "EveryNode")
         _check_host(serve_host)
         try:
             serve.run_many(build_applications(config, plans),
