@@ -32,6 +32,8 @@ from tests.serving.haproxy_run import StandIn, listening, serve_in_thread, start
 
 
 class _Backend(StandIn):
+    tokens = "40"  # the tokens each answer says it used
+
     def _answer(self) -> None:
         n = int(self.headers.get("content-length") or 0)
         self.rfile.read(n)
@@ -39,7 +41,7 @@ class _Backend(StandIn):
             time.sleep(0.6)  # the model's own backend (the gateway's path has no model in it)
         self.send_json(200, {"path": self.path, "key": self.headers.get(acc.KEY_HEADER),
                              "models": self.headers.get(acc.MODELS_HEADER)},
-                       {acc.TOKENS_HEADER: "40"})  # as the gateway's completions answer
+                       {acc.TOKENS_HEADER: self.tokens})  # as the gateway's completions answer
 
     do_GET = do_POST = _answer
 
@@ -143,6 +145,19 @@ def test_store_keeps_only_salted_hashes_in_private_files(store) -> None:
 def test_quota_text(text, want) -> None:
     q = K.parse_quota(text)
     assert (q.unit, q.period, q.limit) == want
+
+
+def test_a_quota_past_what_haproxy_compares_is_one_line() -> None:
+    assert K.parse_quota(f"{K.MAX_QUOTA} tokens/month").limit == K.MAX_QUOTA
+    with pytest.raises(InputError, match=r"at most 1,000,000,000,000,000 a day or month"):
+        K.parse_quota(f"{K.MAX_QUOTA + 1} tokens/month")
+
+
+@pytest.mark.parametrize("value, before, grew", [(15, 10, 5), (5, 10, 5), (0, 0, 0),
+                                                 (5, 2**32 - 10, 15),  # wrapped past 2^32
+                                                 (5, 2**31 - 1, 5)])  # below half: started again
+def test_a_counter_that_wrapped_or_started_again(value, before, grew) -> None:
+    assert acc.counter_delta(value, before) == grew
 
 
 def test_quota_period_ends() -> None:
@@ -279,6 +294,26 @@ def test_quota_blocks_until_reset_and_persists(front, store, tmp_path) -> None:
         assert again.call("/v1/models/digits/predict", bearer(key))[0] == 429
     finally:
         again.close()
+
+
+def test_a_token_quota_past_haproxys_32_bit_counter_counts_every_token(front, store, monkeypatch) -> None:
+    # HAProxy's gpc counters wrap at 2^32 (4,294,967,296 tokens: days for a busy key on a big
+    # quota); answers of 2e9 tokens each get there in three requests
+    monkeypatch.setattr(_Backend, "tokens", "2000000000")
+    key = K.create_key(store, "big", quota=K.parse_quota("10000000000 tokens/month"))
+    f = front()
+    for _ in range(3):
+        assert f.call("/v1/completions", bearer(key), b'{"model": "digits"}')[0] == 200
+        f.refresh()  # the front door's poll between requests
+    assert acc.read_table(lambda c: admin_call(f.admin, c), acc.TOKENS_TABLE)["big"][0] == 6_000_000_000 - 2**32
+    f.keys.refresh(lambda c: admin_call(f.admin, c), final=True)  # saved now (else once a second)
+    assert store.usage("big")[K.period_key("month")]["tokens"] == 6_000_000_000  # the wrap counted
+    for _ in range(2):
+        assert f.call("/v1/completions", bearer(key), b'{"model": "digits"}')[0] == 200
+        f.refresh()
+    assert store.usage("big")[K.period_key("month")]["tokens"] == 10_000_000_000  # spent: saved at once
+    status, headers, body = f.call("/v1/completions", bearer(key), b'{"model": "digits"}')
+    assert status == 429 and "quota" in json.loads(body)["error"]
 
 
 def test_revoke_rotate_and_expiry_reach_the_running_front_door(front, store) -> None:

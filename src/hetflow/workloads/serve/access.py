@@ -30,8 +30,9 @@ once.
 
 The counters live in HAProxy's stick tables; :class:`UsageMeter` (in the front door actor) reads
 them over the admin socket every poll and adds the new counts to the store's per-key usage (day
-and month); the quota thresholds it gives HAProxy are exact between polls. A token quota can
-run over by the tokens of the answers in flight when it is reached.
+and month), across the counters' wrap at 2^32 (:func:`counter_delta`); the quota thresholds it
+gives HAProxy are exact between polls (except across a wrap: then at the next poll). A token
+quota can run over by the tokens of the answers in flight when it is reached.
 
 Why one file of about 460 lines: the access rules HAProxy runs, the map files they read and
 the key state that rewrites those maps must agree line by line; one concern.
@@ -297,14 +298,34 @@ def apply_maps(admin: Callable[[str], str], map_dir: str,
 _ROW = re.compile(r"key=(\S+) .*?gpc0=(\d+)(?: gpc1=(\d+))?")
 
 
-def read_table(admin: Callable[[str], str], table: str) -> dict[str, tuple[int, int]]:
-    """key name -> (gpc0, gpc1) of a stick table."""
+def read_table(admin: Callable[[str], str], table: str) -> dict[str, tuple[int, int]] | None:
+    """key name -> (gpc0, gpc1) of a stick table; None when HAProxy did not answer with the
+    table (its header line missing), so an empty answer is never read as "no entries"."""
+    answer = admin(f"show table {table}")
+    if f"# table: {table}," not in answer:
+        return None
     out = {}
-    for line in admin(f"show table {table}").splitlines():
+    for line in answer.splitlines():
         found = _ROW.search(line)
         if found:
             out[found.group(1)] = (int(found.group(2)), int(found.group(3) or 0))
     return out
+
+
+COUNTER_WRAP = 2**32  # HAProxy's gpc counters are unsigned 32-bit: 4,294,967,295 + 1 is 0
+
+
+def counter_delta(value: int, before: int) -> int:
+    """How much a gpc counter grew since it read ``before``. Below ``before`` it either wrapped
+    past 2^32 (billions of tokens: a big token quota reaches it in days) or its entry started
+    again at 0 (it expired; a new HAProxy process is :meth:`UsageMeter.counters_restart`). A
+    wrap leaves a counter read in its upper half (growing by 2^31 between two polls a second
+    apart is beyond any front door); a counter that fell from below half started again."""
+    if value >= before:
+        return value - before
+    if before >= COUNTER_WRAP // 2:
+        return value + COUNTER_WRAP - before
+    return value
 
 
 @dataclass
@@ -328,14 +349,17 @@ class UsageMeter:
         now = time.time() if now is None else now
         requests = read_table(admin, REQUESTS_TABLE)
         tokens = read_table(admin, TOKENS_TABLE)
+        if requests is None or tokens is None:
+            return  # not read this time: counted at the next poll
+        for name in set(self.last) - set(requests) - set(tokens):
+            del self.last[name]  # its entries expired (idle 48 h): a new one starts at 0
         for name in set(requests) | set(tokens):
             admitted, refused = requests.get(name, (0, 0))
             used = tokens.get(name, (0, 0))[0]
             before = self.last.get(name, (0, 0, 0))
-            # a counter below its last value: HAProxy restarted (or the entry expired)
-            d_req = admitted - before[0] if admitted >= before[0] else admitted
-            d_ref = refused - before[1] if refused >= before[1] else refused
-            d_tok = used - before[2] if used >= before[2] else used
+            d_req = counter_delta(admitted, before[0])
+            d_ref = counter_delta(refused, before[1])
+            d_tok = counter_delta(used, before[2])
             self.last[name] = (admitted, refused, used)
             seen = self.counted.setdefault(name, {"requests": 0, "tokens": 0, "refused": 0})
             seen["requests"] += d_req
@@ -457,6 +481,6 @@ class KeyState:
         self.meter.save(every_s=0.0 if final else 1.0)
 
 
-__all__ = ["AccessPlan", "KEY_HEADER", "KeyState", "MAPS", "MODELS_HEADER", "TOKENS_HEADER", "UsageMeter", "admit_rules", "allowed_models", "check_allowed",
+__all__ = ["AccessPlan", "COUNTER_WRAP", "KEY_HEADER", "KeyState", "MAPS", "MODELS_HEADER", "TOKENS_HEADER", "UsageMeter", "admit_rules", "allowed_models", "check_allowed", "counter_delta",
            "apply_maps", "frontend_rules", "map_entries", "over_limit_conditions", "preamble_rules", "read_table",
            "no_free_slot", "queue_limit_server_option", "shed_return", "shed_rules", "table_sections", "write_maps"]

@@ -54,6 +54,10 @@ class Quota(BaseModel):
         return f"{self.limit} {self.unit}/{self.period}"
 
 
+MAX_QUOTA = 10**15
+"""The largest quota: a million billion requests or tokens a day or month (HAProxy's maps hold
+a quota's threshold in a signed 64-bit integer; counters past 2^32 are counted across wraps)."""
+
 MAX_RATE = 2**31 - 1
 """The largest ``rps``, ``burst`` or ``tokens_per_min``: HAProxy counts a key's requests and tokens
 in 32-bit counters and rates, so a larger limit could never be reached."""
@@ -98,6 +102,9 @@ def parse_quota(text: str) -> Quota:
     m = re.fullmatch(r"\s*(\d+)\s*(requests?|tokens?)?\s*(?:/|per\s+)\s*(day|month)\s*", text or "")
     if not m:
         raise InputError(f"quota {text!r}: write N/day, N requests/day or N tokens/month")
+    if int(m.group(1)) > MAX_QUOTA:
+        raise InputError(f"quota {text!r}: at most {MAX_QUOTA:,} a day or month (HAProxy compares a "
+                         "quota in 64-bit integers); leave the quota out for no limit")
     unit = "tokens" if (m.group(2) or "").startswith("token") else "requests"
     return Quota(limit=int(m.group(1)), unit=unit, period=m.group(3))
 
