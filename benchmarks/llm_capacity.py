@@ -150,8 +150,8 @@ def measure(ports: list[int], model: Path, args: argparse.Namespace) -> int:
     w = weights(ports[0])
     print(f"RESULT capacity_over_configured={m['tok'] / c['tok']:.3f} "
           f"ttft_p99_ratio={m['p99'] / c['p99']:.3f} measured_tok_s={m['tok']:.1f} "
-          f"configured_tok_s={c['tok']:.1f} weight_slow={w.get('0', float('nan')):.0f} "
-          f"weight_fast={w.get('1', float('nan')):.0f}", flush=True)
+          f"configured_tok_s={c['tok']:.1f} weight_slow={w.get('1', float('nan')):.0f} "
+          f"weight_fast={w.get('2', float('nan')):.0f}", flush=True)
     return 0
 
 

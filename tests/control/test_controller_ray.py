@@ -102,7 +102,14 @@ def assert_every_step_kept(ckpt: Path, steps: int) -> None:
     assert {int(k) for k in final.meta["losses"]} == set(range(1, steps + 1))
 
 
+# Each wait's limit is what the step takes on this machine idle, times SLOW_MACHINE: a limit only
+# ends a hang, and CI's machine (and this one, some days) runs the suite two to three times
+# slower (an 8 s `import torch`; the preempted training once missed 120 s there).
+SLOW_MACHINE = 3
+
+
 def wait_for(check: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    timeout_s *= SLOW_MACHINE
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         value = check()

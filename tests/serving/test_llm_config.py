@@ -127,18 +127,18 @@ def test_without_hetflow_nodes_a_tensor_parallel_replica_takes_that_many_ray_gpu
 
 
 def test_the_front_door_balances_a_models_replicas_by_pool_weight() -> None:
-    plan = llm_backend("chat", [("p0-r0", "127.0.0.1", 8001, 3), ("p1-r0", "10.0.0.2", 8002, 1)], 30)
+    plan = llm_backend("chat", [("p1-r0", "127.0.0.1", 8001, 3), ("p2-r0", "10.0.0.2", 8002, 1)], 30)
     text = "\n".join(backend_sections((plan,), ""))
     assert "balance leastconn" in text and "uri /health" in text  # the default
     assert "maxconn" not in text  # no queue limit given to llm_backend: none
     chosen = llm(routing={"affinity": "prefix"}).routing  # (tests/serving/test_llm_routing.py)
-    hashed = "\n".join(backend_sections((llm_backend("chat", [("p0-r0", "h", 1, 1)], 30, chosen),), ""))
+    hashed = "\n".join(backend_sections((llm_backend("chat", [("p1-r0", "h", 1, 1)], 30, chosen),), ""))
     assert "balance hash req.body,bytes(0,256)" in hashed and "hash-type consistent" in hashed
     assert "hash-balance-factor 200" in hashed and "balance leastconn" not in hashed
     assert "timeout server 600s" in text  # not the 30 s of a predict: generations take minutes
     assert f"backend {plan.backend}" in text
-    assert "server up-p0-r0 127.0.0.1:8001 weight 3 check" in text
-    assert "server up-p1-r0 10.0.0.2:8002 weight 1 check" in text
+    assert "server up-p1-r0 127.0.0.1:8001 weight 3 check" in text
+    assert "server up-p2-r0 10.0.0.2:8002 weight 1 check" in text
     assert "del-header Authorization" in text  # a client's hetflow key never reaches an engine
 
 
@@ -161,13 +161,13 @@ def test_engine_command_line_and_environment() -> None:
 def test_upstream_stats_sum_a_models_replicas() -> None:
     header = "# pxname,svname,scur,stot,econ,eresp,hrsp_5xx,rtime,status,\n"
     backend = llm_backend("chat", [], 30).backend
-    rows = [f"{backend},p0-r0,2,30,0,0,1,10,UP,", f"{backend},p1-r0,0,10,0,0,0,30,DOWN,",
+    rows = [f"{backend},p1-r0,2,30,0,0,1,10,UP,", f"{backend},p2-r0,0,10,0,0,0,30,DOWN,",
             f"{backend},BACKEND,2,40,0,0,1,15,UP,"]
     stats = read_upstream_stats(header + "\n".join(rows) + "\n")
     chat = stats[backend]
     assert chat["requests"] == 40 and chat["errors"] == 1 and chat["in_flight"] == 2
     assert chat["up"] and chat["response_ms"] == 15  # (10*30 + 30*10) / 40
-    assert set(chat["servers"]) == {"p0-r0", "p1-r0"} and not chat["servers"]["p1-r0"]["up"]
+    assert set(chat["servers"]) == {"p1-r0", "p2-r0"} and not chat["servers"]["p2-r0"]["up"]
 
 
 VLLM_METRICS = """\
@@ -200,12 +200,13 @@ def test_engine_metrics_become_per_pool_stats() -> None:
     assert one["running"] == 3 and one["waiting"] == 1 and one["kv_cache"] == 0.25
     assert one["generation_tokens"] == 1200 and one["ttft_count"] == 10 and one["tpot_sum"] == 0.04
     fuller = {**one, "kv_cache": 0.75}
-    servers = [("p0-r0", "h", 1, 3), ("p0-r1", "h", 2, 3), ("p1-r0", "h", 3, 1)]
-    pools = pool_stats(servers, {"p0-r0": one, "p0-r1": fuller, "p1-r0": None})
-    assert pools[0]["replicas"] == 2 and pools[0]["answering"] == 2
-    assert pools[0]["running"] == 6 and pools[0]["generation_tokens"] == 2400
-    assert pools[0]["kv_cache"] == 0.75  # the fullest engine's
-    assert pools[1]["replicas"] == 1 and pools[1]["answering"] == 0 and pools[1]["running"] == 0
+    servers = [("p1-r0", "h", 1, 3), ("p1-r1", "h", 2, 3), ("p2-r0", "h", 3, 1)]
+    pools = pool_stats(servers, {"p1-r0": one, "p1-r1": fuller, "p2-r0": None})
+    assert sorted(pools) == [1, 2]  # as users count pools (1 = the first), as --dry-run
+    assert pools[1]["replicas"] == 2 and pools[1]["answering"] == 2
+    assert pools[1]["running"] == 6 and pools[1]["generation_tokens"] == 2400
+    assert pools[1]["kv_cache"] == 0.75  # the fullest engine's
+    assert pools[2]["replicas"] == 1 and pools[2]["answering"] == 0 and pools[2]["running"] == 0
 
 
 def test_pool_stats_are_prometheus_families() -> None:
@@ -215,15 +216,15 @@ def test_pool_stats_are_prometheus_families() -> None:
     from hetflow.workloads.serve.metrics import GatewayMetrics
 
     m = GatewayMetrics()
-    m.llm_pools = {"chat": pool_stats([("p0-r0", "h", 1, 1)], {"p0-r0": read_engine_metrics(VLLM_METRICS)})}
+    m.llm_pools = {"chat": pool_stats([("p1-r0", "h", 1, 1)], {"p1-r0": read_engine_metrics(VLLM_METRICS)})}
     body, _ = m.render()
     samples = {(s.name, s.labels.get("pool")): s.value
                for f in text_string_to_metric_families(body.decode()) for s in f.samples
                if s.labels.get("model") == "chat"}
-    assert samples[("hetflow_llm_generation_tokens_total", "0")] == 1200
-    assert samples[("hetflow_llm_kv_cache_usage_ratio", "0")] == 0.25
-    assert samples[("hetflow_llm_first_token_duration_seconds_count", "0")] == 10
-    assert samples[("hetflow_llm_first_token_duration_seconds_sum", "0")] == 0.5
+    assert samples[("hetflow_llm_generation_tokens_total", "1")] == 1200
+    assert samples[("hetflow_llm_kv_cache_usage_ratio", "1")] == 0.25
+    assert samples[("hetflow_llm_first_token_duration_seconds_count", "1")] == 10
+    assert samples[("hetflow_llm_first_token_duration_seconds_sum", "1")] == 0.5
 
 
 def test_the_dry_run_plan_lists_each_pools_engines_and_their_devices() -> None:

@@ -126,7 +126,7 @@ def engine_metric(llm, name: str) -> dict[str, float]:
 
 
 def test_two_pools_one_name_and_a_streamed_chat(llm) -> None:
-    assert sorted((pool, w) for _s, pool, _h, _p, w in llm["engines"]) == [(0, 1), (1, 3)]
+    assert sorted((pool, w) for _s, pool, _h, _p, w in llm["engines"]) == [(1, 1), (2, 3)]
     c = client(llm)
     chunks = list(c.chat.completions.create(
         model="tiny", messages=[{"role": "user", "content": "hello, how are you?"}],
@@ -218,7 +218,7 @@ def test_each_pool_in_metrics_and_top(llm) -> None:
         raise AssertionError(f"hetflow top did not end in 300 s: {(exc.stderr or b'')[-1500:]!r}") from None
     assert top.returncode == 0, top.stderr
     rows = [r for r in json.loads(top.stdout)["llm_pools"] if r["app"] == "llmt" and r["model"] == "tiny"]
-    assert sorted(r["pool"] for r in rows) == [0, 1]
+    assert sorted(r["pool"] for r in rows) == [1, 2]  # as --dry-run counts them
     assert all(r["answering"] == 1 and r["generation_tokens"] > 0 and r["ttft_ms"] > 0
                and 1 <= r["weight"] <= 256 for r in rows)
     assert llm["keys"]["all"] not in top.stdout + top.stderr

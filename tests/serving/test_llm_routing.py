@@ -175,18 +175,18 @@ def test_an_engine_counts_what_it_sustained_while_requests_waited() -> None:
 
 
 def test_weights_follow_measured_capacity_and_fill_in_from_configured_ones() -> None:
-    servers = [("p0-r0", "h", 1, 1), ("p1-r0", "h", 2, 3), ("p1-r1", "h", 3, 3)]
+    servers = [("p1-r0", "h", 1, 1), ("p2-r0", "h", 2, 3), ("p2-r1", "h", 3, 3)]
     # nothing measured: the configured weights (1:3:3), the largest at 256
-    assert capacity_weights(servers, {}, {}) == {"p0-r0": 85, "p1-r0": 256, "p1-r1": 256}
+    assert capacity_weights(servers, {}, {}) == {"p1-r0": 85, "p2-r0": 256, "p2-r1": 256}
     # pool 0's engine measured at 300 tok/s (300 per unit of its weight 1): pool 1's engines,
     # configured 3, count 900 until measured - then what they sustain
-    assert capacity_weights(servers, {"p0-r0": 300.0}, {}) == {"p0-r0": 85, "p1-r0": 256, "p1-r1": 256}
-    got = capacity_weights(servers, {"p0-r0": 300.0, "p1-r0": 100.0, "p1-r1": 100.0}, {})
-    assert got == {"p0-r0": 256, "p1-r0": 85, "p1-r1": 85}  # the configured 1:3 was wrong
+    assert capacity_weights(servers, {"p1-r0": 300.0}, {}) == {"p1-r0": 85, "p2-r0": 256, "p2-r1": 256}
+    got = capacity_weights(servers, {"p1-r0": 300.0, "p2-r0": 100.0, "p2-r1": 100.0}, {})
+    assert got == {"p1-r0": 256, "p2-r0": 85, "p2-r1": 85}  # the configured 1:3 was wrong
     # an engine with requests waiting is worth less while they wait (1 + waiting / running)
-    got = capacity_weights(servers, {"p0-r0": 300.0, "p1-r0": 300.0, "p1-r1": 300.0},
-                           {"p1-r1": _stats(waiting=4, running=4)})
-    assert got == {"p0-r0": 256, "p1-r0": 256, "p1-r1": 128}
+    got = capacity_weights(servers, {"p1-r0": 300.0, "p2-r0": 300.0, "p2-r1": 300.0},
+                           {"p2-r1": _stats(waiting=4, running=4)})
+    assert got == {"p1-r0": 256, "p2-r0": 256, "p2-r1": 128}
     assert capacity_weights([("a", "h", 1, 0)], {}, {}) == {"a": 1}  # never 0: HAProxy drains 0
 
 

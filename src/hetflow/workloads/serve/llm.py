@@ -298,6 +298,8 @@ DEFAULT_GPU_MEMORY = 1 << 30  # planned per GPU replica when a pool gives none (
 
 
 def replica_actor_name(app: str, model: str, pool: int, replica: int) -> str:
+    """``pool`` as users count it (1 = the first of the model's ``pools``, as in ``--dry-run``,
+    errors, ``/metrics`` and ``hetflow top``); ``replica`` from 0, as Serve's own replicas."""
     return f"hetflow-llm-{app}.{model}.p{pool}.r{replica}"
 
 
@@ -322,7 +324,7 @@ def start_pools(app: str, entry: Any, groups: list[tuple[int, Any]], bind_host: 
         for _ in range(group.num_replicas or 1):
             r = counter.get(pool_index, 0)
             counter[pool_index] = r + 1
-            name = replica_actor_name(app, entry.name, pool_index, r)
+            name = replica_actor_name(app, entry.name, pool_index + 1, r)
             handle = ray.remote(LLMReplica).options(
                 name=name, namespace="serve", lifetime="detached", max_concurrency=4,
                 **options).remote(entry.name, engine, group.compute, bind_host)
@@ -388,7 +390,7 @@ def scrape_engine(host: str, port: int, timeout_s: float = 2.0) -> dict[str, flo
 
 
 def pool_index(server: str) -> int:
-    """A replica's front-door server name (``p<pool>-r<replica>``) -> its pool."""
+    """A replica's front-door server name (``p<pool>-r<replica>``) -> its pool (1 = the first)."""
     return int(server.split("-", 1)[0][1:])
 
 

@@ -276,7 +276,7 @@ def plan_pools(app: str, entry: Any, snapshot: Any, ray_gpus: float
             out += [(i, group) for group in groups]
             continue
         shadow = ModelServeConfig.model_construct(
-            name=f"{entry.name}-p{i}", devices=pool.devices.model_copy(update={"strategy": "pack"}),
+            name=f"{entry.name}-p{i + 1}", devices=pool.devices.model_copy(update={"strategy": "pack"}),
             replicas=pool.replicas, autoscaling=None, cpus_per_replica=pool.cpus_per_replica,
             precision="fp32", gpu_fraction=1.0)
         for group in plan_replica_groups(app, shadow, snapshot, ray_gpus, memory):
@@ -296,7 +296,7 @@ def _tensor_parallel_groups(app: str, entry: Any, index: int, pool: Any, tp: int
     from hetflow.runtime.resources import device_ask
     from hetflow.workloads.serve.placement import has_devices, plan_in_turn
 
-    base = f"{app}.{entry.name}-p{index}"
+    base = f"{app}.{entry.name}-p{index + 1}"
     where = f"model {entry.name}: pool {index + 1}"
     if not has_devices(snapshot, pool):
         if pool.replicas * tp > ray_gpus + 1e-9:
