@@ -132,6 +132,8 @@ def test_the_cli_refuses_bad_input_in_one_line(tmp_path) -> None:
         (["--profile", str(tmp_path / "p.yaml"), "--device", "d", "--model", "m", "--buckets", "x"], "--buckets"),
         (["--profile", str(tmp_path / "p.yaml"), "--device", "d", "--model", "m"], "nothing answers"),
         (["--device", "d"], "only with --profile"),
+        (["--profile", str(tmp_path / "p.yaml"), "--device", "d", "--model", "m", "--prompts", "10000000"],
+         "--prompts 10,000,000 is more than one run can schedule"),
     ]
     for extra, words in cases:
         done = subprocess.run(base + extra, capture_output=True, text=True, timeout=120)

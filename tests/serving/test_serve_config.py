@@ -121,6 +121,24 @@ def test_cli_rejects_a_bad_config_with_exit_code_2(tmp_path, capsys) -> None:
     assert "did you mean 'precision'?" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flags, words", [
+    (["--rate", "1e15"], "--rate 1e+15 is more than one run can schedule (at most 1,000,000)"),
+    (["--requests", "1000000000"], "--requests 1,000,000,000 is more than one run can schedule"),
+    (["--duration", "inf"], "--duration inf is more than one run can schedule (at most 86,400)"),
+    (["--timeout", "nan"], "--timeout must be > 0, got nan"),
+    (["--rows", "0"], "--rows must be > 0, got 0"),
+    (["--sweep", "--max-rate", "1e9"], "--max-rate 1e+09 is more than one run can schedule"),
+    (["--sweep", "--p99-ms", "-1"], "--p99-ms must be > 0"),
+])
+def test_cli_bench_refuses_loads_it_cannot_schedule_before_sending(flags, words, capsys) -> None:
+    from hetflow.cli.serve import main
+
+    # nothing listens at port 9: a check after connecting would say so instead
+    assert main(["bench", "serve", "--url", "http://127.0.0.1:9/v1/models/m/predict", *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and words in err, err
+
+
 def test_cli_bench_refuses_remote_targets(capsys) -> None:
     from hetflow.cli.serve import main
 

@@ -47,6 +47,10 @@ def run_profile(args: argparse.Namespace) -> int:
     for name, value in (("--start-rate", start), ("--max-rate", ceiling)):
         if not value > 0:
             raise InputError(f"{name} {value:g}: give a rate > 0 requests/s")
+    from hetflow.cli.serve import check_bench_bounds
+
+    check_bench_bounds(argparse.Namespace(prompts=args.prompts, start_rate=start, max_rate=ceiling),
+                       ("prompts", "start_rate", "max_rate"))
     url = args.url.split("/v1/", 1)[0].rstrip("/")  # the base URL, also when a /v1/... path was given
     if importlib.util.find_spec("vllm") is None:
         raise InputError("hetflow bench serve uses vLLM's benchmark client: install the llm extra (make llm, "
