@@ -25,6 +25,31 @@ import argparse
 import json
 
 
+# What one load run can hold: every arrival is scheduled up front (a list of times, then one
+# task each), so a count or rate past these would exhaust memory before the first request.
+BENCH_BOUNDS = {"rate": 1_000_000, "requests": 1_000_000, "duration": 86_400, "timeout": 3_600,
+                "rows": 100_000, "p99_ms": 3_600_000, "start_rate": 1_000_000, "max_rate": 1_000_000,
+                "prompts": 100_000}
+
+
+def check_bench_bounds(args: argparse.Namespace, names: tuple[str, ...]) -> None:
+    """Each ``--NAME`` above 0 and at most its :data:`BENCH_BOUNDS` (NaN and infinity refused),
+    in one line naming the flag; before anything is sent."""
+    from hetflow.core.errors import InputError
+
+    for name in names:
+        value = getattr(args, name)
+        if value is None:
+            continue
+        flag = "--" + name.replace("_", "-")
+        if not value > 0:
+            raise InputError(f"{flag} must be > 0, got {value}")
+        if not value <= BENCH_BOUNDS[name]:
+            shown = f"{value:,}" if isinstance(value, int) else f"{value:g}"
+            raise InputError(f"{flag} {shown} is more than one run can schedule (at most "
+                             f"{BENCH_BOUNDS[name]:,}); split the load into runs")
+
+
 def run_profile(args: argparse.Namespace) -> int:
     import importlib.util
 
@@ -47,8 +72,6 @@ def run_profile(args: argparse.Namespace) -> int:
     for name, value in (("--start-rate", start), ("--max-rate", ceiling)):
         if not value > 0:
             raise InputError(f"{name} {value:g}: give a rate > 0 requests/s")
-    from hetflow.cli.serve import check_bench_bounds
-
     check_bench_bounds(argparse.Namespace(prompts=args.prompts, start_rate=start, max_rate=ceiling),
                        ("prompts", "start_rate", "max_rate"))
     url = args.url.split("/v1/", 1)[0].rstrip("/")  # the base URL, also when a /v1/... path was given

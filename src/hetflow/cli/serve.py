@@ -288,29 +288,6 @@ def _raw_address(path: str) -> str | None:
     return address if isinstance(address, str) else None
 
 
-# What one load run can hold: every arrival is scheduled up front (a list of times, then one
-# task each), so a count or rate past these would exhaust memory before the first request.
-BENCH_BOUNDS = {"rate": 1_000_000, "requests": 1_000_000, "duration": 86_400, "timeout": 3_600,
-                "rows": 100_000, "p99_ms": 3_600_000, "start_rate": 1_000_000, "max_rate": 1_000_000,
-                "prompts": 100_000}
-
-
-def check_bench_bounds(args: argparse.Namespace, names: tuple[str, ...]) -> None:
-    """Each ``--NAME`` above 0 and at most its :data:`BENCH_BOUNDS` (NaN and infinity refused),
-    in one line naming the flag; before anything is sent."""
-    for name in names:
-        value = getattr(args, name)
-        if value is None:
-            continue
-        flag = "--" + name.replace("_", "-")
-        if not value > 0:
-            raise InputError(f"{flag} must be > 0, got {value}")
-        if not value <= BENCH_BOUNDS[name]:
-            shown = f"{value:,}" if isinstance(value, int) else f"{value:g}"
-            raise InputError(f"{flag} {shown} is more than one run can schedule (at most "
-                             f"{BENCH_BOUNDS[name]:,}); split the load into runs")
-
-
 def _wait(duration: float | None) -> None:
     deadline = None if duration is None else time.monotonic() + duration
     while deadline is None or time.monotonic() < deadline:
@@ -355,6 +332,8 @@ def run_bench(args: argparse.Namespace) -> int:
         raise InputError(f"{', '.join(profile_only)}: only with --profile FILE (an LLM throughput profile)")
     args.start_rate = 20.0 if args.start_rate is None else args.start_rate
     args.max_rate = 2000.0 if args.max_rate is None else args.max_rate
+    from hetflow.cli.bench import check_bench_bounds
+
     check_bench_bounds(args, ("rate", "requests", "duration", "timeout", "rows", "p99_ms",
                               "start_rate", "max_rate"))
     bodies = _bodies(args)
