@@ -70,6 +70,7 @@ if [ -n "${SITE:-}" ] && [ -f "$SITE" ]; then  # packages the host lacks, unpack
 fi
 export PYTHONPATH="$REPO/src:${PYTHONPATH:-}" PYTHONUNBUFFERED=1 RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0
 BIN="$(mktemp -d)"
+trap 'rm -rf "$BIN"' EXIT  # the `hetflow` command's folder (the steps' own go with their bash)
 printf '#!/bin/sh\nexec %s -m hetflow.cli.main "$@"\n' "$(command -v "$PYTHON")" > "$BIN/hetflow"
 chmod +x "$BIN/hetflow"
 command -v hetflow >/dev/null || export PATH="$BIN:$PATH"
@@ -120,6 +121,7 @@ unit_tests() {
 tune_gpu() {
     local dir
     dir=$(mktemp -d)
+    trap "rm -rf '$dir'" EXIT  # now: the local is gone at exit (each step runs in a bash of its own)
     cat > "$dir/tune.yaml" <<YAML
 name: tune-gpu-check
 base:
@@ -157,6 +159,7 @@ PY
 user_serve() {
     local log pid rc=1
     log=$(mktemp)
+    trap "rm -f '$log'" EXIT
     "$PYTHON" -c "from ray.util import get_node_ip_address as g; print('node IP Ray picks here:', g())"
     hetflow serve examples/serve_digits.yaml > "$log" 2>&1 &
     pid=$!
