@@ -69,9 +69,6 @@ def run_profile(args: argparse.Namespace) -> int:
             raise InputError(f"{name} {value}: give a number >= {low}")
     start = 1.0 if args.start_rate is None else args.start_rate
     ceiling = 256.0 if args.max_rate is None else args.max_rate
-    for name, value in (("--start-rate", start), ("--max-rate", ceiling)):
-        if not value > 0:
-            raise InputError(f"{name} {value:g}: give a rate > 0 requests/s")
     check_bench_bounds(argparse.Namespace(prompts=args.prompts, start_rate=start, max_rate=ceiling),
                        ("prompts", "start_rate", "max_rate"))
     url = args.url.split("/v1/", 1)[0].rstrip("/")  # the base URL, also when a /v1/... path was given

@@ -47,12 +47,11 @@ SERVED_DEVICES = DeviceKeys("a served model", ("kind", "model", "vendor", "memor
                             {"kind": "auto", "share": True, "strategy": "pack"})
 """A served model's ``devices``: one replica's (hetflow.core.devices)."""
 
-
-
 MAX_REPLICAS = 100_000
 """The most replicas one model (or LLM pool) may ask for. Past the numeric bounds of this file
 (timeouts: a day; a batch: 65,536 rows; queues: 1,000,000) the config is refused in one line:
 larger values overflow HAProxy's or Serve's own limits, or wait forever."""
+
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
