@@ -118,6 +118,63 @@ def test_a_tensor_parallel_replica_gets_a_fast_group_of_one_node_and_sees_exactl
     assert argv[-2:] == ["--distributed-executor-backend", "mp"]  # the group on those devices
 
 
+def test_an_engine_over_two_nodes_gets_each_nodes_share_on_a_node_of_its_own() -> None:
+    """tensor_parallel_size 2 x pipeline_parallel_size 2 over 2 nodes: 2 devices on each of two
+    different nodes, each share on its node's fast links and seeing exactly them; a second
+    replica takes the two nodes left, and a third finds no two nodes free."""
+    snapshot = ClusterSnapshot(nodes=tuple(synthetic_node("2x H100-SXM", n) for n in "abc")
+                               + (synthetic_node("4x H100-SXM", "d"),))
+    pool = {"devices": {"model": "H100"}, "nodes": 2,
+            "engine": {"tensor_parallel_size": 2, "pipeline_parallel_size": 2}}
+    groups = plan_pools("app", llm(pools=[{**pool, "replicas": 2}]), snapshot, 0)
+    assert len(groups) == 2
+    seen = []
+    for _pool, group in groups:
+        assert group.num_replicas == 1 and len(group.stages) == 2 and not group.spread
+        assert len(set(group.stage_nodes)) == 2  # never two shares on one node
+        for node, options in zip(group.stage_nodes, group.stages):
+            assert options["label_selector"] == {"hetflow.io/node": node}
+            assert len(options["resources"]) == 2
+            assert options["runtime_env"]["env_vars"]["CUDA_VISIBLE_DEVICES"] in ("0,1", "2,3")
+            seen += [(node, k) for k in options["resources"]]
+    assert len(seen) == len(set(seen)) == 8  # every device once: the two replicas share none
+    with pytest.raises(Unschedulable, match="replica 3's node 2 of 2"):
+        plan_pools("app", llm(pools=[{**pool, "replicas": 3}]), snapshot, 0)
+
+
+def test_an_engine_over_nodes_on_cpus_or_ray_gpus_is_spread_by_ray() -> None:
+    (_, group), = plan_pools("app", llm(pools=[{"devices": "gpu", "nodes": 2, "replicas": 3,
+                                               "engine": {"pipeline_parallel_size": 4}}]),
+                             ClusterSnapshot(nodes=()), 8)
+    assert group.num_replicas == 3 and len(group.stages) == 2 and not group.stage_nodes
+    assert group.spread == ({"CPU": 1.0, "GPU": 2.0},) * 2  # one bundle per node, distinct nodes
+    assert group.stages[0]["num_gpus"] == 2
+    (_, cpu), = plan_pools("app", llm(pools=[{"devices": "cpu", "nodes": 3, "cpus_per_replica": 2,
+                                             "engine": {"tensor_parallel_size": 3}}]),
+                           ClusterSnapshot(nodes=()), 0)
+    assert cpu.spread == ({"CPU": 2.0},) * 3 and cpu.compute == "cpu"
+
+
+def test_an_engine_over_nodes_runs_vllms_multi_node_mode() -> None:
+    engine = VLLMEngine(model="/m", tensor_parallel_size=2, pipeline_parallel_size=2)
+    head = " ".join(engine_argv(engine, "chat", "0.0.0.0", 9000, nnodes=2, node_rank=0,
+                                master=("10.0.0.1", 29500)))
+    assert "-m vllm.entrypoints.openai.api_server" in head
+    for part in ("--pipeline-parallel-size 2", "--distributed-executor-backend mp", "--nnodes 2",
+                 "--node-rank 0", "--master-addr 10.0.0.1", "--master-port 29500"):
+        assert part in head
+    other = engine_argv(engine, "chat", "0.0.0.0", 9000, nnodes=2, node_rank=1,
+                        master=("10.0.0.1", 29500))
+    assert other[1:3] == ["-m", "hetflow.workloads.serve.vllm_stage"]
+    assert "--node-rank 1" in " ".join(other)
+    with pytest.raises(ValueError, match="first node"):
+        engine_argv(engine, "chat", "h", 1, nnodes=2, node_rank=1)
+    with pytest.raises(InputError, match="pool 1: nodes 2 must divide .* = 3"):
+        llm(pools=[{"nodes": 2, "engine": {"tensor_parallel_size": 3}}])
+    with pytest.raises(InputError, match="nodes"):
+        llm(pools=[{"nodes": 0}])
+
+
 def test_without_hetflow_nodes_a_tensor_parallel_replica_takes_that_many_ray_gpus() -> None:
     groups = plan_pools("app", llm(pools=[{"devices": "gpu", "replicas": 2,
                                            "engine": {"tensor_parallel_size": 2}}]),

@@ -269,6 +269,9 @@ def _plan_or_stop(config: Any, args: argparse.Namespace) -> int:
                 where = (", ".join(e["devices"]) if e["devices"] else
                          f"{e['ray_gpus']:g} Ray GPU(s)" if e["ray_gpus"] else e["compute"].upper())
                 tp = f", tensor parallel {e['tensor_parallel_size']}" if e["tensor_parallel_size"] > 1 else ""
+                if e.get("nodes"):
+                    pp = e["pipeline_parallel_size"]
+                    tp += (f", pipeline parallel {pp}" if pp > 1 else "") + f", each over {e['nodes']} nodes"
                 print(f"    pool {e['pool']}: {e['replicas']} engine(s) on {where}{tp}, weight {e['weight']}")
         return 0
     finally:

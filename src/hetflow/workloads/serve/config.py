@@ -510,13 +510,21 @@ def llm_errors(m: ModelServeConfig, sources: list[str]) -> list[str]:
     for i, pool in enumerate(m.pools):
         if pool.devices.kind == "cpu" and (pool.devices.vendor or pool.devices.model):
             errors.append(f"pool {i + 1}: devices.vendor/model need devices.kind gpu")
+        engine = m.vllm
         if m.vllm is not None and pool.engine:
             try:
-                m.vllm.merged(pool.engine)
+                engine = m.vllm.merged(pool.engine)
             except ValidationError as exc:
                 first = exc.errors()[0]
                 where = ".".join(str(p) for p in first["loc"])
                 errors.append(f"pool {i + 1} engine.{where}: {first['msg']}")
+                engine = None
+        if engine is not None and pool.nodes > 1:
+            world = engine.tensor_parallel_size * engine.pipeline_parallel_size
+            if world % pool.nodes:
+                errors.append(f"pool {i + 1}: nodes {pool.nodes} must divide the engine's "
+                              f"processes (tensor_parallel_size x pipeline_parallel_size = "
+                              f"{world}); e.g. pipeline_parallel_size: {pool.nodes}")
     return errors
 
 

@@ -346,25 +346,53 @@ def _start_llms(config: ServeConfig, out: list[tuple[str, int, str, Any]], timeo
     if not vllm_available():
         raise InputError(f"engine: vllm needs vLLM in this environment: {INSTALL}")
     bind = config.http.host if is_loopback(config.http.host) else "0.0.0.0"
+    heads: set[str] = set()
     for name, groups in llm_groups.items():
-        entry = config.model(name)
-        out.extend((name, p, n, h) for p, n, h in start_pools(config.name, entry, groups, bind))
-    waits = {n: h.wait_ready.remote() for _, _, n, h in out}
+        started: list[tuple[int, str, Any, bool]] = []
+        try:
+            start_pools(config.name, config.model(name), groups, bind, started)
+        finally:  # what started is stopped by the caller on a failure, even midway
+            for p, n, h, head in started:
+                out.append((name, p, n, h))
+                if head:
+                    heads.add(n)
+    waits = {n: h.wait_ready.remote() for _, _, n, h in out if n in heads}
+    # an engine's other nodes (``<first>.n2``...): checked while their first node starts, so
+    # workers that fail there fail the start at once instead of at the timeout
+    others = {n: [(s, h) for _, _, s, h in out if s.startswith(n + ".n")] for n in heads}
     servers: dict[str, list[tuple[str, str, int, int]]] = {}
     for model, pool, name, _handle in out:
-        try:
-            host, port = ray.get(waits[name], timeout=timeout_s)
-        except ray.exceptions.GetTimeoutError:
-            raise ServeFailed(f"model {model}: replica {name} (vLLM) not ready in "
-                              f"{timeout_s:.0f} s") from None
-        except (ray.exceptions.RayTaskError, ray.exceptions.RayActorError) as exc:
-            cause = str(getattr(exc, "cause", None) or exc).strip().splitlines()[-1]
-            raise ServeFailed(f"model {model}: replica {name} (vLLM) failed to start: "
-                              f"{cause}") from None
+        if name not in heads:
+            continue
+        host, port = _wait_engine(model, name, waits[name], others[name], timeout_s)
         weight = config.model(model).effective_pools[pool].weight
         servers.setdefault(model, []).append(("-".join(name.rsplit(".", 2)[1:]), host, port,
                                               weight))
     return servers
+
+
+def _wait_engine(model: str, name: str, ready: Any, stages: list[tuple[str, Any]],
+                 timeout_s: float) -> tuple[str, int]:
+    """An engine's address once it answers; its other nodes' workers checked every 2 s
+    meanwhile. Raises ServeFailed naming the actor that failed, with its cause."""
+    deadline = time.monotonic() + timeout_s
+    current = name
+    try:
+        while True:
+            current = name
+            try:
+                return ray.get(ready, timeout=2 if stages else timeout_s)
+            except ray.exceptions.GetTimeoutError:
+                if not stages or time.monotonic() > deadline:
+                    raise ServeFailed(f"model {model}: replica {name} (vLLM) not ready in "
+                                      f"{timeout_s:.0f} s") from None
+            for current, handle in stages:
+                ray.get(handle.wait_ready.remote(), timeout=30)
+    except (ray.exceptions.RayTaskError, ray.exceptions.RayActorError,
+            ray.exceptions.GetTimeoutError) as exc:
+        cause = str(getattr(exc, "cause", None) or exc).strip().splitlines()[-1]
+        raise ServeFailed(f"model {model}: replica {current} (vLLM) failed to start: "
+                          f"{cause}") from None
 
 
 def _stop_llm_replicas(replicas: list[tuple[str, int, str, Any]]) -> None:
@@ -377,6 +405,10 @@ def _stop_llm_replicas(replicas: list[tuple[str, int, str, Any]]) -> None:
             ray.kill(handle)
         except Exception:  # noqa: BLE001
             pass
+    if replicas:  # the placement groups of engines over several nodes (named as their first)
+        from hetflow.workloads.serve.llm import remove_spreads
+
+        remove_spreads(names={name for _m, _p, name, _h in replicas})
     replicas.clear()
 
 

