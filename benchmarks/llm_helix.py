@@ -7,14 +7,14 @@ LLaMA-2 70B over 24- and 42-node clusters of A100-40GB / L4 / T4 (and V100, 2xL4
 nodes; its simulator gives each placement's offline decode throughput. Per setting this prints:
 
 - Helix's throughput (its placement + max-flow routing; its artifact's printed result);
-- hetflow's pools as they are (``hetflow.sim.llm_pools``): an engine is the whole model on one
-  node (tensor parallel inside it), routed by measured capacity - the engines that fit and
-  their throughput; ``sim_over_helix`` is that over Helix's;
-- pools whose replicas are pipelines over nodes of one type (what hetflow would need: vLLM
-  pipeline parallelism across nodes), routed by capacity: Helix's own "separate pipelines"
-  baseline, by its simulator, over Helix's (``pipelines_over_helix``); the memory-respecting
-  replicas hetflow's planner would make and their estimated capacity; the same pools under
-  equal weights, which the capacity rule avoids;
+- engines inside one node (the whole model on one node, tensor parallel inside it): how many
+  fit and their throughput;
+- hetflow's pools as they are (``hetflow.sim.llm_pools``): engines over nodes of one type (a
+  pool's ``nodes``: vLLM's multi-node mode, one pipeline stage a node), memory-respecting,
+  routed by measured capacity - their replicas and estimated capacity; ``sim_over_helix`` is
+  that over Helix's; Helix's own "separate pipelines" baseline (the same shape, its nodes filled
+  past its memory limit), by its simulator, over Helix's (``pipelines_over_helix``); the same
+  pools under equal weights, which the capacity rule avoids;
 - pipelines over nodes of *several* types with an uneven layer split
   (``plan_mixed_pipelines``: what vLLM's pipeline parallelism over chosen nodes could run, not
   placed by hetflow yet), their estimated capacity over Helix's (``mixed_over_helix``).
@@ -57,11 +57,13 @@ def main() -> None:
         held = ", ".join(f"{t} {model.devices[t].max_num_layers}" for t in types)
         print(f"  {setting}: {model.layers} layers; {held}")
     p = results[PRIMARY]
-    extra = " ".join(f"pipelines_over_helix_{s.replace('/', '_')}={results[s].pipelines_over_helix:.2f}"
+    extra = " ".join(f"sim_over_helix_{s.replace('/', '_')}={results[s].sim_over_helix:.2f}"
+                     for s in SETTINGS)
+    extra += " " + " ".join(f"pipelines_over_helix_{s.replace('/', '_')}={results[s].pipelines_over_helix:.2f}"
                      for s in SETTINGS)
     extra += " " + " ".join(f"mixed_over_helix_{s.replace('/', '_')}={results[s].mixed_over_helix:.2f}"
                             for s in SETTINGS)
-    print(f"RESULT sim_over_helix={p.sim_over_helix:.2f} setting={PRIMARY} engines={p.node_engines} "
+    print(f"RESULT sim_over_helix={p.sim_over_helix:.2f} setting={PRIMARY} engines={p.pipeline_replicas} "
           f"helix_tokens_s={p.helix:.1f} {extra} wall_s={time.perf_counter() - t0:.2f}")
 
 

@@ -88,8 +88,13 @@ def test_reference_numbers_are_helix_printed_results() -> None:
 
 
 def test_figures() -> None:
+    # 70B: no single node type's nodes hold its 80 layers within Helix's memory limit (A100 4 x 12,
+    # L4 8 x 7, T4 12 x 4): no engine over nodes of one type either
     assert lp.sim_over_helix() == 0.0
     r = lp.evaluate("llama30b/cluster24")
+    # 30B: one engine over nodes of each type (A100 x4, L4 x6, T4 x9), routed by capacity
+    assert r.pipeline_replicas == 3 and r.node_engines == 0
+    assert r.sim_over_helix == pytest.approx(r.pipeline_estimate / 339.6) and 0.5 < r.sim_over_helix < 1
     assert r.pipelines_over_helix == pytest.approx(309.0 / 339.6)
     assert r.equal_weights < r.separate  # equal weights leave the A100 pool's capacity unused
     assert 0.5 * r.separate < r.separate_estimate < 1.5 * r.separate  # the estimate is near Helix's

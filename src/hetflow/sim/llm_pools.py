@@ -2,8 +2,9 @@
 what routing by measured capacity delivers - against Helix's own placement.
 
 hetflow serves one model name over *pools* of vLLM engines (``hetflow.workloads.serve.llm``,
-docs/serving.md "LLMs"): an engine is one vLLM server over N whole devices **of one node**
-(``tensor_parallel_size: N``; devices that exist only across nodes are refused), all engines
+docs/serving.md "LLMs"): an engine is one vLLM server over whole devices of one node
+(``tensor_parallel_size``) or, with a pool's ``nodes: N``, over N nodes of the pool's devices
+(vLLM's multi-node mode: ``pipeline_parallel_size`` stages, one a node), all engines
 are servers of one HAProxy backend, and each engine's weight follows the tokens/s it is
 measured to sustain (``CapacityMeter``, ``capacity_weights``). With weights proportional to
 capacity every engine saturates at the same offered load, so the model's throughput is
@@ -21,17 +22,19 @@ batch limit per layer count, and the measured per-layer time of a prompt / decod
 
 Two ways to lay hetflow's pools over such a cluster (:func:`plan_pools`):
 
-- ``span="node"`` - hetflow as it is: an engine is a whole model on one node (Helix profiles a
+- ``span="node"`` - engines inside one node: the whole model on one node (Helix profiles a
   2xL4 / 2xT4 / 4xT4 node as one unit, which is what a tensor-parallel engine over that node's
   devices is). It fits where the model's layers are at most the type's ``max_num_layers``. On
   Helix's clusters no node type holds either model (the largest holds 30 of 60 and 18 of 80
-  layers), so there is no engine at all: hetflow cannot serve these models there today.
-- ``span="pipeline"`` - what hetflow would need (vLLM's pipeline parallelism over nodes, which
-  hetflow's planner does not place): a replica is a pipeline over nodes of one type, as few
-  stages as memory allows; each type is one pool and routing between pools is by capacity.
-  This is Helix's "separate pipelines" baseline, whose throughput Helix's own simulator gives.
+  layers), so there is no such engine at all.
+- ``span="pipeline"`` - hetflow's pools with ``nodes``: a replica is a pipeline over nodes of one
+  type (one pool per type, ``devices: {model: ...}``), as few stages as memory allows; routing
+  between pools is by capacity. This is what ``sim_over_helix`` counts, and Helix's "separate
+  pipelines" baseline, whose throughput Helix's own simulator gives (there overfilling nodes
+  past Helix's own memory limit).
 - :func:`plan_mixed_pipelines` - replicas that are pipelines over nodes of several types with an
-  uneven layer split (vLLM's ``VLLM_PP_LAYER_PARTITION``), formed greedily by estimated capacity.
+  uneven layer split (vLLM's ``VLLM_PP_LAYER_PARTITION``), formed greedily by estimated capacity;
+  hetflow's planner does not form such mixes yet.
 
 A replica's capacity (:func:`pipeline_capacity`): as many sequences in flight as the
 fullest stage's KV cache allows at Helix's planning high-water mark, each a 750-token prompt and
@@ -344,12 +347,14 @@ class SettingResult:
     separate: float
     """Pools of same-type pipelines, routed by capacity (Helix's simulator, "separate")."""
     node_engines: int
-    """hetflow engines that fit (whole model on one node)."""
+    """Engines inside one node that fit (whole model on one node)."""
     node_throughput: float
     """Their throughput under proportional routing (0 with no engine)."""
     pipeline_replicas: int
+    """hetflow's engines over nodes of one type (a pool's ``nodes``; one node where that holds
+    the model) that fit, memory-respecting (:func:`plan_pools`, ``span="pipeline"``)."""
     pipeline_estimate: float
-    """The pipeline pools' estimated capacity (:func:`plan_pools`, memory-respecting)."""
+    """Their estimated capacity, every engine saturated under capacity routing."""
     separate_estimate: float
     """The same estimate for Helix's "separate" layouts (NaN where not shipped here or where
     they load more layers than a node holds)."""
@@ -364,8 +369,9 @@ class SettingResult:
 
     @property
     def sim_over_helix(self) -> float:
-        """hetflow's pools as they are (engines inside one node) over Helix's placement."""
-        return self.node_throughput / self.helix
+        """hetflow's pools as they are - engines over nodes of one type (a pool's ``nodes``),
+        routed by capacity - over Helix's placement."""
+        return self.pipeline_estimate / self.helix
 
     @property
     def mixed_over_helix(self) -> float:
