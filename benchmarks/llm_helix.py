@@ -56,14 +56,24 @@ def main() -> None:
         types = sorted(set(load_cluster(cluster)))
         held = ", ".join(f"{t} {model.devices[t].max_num_layers}" for t in types)
         print(f"  {setting}: {model.layers} layers; {held}")
+    import json
+
+    from hetflow.sim.llm_pools import plan_mixed_pipelines, pool_entries
+
+    model, nodes = load_model(PRIMARY.split("/")[0]), load_cluster(PRIMARY.split("/")[1])
+    print(f"the pools of {PRIMARY} (engines over mixed nodes, as a serving config's pools):")
+    for entry in pool_entries(model, plan_mixed_pipelines(model, nodes, uniform=True), nodes):
+        print("  - " + json.dumps(entry))
     p = results[PRIMARY]
     extra = " ".join(f"sim_over_helix_{s.replace('/', '_')}={results[s].sim_over_helix:.2f}"
                      for s in SETTINGS)
+    extra += " " + " ".join(f"one_type_over_helix_{s.replace('/', '_')}={results[s].one_type_over_helix:.2f}"
+                            for s in SETTINGS)
     extra += " " + " ".join(f"pipelines_over_helix_{s.replace('/', '_')}={results[s].pipelines_over_helix:.2f}"
                      for s in SETTINGS)
     extra += " " + " ".join(f"mixed_over_helix_{s.replace('/', '_')}={results[s].mixed_over_helix:.2f}"
                             for s in SETTINGS)
-    print(f"RESULT sim_over_helix={p.sim_over_helix:.2f} setting={PRIMARY} engines={p.pipeline_replicas} "
+    print(f"RESULT sim_over_helix={p.sim_over_helix:.2f} setting={PRIMARY} engines={p.runnable_replicas} "
           f"helix_tokens_s={p.helix:.1f} {extra} wall_s={time.perf_counter() - t0:.2f}")
 
 

@@ -142,6 +142,82 @@ def test_an_engine_over_two_nodes_gets_each_nodes_share_on_a_node_of_its_own() -
         plan_pools("app", llm(pools=[{**pool, "replicas": 3}]), snapshot, 0)
 
 
+def test_an_engine_over_nodes_of_several_types_splits_layers_by_memory(tmp_path) -> None:
+    """node_models [A100-40GB, T4, T4]: one stage a node, in that order, each on its model; the
+    model's 48 layers split by the nodes' memory (40 : 16 : 16 GiB -> 27/11/10, largest remainders), set for every
+    stage's processes; a given split is used as given and checked against the model."""
+    import json
+
+    (tmp_path / "config.json").write_text(json.dumps({"num_hidden_layers": 48}))
+    snapshot = ClusterSnapshot(nodes=(synthetic_node("1x T4", "t1"), synthetic_node("1x A100-40GB", "a1"),
+                                      synthetic_node("1x T4", "t2"), synthetic_node("1x T4", "t3")))
+    entry = serve_config_from_dict({"name": "app", "models": [{
+        "name": "chat", "engine": "vllm",
+        "vllm": {"model": str(tmp_path), "pipeline_parallel_size": 3},
+        "pools": [{"devices": "gpu", "node_models": ["A100-40GB", "T4", "T4"]}]}]}).models[0]
+    assert entry.pools[0].nodes == 3
+    (_, group), = plan_pools("app", entry, snapshot, 0)
+    assert group.stage_nodes[0] == "a1" and set(group.stage_nodes[1:]) <= {"t1", "t2", "t3"}
+    splits = {o["runtime_env"]["env_vars"]["VLLM_PP_LAYER_PARTITION"] for o in group.stages}
+    assert splits == {"27,11,10"}
+    from hetflow.workloads.serve.plan import describe_plan
+
+    plan = describe_plan(serve_config_from_dict({"name": "app", "models": [entry.model_dump(exclude_none=True)]}),
+                         {}, {"chat": [(0, group)]})
+    (engine,) = plan["llm"]["chat"]["engines"]
+    assert engine["nodes"] == 3 and engine["layer_split"] == [27, 11, 10]
+    assert engine["devices"][0].startswith("a1:")
+    given = entry.pools[0].model_copy(update={"layer_split": [30, 9, 9]})
+    entry_given = entry.model_copy(update={"pools": [given]})
+    (_, group), = plan_pools("app", entry_given, snapshot, 0)
+    assert group.stages[2]["runtime_env"]["env_vars"]["VLLM_PP_LAYER_PARTITION"] == "30,9,9"
+    wrong = entry.model_copy(update={"pools": [given.model_copy(update={"layer_split": [30, 9, 8]})]})
+    with pytest.raises(Unschedulable, match="adds up to 47 layers, the model has 48"):
+        plan_pools("app", wrong, snapshot, 0)
+    with pytest.raises(Unschedulable, match="node_models need hetflow GPU nodes"):
+        plan_pools("app", entry, ClusterSnapshot(nodes=()), 8)
+    with pytest.raises(InputError, match="node_models lists 2 nodes, nodes is 3"):
+        llm(pools=[{"devices": "gpu", "nodes": 3, "node_models": ["T4", "T4"]}])
+    with pytest.raises(InputError, match="layer_split has 2 stages, pipeline_parallel_size is 3"):
+        llm(vllm={"model": "m", "pipeline_parallel_size": 3},
+            pools=[{"devices": "gpu", "nodes": 3, "layer_split": [1, 2]}])
+
+
+def test_the_simulators_engine_for_helixs_cluster_is_a_pool_the_planner_places(tmp_path) -> None:
+    """The mix benchmarks/llm_helix.py prints for LLaMA-2 70B on Helix's 24-node cluster (4 A100
+    + 6 L4 nodes, 11 and 6 layers) written as a pool: the planner puts one stage on each of ten
+    distinct nodes of the listed models, in order, and every stage gets the split."""
+    import json
+
+    from hetflow.sim import llm_pools as lp
+
+    model, nodes = lp.load_model("llama70b"), lp.load_cluster("cluster24")
+    pools = lp.pool_entries(model, lp.plan_mixed_pipelines(model, nodes, uniform=True), nodes)
+    (tmp_path / "config.json").write_text(json.dumps({"num_hidden_layers": model.layers}))
+    names = {"A100": "1x A100-40GB", "L4": "1x L4", "T4": "1x T4"}
+    snapshot = ClusterSnapshot(nodes=tuple(synthetic_node(names[t], f"n{i}") for i, t in enumerate(nodes)))
+    entry = serve_config_from_dict({"name": "app", "models": [{
+        "name": "llama", "engine": "vllm", "vllm": {"model": str(tmp_path)}, "pools": pools}]}).models[0]
+    groups = plan_pools("app", entry, snapshot, 0)
+    assert len(groups) == sum(p["replicas"] for p in pools) == 1
+    (_, group), = groups
+    placed = [snapshot.node(n).accelerators[0].model for n in group.stage_nodes]
+    assert placed == pools[0]["node_models"] and len(set(group.stage_nodes)) == 10
+    split = ",".join(map(str, pools[0]["layer_split"]))
+    assert all(o["runtime_env"]["env_vars"]["VLLM_PP_LAYER_PARTITION"] == split for o in group.stages)
+    assert sum(pools[0]["layer_split"]) == 80
+
+
+def test_layers_split_in_proportion_keep_every_stage_and_the_total() -> None:
+    from hetflow.workloads.serve.llm import proportional_split
+
+    assert proportional_split(80, [40, 40, 24, 24]) == [25, 25, 15, 15]
+    assert proportional_split(5, [100, 1, 1]) == [3, 1, 1]  # every stage at least one layer
+    for layers, weights in [(7, [1, 1, 1]), (61, [3, 2, 2, 5]), (12, [1] * 12)]:
+        split = proportional_split(layers, weights)
+        assert sum(split) == layers and min(split) >= 1
+
+
 def test_an_engine_over_nodes_on_cpus_or_ray_gpus_is_spread_by_ray() -> None:
     (_, group), = plan_pools("app", llm(pools=[{"devices": "gpu", "nodes": 2, "replicas": 3,
                                                "engine": {"pipeline_parallel_size": 4}}]),

@@ -89,12 +89,22 @@ def test_reference_numbers_are_helix_printed_results() -> None:
 
 def test_figures() -> None:
     # 70B: no single node type's nodes hold its 80 layers within Helix's memory limit (A100 4 x 12,
-    # L4 8 x 7, T4 12 x 4): no engine over nodes of one type either
-    assert lp.sim_over_helix() == 0.0
+    # L4 8 x 7, T4 12 x 4): no engine over nodes of one type; one over A100 and L4 nodes
+    primary = lp.evaluate(lp.PRIMARY)
+    assert primary.one_type_over_helix == 0.0 and primary.runnable_replicas == 1
+    assert lp.sim_over_helix() == pytest.approx(primary.runnable_estimate / 252.1)
+    assert 0.5 < lp.sim_over_helix() < 1.0
     r = lp.evaluate("llama30b/cluster24")
     # 30B: one engine over nodes of each type (A100 x4, L4 x6, T4 x9), routed by capacity
     assert r.pipeline_replicas == 3 and r.node_engines == 0
-    assert r.sim_over_helix == pytest.approx(r.pipeline_estimate / 339.6) and 0.5 < r.sim_over_helix < 1
+    assert r.one_type_over_helix == pytest.approx(r.pipeline_estimate / 339.6)
+    assert r.sim_over_helix >= r.one_type_over_helix  # one type per engine is a mix too
+    # the 42-node cluster: mixes of 1-, 2- and 4-GPU nodes are not one vLLM engine; uniform ones are
+    wide = lp.evaluate("llama70b/cluster42")
+    assert wide.runnable_estimate <= wide.mixed_estimate
+    for engine in lp.plan_mixed_pipelines(lp.load_model("llama70b"), lp.load_cluster("cluster42"), uniform=True):
+        widths = {lp.devices_per_node(lp.load_cluster("cluster42")[n]) for n in engine.nodes}
+        assert len(widths) == 1
     assert r.pipelines_over_helix == pytest.approx(309.0 / 339.6)
     assert r.equal_weights < r.separate  # equal weights leave the A100 pool's capacity unused
     assert 0.5 * r.separate < r.separate_estimate < 1.5 * r.separate  # the estimate is near Helix's

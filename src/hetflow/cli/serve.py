@@ -272,6 +272,8 @@ def _plan_or_stop(config: Any, args: argparse.Namespace) -> int:
                 if e.get("nodes"):
                     pp = e["pipeline_parallel_size"]
                     tp += (f", pipeline parallel {pp}" if pp > 1 else "") + f", each over {e['nodes']} nodes"
+                    if e.get("layer_split"):
+                        tp += f" (layers {'/'.join(map(str, e['layer_split']))})"
                 print(f"    pool {e['pool']}: {e['replicas']} engine(s) on {where}{tp}, weight {e['weight']}")
         return 0
     finally:

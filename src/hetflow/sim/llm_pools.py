@@ -29,12 +29,14 @@ Two ways to lay hetflow's pools over such a cluster (:func:`plan_pools`):
   layers), so there is no such engine at all.
 - ``span="pipeline"`` - hetflow's pools with ``nodes``: a replica is a pipeline over nodes of one
   type (one pool per type, ``devices: {model: ...}``), as few stages as memory allows; routing
-  between pools is by capacity. This is what ``sim_over_helix`` counts, and Helix's "separate
-  pipelines" baseline, whose throughput Helix's own simulator gives (there overfilling nodes
-  past Helix's own memory limit).
+  between pools is by capacity. This is Helix's "separate pipelines" baseline, whose throughput
+  Helix's own simulator gives (there overfilling nodes past Helix's own memory limit).
 - :func:`plan_mixed_pipelines` - replicas that are pipelines over nodes of several types with an
-  uneven layer split (vLLM's ``VLLM_PP_LAYER_PARTITION``), formed greedily by estimated capacity;
-  hetflow's planner does not form such mixes yet.
+  uneven layer split, formed greedily by estimated capacity: hetflow pools with ``node_models``
+  (each node's type, in pipeline order) and ``layer_split`` (vLLM's ``VLLM_PP_LAYER_PARTITION``),
+  one pool per engine shape (:func:`pool_entries` writes them). This is what ``sim_over_helix``
+  counts: the mix is chosen here, from Helix's per-layer profiles; hetflow's live planner then
+  places each listed node type on a node of its own.
 
 A replica's capacity (:func:`pipeline_capacity`): as many sequences in flight as the
 fullest stage's KV cache allows at Helix's planning high-water mark, each a 750-token prompt and
@@ -249,8 +251,14 @@ def _splits(model: ModelProfile, types: list[str]) -> list[list[int]]:
     return [s for s in (prop, fast) if all(s)]
 
 
+def devices_per_node(node_type: str) -> int:
+    """GPUs in one node of a Helix node type (``T4x4``: 4; ``A100``: 1)."""
+    head, _, count = node_type.rpartition("x")
+    return int(count) if head and count.isdigit() else 1
+
+
 def plan_mixed_pipelines(model: ModelProfile, node_types: tuple[str, ...] | list[str],
-                         max_stages: int = MAX_STAGES) -> list[Engine]:
+                         max_stages: int = MAX_STAGES, uniform: bool = False) -> list[Engine]:
     """Replicas that are pipelines over nodes of *several* types - what vLLM's pipeline
     parallelism with an uneven layer split (``VLLM_PP_LAYER_PARTITION``) over a Ray placement
     group on chosen nodes would run, which hetflow's serving planner does not place yet.
@@ -261,7 +269,9 @@ def plan_mixed_pipelines(model: ModelProfile, node_types: tuple[str, ...] | list
     single-type pipelines of ``plan_pools(..., "pipeline")`` instead where they sum higher. A
     replica is a chain - every token passes each stage once - so nodes left over when no further
     whole chain fits idle (Helix's max-flow layouts use them for parallel copies of slow
-    segments, which a vLLM engine cannot express)."""
+    segments, which a vLLM engine cannot express). ``uniform``: only mixes whose nodes have as
+    many GPUs each - what one vLLM engine over nodes can be (its processes split evenly over
+    its nodes: a 4-GPU node cannot be a stage beside 1-GPU nodes)."""
     import itertools
 
     free: dict[str, list[int]] = {}
@@ -276,6 +286,8 @@ def plan_mixed_pipelines(model: ModelProfile, node_types: tuple[str, ...] | list
             if not 0 < sum(counts) <= max_stages:
                 continue
             types = [t for t, c in zip(order, counts) for _ in range(c)]
+            if uniform and len({devices_per_node(t) for t in types}) > 1:
+                continue
             for split in _splits(model, types):
                 cap = pipeline_capacity(model, list(zip(types, split)))
                 if best is None or cap > best[0]:
@@ -287,6 +299,21 @@ def plan_mixed_pipelines(model: ModelProfile, node_types: tuple[str, ...] | list
         engines.append(Engine("+".join(sorted(set(types))), nodes, tuple(split), cap))
     single = plan_pools(model, node_types, "pipeline")  # one type per replica is a mix too
     return single if sum(e.capacity for e in single) > sum(e.capacity for e in engines) else engines
+
+
+def pool_entries(model: ModelProfile, engines: list[Engine], node_types: tuple[str, ...] | list[str]
+                 ) -> list[dict]:
+    """The serving config's ``pools`` for ``engines`` (one pool per distinct engine shape):
+    ``node_models`` in pipeline order, ``layer_split``, ``pipeline_parallel_size``, replicas.
+    Helix's node types name catalog models where one matches (``A100`` -> ``A100-40GB``)."""
+    catalog = {"A100": "A100-40GB", "V100": "V100-16GB"}
+    shapes: dict[tuple, int] = {}
+    for e in engines:
+        key = (tuple(catalog.get(node_types[n], node_types[n]) for n in e.nodes), e.stages)
+        shapes[key] = shapes.get(key, 0) + 1
+    return [{"devices": "gpu", "replicas": count, "node_models": list(models),
+             "layer_split": list(split), "engine": {"pipeline_parallel_size": len(split)}}
+            for (models, split), count in shapes.items()]
 
 
 def layout_capacity(model: ModelProfile, node_types: tuple[str, ...] | list[str],
@@ -358,6 +385,10 @@ class SettingResult:
     separate_estimate: float
     """The same estimate for Helix's "separate" layouts (NaN where not shipped here or where
     they load more layers than a node holds)."""
+    runnable_replicas: int
+    """hetflow's engines over nodes (``node_models``): the mixes of
+    :func:`plan_mixed_pipelines` whose nodes have as many GPUs each (``uniform``)."""
+    runnable_estimate: float
     mixed_replicas: int
     mixed_estimate: float
     """Estimated capacity of mixed-type pipelines (:func:`plan_mixed_pipelines`), routed by
@@ -369,8 +400,15 @@ class SettingResult:
 
     @property
     def sim_over_helix(self) -> float:
-        """hetflow's pools as they are - engines over nodes of one type (a pool's ``nodes``),
-        routed by capacity - over Helix's placement."""
+        """hetflow's pools as they are - engines over nodes (a pool's ``nodes``; of several
+        types with ``node_models`` and ``layer_split``), the mixes of
+        :func:`plan_mixed_pipelines` one vLLM engine can be (as many GPUs on each node), routed
+        by capacity - over Helix's placement."""
+        return self.runnable_estimate / self.helix
+
+    @property
+    def one_type_over_helix(self) -> float:
+        """Engines over nodes of one type only (one pool per type) over Helix's placement."""
         return self.pipeline_estimate / self.helix
 
     @property
@@ -395,6 +433,7 @@ def evaluate(setting: str) -> SettingResult:
     node_tp = routed_throughput(caps, proportional_weights(caps), offered) if engines else 0.0
     pipes = plan_pools(model, nodes, "pipeline")
     mixed = plan_mixed_pipelines(model, nodes)
+    runnable = plan_mixed_pipelines(model, nodes, uniform=True)
     # the "separate" pools' capacities: Helix's simulator's per pool where recorded, else the
     # estimate of Helix's layouts scaled to Helix's simulated total
     pool_caps: list[float] = [float(v) for v in ref.get("separate_pools", {}).values()]
@@ -413,6 +452,7 @@ def evaluate(setting: str) -> SettingResult:
         separate=separate, node_engines=len(engines),
         node_throughput=node_tp, pipeline_replicas=len(pipes),
         pipeline_estimate=sum(e.capacity for e in pipes), separate_estimate=sep_est,
+        runnable_replicas=len(runnable), runnable_estimate=sum(e.capacity for e in runnable),
         mixed_replicas=len(mixed), mixed_estimate=sum(e.capacity for e in mixed),
         equal_weights=equal)
 

@@ -519,6 +519,10 @@ def llm_errors(m: ModelServeConfig, sources: list[str]) -> list[str]:
                 where = ".".join(str(p) for p in first["loc"])
                 errors.append(f"pool {i + 1} engine.{where}: {first['msg']}")
                 engine = None
+        if engine is not None and pool.layer_split is not None \
+                and len(pool.layer_split) != engine.pipeline_parallel_size:
+            errors.append(f"pool {i + 1}: layer_split has {len(pool.layer_split)} stages, "
+                          f"pipeline_parallel_size is {engine.pipeline_parallel_size}")
         if engine is not None and pool.nodes > 1:
             world = engine.tensor_parallel_size * engine.pipeline_parallel_size
             if world % pool.nodes:

@@ -103,6 +103,15 @@ class LLMPool(_Strict):
     nodes, each node's share on that node's own devices (``cpus_per_replica`` CPUs on each);
     the engine answers on its first node. For a model no node holds: e.g. a 70B model over two
     4-GPU nodes as ``tensor_parallel_size: 4, pipeline_parallel_size: 2, nodes: 2``."""
+    node_models: list[str] | None = Field(None, min_length=1, max_length=64)
+    """An engine over nodes of several device types: each node's catalog model, in pipeline
+    order (``[A100, A100, L4, L4, L4]``); sets ``nodes`` to its length. Default: the pool's
+    ``devices`` on every node."""
+    layer_split: list[int] | None = Field(None, min_length=1, max_length=1024)
+    """Layers per pipeline stage (vLLM's ``VLLM_PP_LAYER_PARTITION``). Default: even, except
+    for an engine whose stages' devices differ in memory, one stage a node: then in proportion
+    to each node's device memory (the layer count read from the model folder's
+    ``config.json``)."""
     engine: dict[str, Any] = Field(default_factory=dict)
     """Overrides of the model's ``vllm`` arguments for this pool (dtype, tensor_parallel_size...)."""
 
@@ -111,7 +120,22 @@ class LLMPool(_Strict):
     def _devices(cls, data: Any) -> Any:
         """``devices`` (hetflow.core.devices) with its defaults; the earlier flat keys folded
         into it with a warning."""
-        return POOL_DEVICES.read(data, "pools[]")
+        data = POOL_DEVICES.read(data, "pools[]")
+        if isinstance(data, dict) and isinstance(data.get("node_models"), list) and "nodes" not in data:
+            data = {**data, "nodes": len(data["node_models"])}
+        return data
+
+    @model_validator(mode="after")
+    def _shape(self) -> "LLMPool":
+        if self.node_models is not None:
+            if len(self.node_models) != self.nodes:
+                raise ValueError(f"node_models lists {len(self.node_models)} nodes, nodes is "
+                                 f"{self.nodes}: give one model per node")
+            if self.devices.kind != "gpu":
+                raise ValueError("node_models are GPU models: set devices.kind gpu")
+        if self.layer_split is not None and min(self.layer_split) < 1:
+            raise ValueError("layer_split: every stage needs at least one layer")
+        return self
 
 
 class LLMRouting(_Strict):
@@ -179,6 +203,36 @@ def engine_argv(engine: VLLMEngine, served_name: str, host: str, port: int, *, n
         elif value is not False and value is not None:
             argv += [flag, str(value)]
     return argv
+
+
+def model_layers(model: str) -> int | None:
+    """The model folder's layer count (``config.json``'s ``num_hidden_layers``, or its text
+    config's); None when the folder or the field is not there."""
+    try:
+        config = json.loads((Path(model) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    layers = config.get("num_hidden_layers") or (config.get("text_config") or {}).get("num_hidden_layers")
+    return layers if isinstance(layers, int) and layers > 0 else None
+
+
+def proportional_split(layers: int, weights: list[float]) -> list[int]:
+    """``layers`` over stages in proportion to ``weights`` (largest remainders), each stage at
+    least one layer."""
+    if layers < len(weights) or not weights or min(weights) <= 0:
+        raise ValueError(f"{layers} layers over {len(weights)} stages of positive weight")
+    total = sum(weights)
+    raw = [layers * w / total for w in weights]
+    split = [max(1, int(x)) for x in raw]
+    order = sorted(range(len(raw)), key=lambda i: raw[i] - int(raw[i]), reverse=True)
+    i = 0
+    while sum(split) < layers:
+        split[order[i % len(order)]] += 1
+        i += 1
+    while sum(split) > layers:  # the floor of one layer a stage took some: from the others
+        j = max((k for k in range(len(split)) if split[k] > 1), key=lambda k: split[k] - raw[k])
+        split[j] -= 1
+    return split
 
 
 def engine_env(engine: VLLMEngine, compute: str, visibility: dict[str, str],

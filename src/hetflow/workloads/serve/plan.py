@@ -256,6 +256,9 @@ def _describe_engine(entry: Any, pool: int, group: ReplicaGroup) -> dict[str, An
     if group.stages:
         out["nodes"] = len(group.stages)
         out["pipeline_parallel_size"] = engine.pipeline_parallel_size
+        split = (group.stages[0].get("runtime_env") or {}).get("env_vars", {}).get("VLLM_PP_LAYER_PARTITION")
+        if split:
+            out["layer_split"] = [int(k) for k in split.split(",")]
         if group.stage_nodes:  # each node's devices, the engine's first node first
             out["devices"] = [f"{node}:{k[len(DEVICE_RESOURCE_PREFIX):]}"
                               for node, options in zip(group.stage_nodes, group.stages)
@@ -362,16 +365,17 @@ def _multi_node_groups(app: str, entry: Any, index: int, pool: Any, engine: Any,
     base = f"{app}.{entry.name}-p{index + 1}"
     where = f"model {entry.name}: pool {index + 1}"
     cpus = pool.cpus_per_replica
+    models = pool.node_models or [pool.devices.model] * n
     if pool.devices.kind == "gpu" and has_devices(snapshot, pool):
         groups = []
         for r in range(pool.replicas):
-            stages, nodes, first = [], [], None
+            stages, nodes, first, held = [], [], None, []
             for s in range(n):
                 view = replace(snapshot, nodes=tuple(nd for nd in snapshot.nodes if nd.name not in nodes))
                 request = PlacementRequest.parse(
                     f"{base}-r{r}-n{s + 1}", count=per, memory=memory,
                     memory_note="LLM replica (per device)", vendor=pool.devices.vendor,
-                    model=pool.devices.model, share=False)
+                    model=models[s], share=False)
                 try:
                     placement = plan(view, request)
                 except Unschedulable as exc:
@@ -390,10 +394,19 @@ def _multi_node_groups(app: str, entry: Any, index: int, pool: Any, engine: Any,
                 stages.append(options)
                 nodes.append(placement.nodes[0])
                 first = first or placement.devices[0]
+                node = snapshot.node(placement.nodes[0])
+                held.append(sum(node.device(ref.device).memory_bytes for ref in placement.devices))
+            split = layer_split(entry, pool, engine, held, where)
+            if split:
+                for options in stages:  # every stage's processes load their own layers by it
+                    options["runtime_env"]["env_vars"]["VLLM_PP_LAYER_PARTITION"] = ",".join(map(str, split))
             groups.append(ReplicaGroup(entry.name, f"{base}-r{r}-x{n}", 1, None, stages[0],
                                        device=first, compute="gpu", stages=tuple(stages),
                                        stage_nodes=tuple(nodes)))
         return groups, snapshot
+    if pool.node_models:
+        raise Unschedulable(f"{where}: node_models need hetflow GPU nodes (Ray's own GPUs carry "
+                            "no model): start the nodes with hetflow node start, or drop node_models")
     gpus = per if pool.devices.kind == "gpu" else 0
     bundle = {k: float(v) for k, v in (("CPU", cpus), ("GPU", gpus)) if v > 0} or {"CPU": 0.01}
     if ray.is_initialized():
@@ -402,10 +415,34 @@ def _multi_node_groups(app: str, entry: Any, index: int, pool: Any, engine: Any,
         if fit < n:
             raise Unschedulable(f"{where}: one engine over {n} nodes needs {n} nodes with "
                                 f"{bundle} each; the cluster has {fit} - lower nodes")
-    options = {"num_cpus": bundle.get("CPU", 0.0), "num_gpus": gpus}
+    options: dict[str, Any] = {"num_cpus": bundle.get("CPU", 0.0), "num_gpus": gpus}
+    split = layer_split(entry, pool, engine, [], where)  # only a given one: no memory known here
+    if split:
+        options["runtime_env"] = {"env_vars": {"VLLM_PP_LAYER_PARTITION": ",".join(map(str, split))}}
     return [ReplicaGroup(entry.name, f"{base}-x{n}", pool.replicas, None, options,
                          compute=pool.devices.kind, stages=(options,) * n,
                          spread=(bundle,) * n)], snapshot
+
+
+def layer_split(entry: Any, pool: Any, engine: Any, held: list[int], where: str) -> list[int] | None:
+    """The layers of each pipeline stage of an engine whose nodes hold ``held`` bytes of device
+    memory each: the pool's ``layer_split``; else, one stage a node over nodes that differ in
+    memory, in proportion to it (the layer count from the model folder); else None (vLLM's even
+    split). Raises Unschedulable when the given split does not add up to the model's layers."""
+    from hetflow.core.errors import Unschedulable
+    from hetflow.workloads.serve.llm import model_layers, proportional_split
+
+    layers = model_layers(engine.model)
+    if pool.layer_split is not None:
+        if layers is not None and sum(pool.layer_split) != layers:
+            raise Unschedulable(f"{where}: layer_split adds up to {sum(pool.layer_split)} layers, "
+                                f"the model has {layers}")
+        return list(pool.layer_split)
+    if engine.pipeline_parallel_size != len(held) or len(set(held)) == 1 or layers is None:
+        return None
+    if layers < len(held):
+        raise Unschedulable(f"{where}: {len(held)} pipeline stages for a model of {layers} layers")
+    return proportional_split(layers, [float(h) for h in held])
 
 
 def plan_llm_pools(config: ServeConfig) -> dict[str, list[tuple[int, ReplicaGroup]]]:
