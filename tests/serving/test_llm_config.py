@@ -289,6 +289,12 @@ def test_engine_command_line_and_environment() -> None:
     assert cpu["VLLM_CPU_KVCACHE_SPACE"] == "2" and cpu["OMP_NUM_THREADS"] == "2"
     gpu = engine_env(engine, "gpu", {"CUDA_VISIBLE_DEVICES": "3"})
     assert gpu["CUDA_VISIBLE_DEVICES"] == "3" and "VLLM_CPU_KVCACHE_SPACE" not in gpu
+    own = engine.model_copy(update={"env": {"NCCL_SOCKET_IFNAME": "eth1"}})
+    assert engine_env(own, "gpu", {"CUDA_VISIBLE_DEVICES": "3"})["NCCL_SOCKET_IFNAME"] == "eth1"
+    with pytest.raises(InputError, match="CUDA_VISIBLE_DEVICES is set by hetflow's placement"):
+        llm(vllm={"model": "m", "env": {"CUDA_VISIBLE_DEVICES": "0"}})
+    with pytest.raises(InputError, match="is not an environment variable name"):
+        llm(pools=[{"engine": {"env": {"A B": "1"}}}])
 
 
 def test_upstream_stats_sum_a_models_replicas() -> None:

