@@ -412,6 +412,70 @@ def test_two_thousand_streams_at_once_get_200_or_503_and_the_engines_stay_up(llm
     assert reply.usage.completion_tokens == 3
 
 
+def engine_processes(model: str) -> dict[int, int]:
+    """vLLM OpenAI servers of the test's model on this machine: pid -> the port it listens on."""
+    out = {}
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+            except OSError:
+                continue
+            if model in argv and "vllm.entrypoints.openai.api_server" in argv and "--port" in argv:
+                out[int(pid)] = int(argv[argv.index("--port") + 1])
+    return out
+
+
+def test_a_killed_engine_is_started_again_and_the_front_door_follows_it(llm) -> None:
+    """kill -9 of pool 2's engine process: Ray starts its actor again (a new engine on a new
+    port), the front door moves the pool's server there - its /metrics counts the pool's
+    engine answering again - and requests are answered by both pools."""
+    auth = {"Authorization": f"Bearer {llm['keys']['all']}"}
+    (_s, _p, _h, old_port, _w), = [e for e in llm["engines"] if e[1] == 2]
+    before = engine_processes(llm["model"])
+    (victim,) = [pid for pid, port in before.items() if port == old_port]
+    os.kill(victim, signal.SIGKILL)
+
+    def answering() -> float | None:
+        from prometheus_client.parser import text_string_to_metric_families
+
+        text = requests.get(llm["url"] + "/metrics", headers=auth, timeout=60).text
+        return next((s.value for f in text_string_to_metric_families(text) for s in f.samples
+                     if s.name == "hetflow_llm_replicas_answering" and s.labels.get("pool") == "2"
+                     and s.labels.get("model") == "tiny"), None)
+
+    deadline = time.monotonic() + 300
+    while True:
+        now = engine_processes(llm["model"])
+        new = [port for pid, port in now.items() if pid not in before]
+        if new and answering() == 1:
+            break
+        assert time.monotonic() < deadline, (now, llm["err"].read_text()[-2000:])
+        time.sleep(1)
+    assert len(now) == len(before) and new[0] != old_port
+
+    def group_alive(pgid: int) -> bool:  # the engine's session: its engine core, its workers
+        try:
+            os.killpg(pgid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+
+    deadline = time.monotonic() + 30
+    while group_alive(victim) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not group_alive(victim)  # nothing of the dead engine is left running
+    with pytest.raises(requests.ConnectionError):  # the old one is gone
+        requests.get(f"http://127.0.0.1:{old_port}/health", timeout=5)
+    for i in range(12):  # served; bodies that differ in their start spread over both pools
+        reply = client(llm).completions.create(model="tiny", prompt=f"{i} again", max_tokens=3)
+        assert reply.usage.completion_tokens == 3
+    text = requests.get(f"http://127.0.0.1:{new[0]}/metrics", timeout=30).text
+    generated = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                    if line.startswith("vllm:generation_tokens_total"))
+    assert generated > 0  # the new engine itself answered some of them (pool 2 weighs 3 to 1)
+
+
 def test_the_stop_leaves_no_engine_running(llm) -> None:
     assert stop(llm["proc"]) == 0, llm["err"].read_text()[-2000:]
     for _s, _p, host, port, _w in llm["engines"]:
@@ -427,3 +491,26 @@ def test_the_stop_leaves_no_engine_running(llm) -> None:
             if llm["model"] in cmd and "vllm" in cmd:
                 left.append(cmd[:120])
     assert not left
+    # vLLM's engine-core and worker processes too (their titles are VLLM::..., not the command
+    # line): this module's engines are the processes with its keys folder in their environment
+    deadline = time.monotonic() + 30
+    while (ours := engine_family(llm["dir"])) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not ours
+
+
+def engine_family(keys_dir: Path) -> list[str]:
+    """Processes of this module's hetflow serve (its keys folder in their environment) that
+    are vLLM's: servers, engine cores, workers."""
+    mark = f"HETFLOW_KEYS_DIR={keys_dir}".encode()
+    out = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                title = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if mark in env and ("VLLM" in title or "vllm" in title):
+                out.append(f"{pid} {title[:80]}")
+    return out

@@ -36,6 +36,7 @@ touch both.
 
 from __future__ import annotations
 
+import dataclasses
 import asyncio
 import ctypes
 import os
@@ -500,6 +501,8 @@ class FrontDoor:
         self.pools = PoolMeter()  # engine: vllm models' replicas, read from their own /metrics
         self._weights: dict[str, int] = {}  # backend/server -> the weight set last
         self._route_task: asyncio.Task | None = None
+        self._follow_task: asyncio.Task | None = None
+        self.restarts = 0  # LLM engines followed to a new address
         self.lua = up.write_lua(self.dir) if needs_lua(plan) else None
         self._write(self._render({}))
         self._start()
@@ -569,6 +572,58 @@ class FrontDoor:
             self._task = asyncio.get_running_loop().create_task(self._watch())
             if any(u.local and u.measured_weights for u in self.plan.upstreams):
                 self._route_task = asyncio.get_running_loop().create_task(self._route())
+            if any(u.local for u in self.plan.upstreams):
+                self._follow_task = asyncio.get_running_loop().create_task(self._follow())
+
+    async def _follow(self) -> None:
+        """The LLM engines' addresses, followed: an engine Ray started again (its actor restarted
+        after the engine died) listens on a new port, maybe a new address."""
+        while not self._stopped:
+            try:
+                await asyncio.to_thread(self._follow_engines)
+            except Exception as exc:  # noqa: BLE001 - Ray or HAProxy busy: the next round
+                self.error = f"engine addresses: {exc!r}"
+            await asyncio.sleep(WEIGHTS_EVERY_S)
+
+    def _follow_engines(self) -> None:
+        """Ask each engine's actor where it listens; where that changed, the backend's server
+        moves there (the config rewritten and reloaded; HAProxy's checks mark it up once the new
+        engine answers)."""
+        import ray
+
+        from hetflow.workloads.serve.llm import replica_actor_name, replica_of
+
+        changed = False
+        upstreams = []
+        for u in self.plan.upstreams:
+            if not u.local:
+                upstreams.append(u)
+                continue
+            servers = []
+            for name, host, port, weight in u.servers:
+                try:
+                    actor = ray.get_actor(replica_actor_name(self.plan.app, u.name, *replica_of(name)),
+                                          namespace="serve")
+                    now = tuple(ray.get(actor.address.remote(), timeout=5))
+                except Exception:  # noqa: BLE001 - gone, or restarting: as it was
+                    now = (host, port)
+                if now != (host, port):
+                    changed = True
+                servers.append((name, now[0], int(now[1]), weight))
+            upstreams.append(dataclasses.replace(u, servers=tuple(servers)))
+        if not changed or self._stopped:
+            return
+        with self._busy:
+            if self._stopped:
+                return
+            self.plan = dataclasses.replace(self.plan, upstreams=tuple(upstreams))
+            if self.keys is not None:
+                self.keys.before_reload(self._admin)
+            self._write(self._render(self.servers))
+            assert self.proc is not None
+            self.proc.send_signal(signal.SIGUSR2)
+            self._weights = {}
+            self.restarts += 1
 
     async def _route(self) -> None:
         """Apart from the watch loop (an engine slow to answer its /metrics must not hold

@@ -343,6 +343,29 @@ class LLMReplica:
                         node_rank=node_rank, master=master), env=env,
             stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             preexec_fn=_die_with_parent)
+        self._stopping = False
+        self._ready_once = False
+        # an engine that dies once it has served (or again in a restarted actor) takes this
+        # actor with it, so that Ray starts the actor again (``max_restarts`` of start_pools):
+        # a new engine on the same devices, whose new address the front door follows
+        self._restarted = bool(ray.is_initialized()
+                               and ray.get_runtime_context().was_current_actor_reconstructed)
+        import threading
+
+        threading.Thread(target=self._watch, name="engine-watch", daemon=True).start()
+
+    def _watch(self) -> None:
+        code = self.proc.wait()
+        if self._stopping or not (self._ready_once or self._restarted):
+            return  # stopped, or failed at its first start (wait_ready reports that)
+        try:
+            self._log.write(f"\nhetflow: the engine exited with {code}; its actor exits so that "
+                            "Ray starts it again\n".encode())
+            self._log.flush()
+            self._sweep()
+            shutil.rmtree(self.scratch, ignore_errors=True)
+        finally:
+            os._exit(1)
 
     def address(self) -> tuple[str, int]:
         """Where the front door dials it: the bind host, or this node's IP when it binds all."""
@@ -382,6 +405,7 @@ class LLMReplica:
             try:
                 with urllib.request.urlopen(url, timeout=2) as r:
                     if r.status == 200:
+                        self._ready_once = True
                         return self.address()
             except (urllib.error.URLError, OSError):
                 pass
@@ -400,6 +424,7 @@ class LLMReplica:
         return " | ".join(text[-lines:])
 
     def stop(self) -> None:
+        self._stopping = True
         if self.proc.poll() is None:
             try:
                 os.killpg(self.proc.pid, signal.SIGTERM)
@@ -410,13 +435,38 @@ class LLMReplica:
                 except ProcessLookupError:
                     pass
                 self.proc.wait(timeout=5)
+        self._sweep()
         self._log.close()
         shutil.rmtree(self.scratch, ignore_errors=True)
+
+    def _sweep(self) -> None:
+        """Kill what is left of the engine's process group once its leader has exited: vLLM's
+        engine-core and worker processes outlive a server that died or did not wait for them
+        (measured: a ``VLLM::EngineCore`` left after a SIGKILLed server, and after a SIGTERMed
+        one that exited first), holding their memory and cores."""
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                return  # no process of the group is left
+            time.sleep(0.1)
 
 
 # --- planning and starting pools ---
 
 DEFAULT_GPU_MEMORY = 1 << 30  # planned per GPU replica when a pool gives none (it is exclusive)
+
+
+ENGINE_RESTARTS = 10
+"""How often Ray starts a one-node engine's actor again after its engine died (an engine over
+several nodes is not restarted: its other nodes' workers would have to meet the new one)."""
+
+
+def replica_of(server: str) -> tuple[int, int]:
+    """A front-door server name (``p<pool>-r<replica>``) -> (pool from 1, replica from 0)."""
+    pool, replica = server.split("-", 1)
+    return int(pool[1:]), int(replica[1:])
 
 
 def replica_actor_name(app: str, model: str, pool: int, replica: int) -> str:
@@ -452,7 +502,8 @@ def start_pools(app: str, entry: Any, groups: list[tuple[int, Any]], bind_host: 
             name = replica_actor_name(app, entry.name, pool_index + 1, r)
             common = {"namespace": "serve", "lifetime": "detached", "max_concurrency": 4}
             if not group.stages:
-                handle = ray.remote(LLMReplica).options(name=name, **common, **options).remote(
+                handle = ray.remote(LLMReplica).options(
+                    name=name, max_restarts=ENGINE_RESTARTS, **common, **options).remote(
                     entry.name, engine, group.compute, bind_host)
                 out.append((pool_index, name, handle, True))
                 continue
