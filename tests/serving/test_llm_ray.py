@@ -436,13 +436,18 @@ def test_a_killed_engine_is_started_again_and_the_front_door_follows_it(llm) -> 
     (victim,) = [pid for pid, port in before.items() if port == old_port]
     os.kill(victim, signal.SIGKILL)
 
-    def answering() -> float | None:
+    def pool_2(series: str) -> float | None:
         from prometheus_client.parser import text_string_to_metric_families
 
         text = requests.get(llm["url"] + "/metrics", headers=auth, timeout=60).text
         return next((s.value for f in text_string_to_metric_families(text) for s in f.samples
-                     if s.name == "hetflow_llm_replicas_answering" and s.labels.get("pool") == "2"
+                     if s.name == series and s.labels.get("pool") == "2"
                      and s.labels.get("model") == "tiny"), None)
+
+    def answering() -> float | None:
+        return pool_2("hetflow_llm_replicas_answering")
+
+    assert pool_2("hetflow_llm_engine_restarts_total") == 0
 
     deadline = time.monotonic() + 300
     while True:
@@ -453,6 +458,7 @@ def test_a_killed_engine_is_started_again_and_the_front_door_follows_it(llm) -> 
         assert time.monotonic() < deadline, (now, llm["err"].read_text()[-2000:])
         time.sleep(1)
     assert len(now) == len(before) and new[0] != old_port
+    assert pool_2("hetflow_llm_engine_restarts_total") == 1  # followed once, counted once
 
     def group_alive(pgid: int) -> bool:  # the engine's session: its engine core, its workers
         try:

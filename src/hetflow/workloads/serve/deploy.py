@@ -341,7 +341,7 @@ def _start_llms(config: ServeConfig, out: list[tuple[str, int, str, Any]], timeo
     llm_groups = plan_llm_pools(config)
     if not llm_groups:
         return {}
-    from hetflow.workloads.serve.llm import INSTALL, start_pools, vllm_available
+    from hetflow.workloads.serve.llm import INSTALL, server_name, start_pools, vllm_available
 
     if not vllm_available():
         raise InputError(f"engine: vllm needs vLLM in this environment: {INSTALL}")
@@ -366,8 +366,7 @@ def _start_llms(config: ServeConfig, out: list[tuple[str, int, str, Any]], timeo
             continue
         host, port = _wait_engine(model, name, waits[name], others[name], timeout_s)
         weight = config.model(model).effective_pools[pool].weight
-        servers.setdefault(model, []).append(("-".join(name.rsplit(".", 2)[1:]), host, port,
-                                              weight))
+        servers.setdefault(model, []).append((server_name(name), host, port, weight))
     return servers
 
 

@@ -36,9 +36,9 @@ touch both.
 
 from __future__ import annotations
 
-import dataclasses
 import asyncio
 import ctypes
+import dataclasses
 import os
 import shutil
 import signal
@@ -502,7 +502,7 @@ class FrontDoor:
         self._weights: dict[str, int] = {}  # backend/server -> the weight set last
         self._route_task: asyncio.Task | None = None
         self._follow_task: asyncio.Task | None = None
-        self.restarts = 0  # LLM engines followed to a new address
+        self.restarts: dict[tuple[str, int], int] = {}  # (model, pool) -> engines followed to a new address
         self.lua = up.write_lua(self.dir) if needs_lua(plan) else None
         self._write(self._render({}))
         self._start()
@@ -594,6 +594,7 @@ class FrontDoor:
         from hetflow.workloads.serve.llm import replica_actor_name, replica_of
 
         changed = False
+        moved: list[tuple[str, int]] = []
         upstreams = []
         for u in self.plan.upstreams:
             if not u.local:
@@ -609,6 +610,7 @@ class FrontDoor:
                     now = (host, port)
                 if now != (host, port):
                     changed = True
+                    moved.append((u.name, replica_of(name)[0]))
                 servers.append((name, now[0], int(now[1]), weight))
             upstreams.append(dataclasses.replace(u, servers=tuple(servers)))
         if not changed or self._stopped:
@@ -623,7 +625,8 @@ class FrontDoor:
             assert self.proc is not None
             self.proc.send_signal(signal.SIGUSR2)
             self._weights = {}
-            self.restarts += 1
+            for key in moved:
+                self.restarts[key] = self.restarts.get(key, 0) + 1
 
     async def _route(self) -> None:
         """Apart from the watch loop (an engine slow to answer its /metrics must not hold
@@ -763,6 +766,7 @@ class FrontDoor:
                 have = [self._weights.get(f"{u.backend}/{up.haproxy_server_name(name)}", weight)
                         for name, _h, _p, weight in u.servers if pool_index(name) == pool]
                 st["weight"] = sum(have) / max(1, len(have))
+                st["restarts"] = float(self.restarts.get((u.name, pool), 0))
         return out
 
     def stop(self) -> None:

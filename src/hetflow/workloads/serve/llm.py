@@ -464,9 +464,17 @@ several nodes is not restarted: its other nodes' workers would have to meet the 
 
 
 def replica_of(server: str) -> tuple[int, int]:
-    """A front-door server name (``p<pool>-r<replica>``) -> (pool from 1, replica from 0)."""
+    """A front-door server name (``p<pool>-r<replica>``) -> (pool from 1, replica from 0):
+    the inverse of :func:`server_name`."""
     pool, replica = server.split("-", 1)
     return int(pool[1:]), int(replica[1:])
+
+
+def server_name(actor: str) -> str:
+    """An engine's first actor (:func:`replica_actor_name`) -> its front-door server name
+    (``p<pool>-r<replica>``)."""
+    pool, replica = actor.rsplit(".", 2)[1:]
+    return f"{pool}-{replica}"
 
 
 def replica_actor_name(app: str, model: str, pool: int, replica: int) -> str:
@@ -626,7 +634,7 @@ def scrape_engine(host: str, port: int, timeout_s: float = 2.0) -> dict[str, flo
 
 def pool_index(server: str) -> int:
     """A replica's front-door server name (``p<pool>-r<replica>``) -> its pool (1 = the first)."""
-    return int(server.split("-", 1)[0][1:])
+    return replica_of(server)[0]
 
 
 def pool_stats(servers: list[tuple[str, str, int, int]],

@@ -25,7 +25,8 @@ Exposed at ``GET /metrics`` (Prometheus text 0.0.4, or OpenMetrics when the scra
   response time of its last 1,024 requests) and ``hetflow_upstream_up{upstream}`` (1 while
   its health checks pass) - from the front door's HAProxy counters.
 * ``hetflow_llm_{replicas_answering,requests_running,requests_waiting,kv_cache_usage_ratio,
-  routing_weight,capacity_tokens_per_second}{model,pool}`` (gauges), ``hetflow_llm_{generation,prompt}_tokens_total{model,pool}`` (counters) and
+  routing_weight,capacity_tokens_per_second}{model,pool}`` (gauges), ``hetflow_llm_{generation,prompt}_tokens_total{model,pool}``,
+  ``hetflow_llm_engine_restarts_total{model,pool}`` (counters) and
   ``hetflow_llm_{first_token,output_token}_duration_seconds{model,pool}`` (summaries:
   sum and count) - an ``engine: vllm`` model's pools, from their engines' own ``/metrics``.
 
@@ -73,6 +74,7 @@ METRIC_TYPES = {
     "hetflow_llm_capacity_tokens_per_second": "gauge",
     "hetflow_llm_generation_tokens_total": "counter",
     "hetflow_llm_prompt_tokens_total": "counter",
+    "hetflow_llm_engine_restarts_total": "counter",
     "hetflow_llm_first_token_duration_seconds": "summary",
     "hetflow_llm_output_token_duration_seconds": "summary",
 }
@@ -207,7 +209,9 @@ class GatewayMetrics:
                           {k: float(st.get(field, 0)) for k, st in pools.items()})
         for name, field, help_text in (
                 ("generation_tokens", "generation_tokens", "Tokens the pool's engines generated."),
-                ("prompt_tokens", "prompt_tokens", "Prompt tokens the pool's engines read.")):
+                ("prompt_tokens", "prompt_tokens", "Prompt tokens the pool's engines read."),
+                ("engine_restarts", "restarts", "The pool's engines that died, were started again "
+                 "and were followed by the front door to their new address.")):
             yield _filled(CounterMetricFamily(f"hetflow_llm_{name}", help_text, labels=["model", "pool"]),
                           {k: float(st.get(field, 0)) for k, st in pools.items()})
         for name, prefix, help_text in (
