@@ -2,7 +2,8 @@
 pinned) of one ``engine: vllm`` model over two pools of CPU replicas with different engine
 settings and weights, keys on, and the unmodified ``openai`` client: streamed and whole chat
 completions and completions with usage, both pools answering, keys and bad input, a client
-that leaves mid-stream, and nothing left running after the stop.
+that leaves mid-stream, an engine and an engine's actor killed with ``kill -9`` (started again,
+followed, nothing of the old engine left), and nothing left running after the stop.
 
 The model is a tiny Llama made here (a tokenizer trained on a few lines, random weights:
 ``load_format: dummy``), so nothing is downloaded. Needs vLLM (``make llm``; ``make test``
@@ -70,7 +71,10 @@ def llm(tmp_path_factory):
             "name": "tiny", "engine": "vllm", "routing": {"affinity": "prefix"},
             "vllm": {"model": str(model), "load_format": "dummy", "dtype": "float32",
                      "max_model_len": 4096, "max_num_seqs": 8, "enforce_eager": True},
-            "pools": [{"devices": "cpu", "replicas": 1, "cpus_per_replica": 0.5, "weight": 1},
+            # pool 1's engine core in a process of its own (vLLM's default), as on GPUs: the
+            # family a killed actor must not leave behind (test_a_killed_engine_actor_...)
+            "pools": [{"devices": "cpu", "replicas": 1, "cpus_per_replica": 0.5, "weight": 1,
+                       "engine": {"env": {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}}},
                       {"devices": "cpu", "replicas": 1, "cpus_per_replica": 0.5, "weight": 3,
                        "engine": {"max_num_seqs": 4}}],
         }],
@@ -434,6 +438,7 @@ def test_a_killed_engine_is_started_again_and_the_front_door_follows_it(llm) -> 
     (_s, _p, _h, old_port, _w), = [e for e in llm["engines"] if e[1] == 2]
     before = engine_processes(llm["model"])
     (victim,) = [pid for pid, port in before.items() if port == old_port]
+    reaper = parent_of(victim)  # its process group: the engine's whole family
     os.kill(victim, signal.SIGKILL)
 
     def pool_2(series: str) -> float | None:
@@ -468,9 +473,9 @@ def test_a_killed_engine_is_started_again_and_the_front_door_follows_it(llm) -> 
             return False
 
     deadline = time.monotonic() + 30
-    while group_alive(victim) and time.monotonic() < deadline:
+    while group_alive(reaper) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert not group_alive(victim)  # nothing of the dead engine is left running
+    assert not group_alive(reaper)  # nothing of the dead engine is left running
     with pytest.raises(requests.ConnectionError):  # the old one is gone
         requests.get(f"http://127.0.0.1:{old_port}/health", timeout=5)
     for i in range(12):  # served; bodies that differ in their start spread over both pools
@@ -480,6 +485,69 @@ def test_a_killed_engine_is_started_again_and_the_front_door_follows_it(llm) -> 
     generated = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                     if line.startswith("vllm:generation_tokens_total"))
     assert generated > 0  # the new engine itself answered some of them (pool 2 weighs 3 to 1)
+
+
+def parent_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[1])
+
+
+def group_of(pgid: int) -> list[int]:
+    out = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid and fields[0] != b"Z":
+                out.append(int(pid))
+    return out
+
+
+def test_a_killed_engine_actor_takes_its_whole_engine_and_is_started_again(llm) -> None:
+    """kill -9 of the Ray actor that holds pool 1's engine (as the OOM killer or a raylet
+    would): nothing of that engine is left - its server, its own engine-core process and its
+    workers, which a parent-death signal alone left running - Ray starts the actor again, and
+    the front door follows the new engine."""
+    auth = {"Authorization": f"Bearer {llm['keys']['all']}"}
+    (_s, _p, _h, old_port, _w), = [e for e in llm["engines"] if e[1] == 1]
+    servers = engine_processes(llm["model"])
+    (server,) = [pid for pid, port in servers.items() if port == old_port]
+    reaper = parent_of(server)
+    assert b"hetflow.workloads.serve.reaper" in Path(f"/proc/{reaper}/cmdline").read_bytes()
+    family = group_of(reaper)
+    titles = [Path(f"/proc/{p}/cmdline").read_bytes() for p in family]
+    assert any(t.startswith(b"VLLM::EngineCore") for t in titles), titles  # its own process
+    os.kill(parent_of(reaper), signal.SIGKILL)  # the actor's worker process
+    deadline = time.monotonic() + 30
+    while (left := [p for p in family if p in group_of(reaper)]) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not left, [Path(f"/proc/{p}/cmdline").read_bytes()[:60] for p in left]
+
+    def restarts() -> float | None:
+        from prometheus_client.parser import text_string_to_metric_families
+
+        text = requests.get(llm["url"] + "/metrics", headers=auth, timeout=60).text
+        return next((s.value for f in text_string_to_metric_families(text) for s in f.samples
+                     if s.name == "hetflow_llm_engine_restarts_total" and s.labels.get("pool") == "1"
+                     and s.labels.get("model") == "tiny"), None)
+
+    def new_engine_answers() -> bool:
+        for pid, port in engine_processes(llm["model"]).items():
+            if pid not in servers:
+                try:
+                    return requests.get(f"http://127.0.0.1:{port}/health", timeout=5).ok
+                except requests.ConnectionError:
+                    return False
+        return False
+
+    deadline = time.monotonic() + 300
+    while not (new_engine_answers() and restarts() == 1):
+        assert time.monotonic() < deadline, llm["err"].read_text()[-2000:]
+        time.sleep(1)
+    for i in range(8):
+        reply = client(llm).completions.create(model="tiny", prompt=f"{i} once more", max_tokens=3)
+        assert reply.usage.completion_tokens == 3
 
 
 def test_the_stop_leaves_no_engine_running(llm) -> None:

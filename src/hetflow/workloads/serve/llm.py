@@ -273,14 +273,26 @@ def engine_env(engine: VLLMEngine, compute: str, visibility: dict[str, str],
     return env
 
 
-def _die_with_parent() -> None:
+def _reaper_setup() -> None:
+    """In the reaper's process before it runs: a session of its own (its process group is the
+    engine's whole family), SIGTERM when the actor dies (kept across exec)."""
     import ctypes
 
     os.setsid()
     try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except OSError:
         pass
+
+
+def reaped(argv: list[str], env: dict[str, str], remove: str | None = None) -> tuple[list[str], dict[str, str]]:
+    """``argv`` run under :mod:`hetflow.workloads.serve.reaper` (start it with
+    ``preexec_fn=_reaper_setup``): its whole process family ends when the caller dies, and
+    ``remove`` (a folder) is removed then."""
+    env = {**env, "HETFLOW_REAPER_ARGV": json.dumps(argv), "HETFLOW_REAPER_PARENT": str(os.getpid())}
+    if remove:
+        env["HETFLOW_REAPER_REMOVE"] = remove
+    return [sys.executable, "-m", "hetflow.workloads.serve.reaper"], env
 
 
 def _logs_dir() -> str:
@@ -338,11 +350,13 @@ class LLMReplica:
         self.scratch = tempfile.mkdtemp(prefix="hetflow-vllm-")
         env = engine_env(self.engine, compute, visibility, threads)
         env.update(TMPDIR=self.scratch, VLLM_RPC_BASE_PATH=self.scratch)
-        self.proc = subprocess.Popen(
-            engine_argv(self.engine, served_name, bind_host, self.port, nnodes=nnodes,
-                        node_rank=node_rank, master=master), env=env,
-            stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            preexec_fn=_die_with_parent)
+        # under the reaper: the engine's server, engine core and workers end with this actor,
+        # however it dies (kill -9 included), and the scratch folder goes with them
+        argv, env = reaped(engine_argv(self.engine, served_name, bind_host, self.port,
+                                       nnodes=nnodes, node_rank=node_rank, master=master),
+                           env, remove=self.scratch)
+        self.proc = subprocess.Popen(argv, env=env, stdout=self._log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, preexec_fn=_reaper_setup)
         self._stopping = False
         self._ready_once = False
         # an engine that dies once it has served (or again in a restarted actor) takes this

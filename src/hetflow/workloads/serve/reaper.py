@@ -1,0 +1,122 @@
+"""An engine's process family goes when its holder goes: ``python -m hetflow.workloads.serve.reaper``.
+
+vLLM's OpenAI server starts an engine-core process, which starts its workers. When the Ray
+actor that holds the server dies hard (``kill -9`` of ``hetflow serve``, the OOM killer, a
+raylet that kills its workers), the server dies with it (a parent-death signal), but its
+engine core and workers do not: measured here, a ``VLLM::EngineCore`` and a ``VLLM::Worker``
+still ran 15 minutes after a SIGKILLed ``hetflow serve``, holding their memory and cores (on
+a GPU, the device memory the next start needs).
+
+This process sits between the actor and the engine: it leads a session of its own, asks the
+kernel for SIGTERM when its parent dies (``HETFLOW_REAPER_PARENT``: the parent's PID, for a
+parent gone before that), and starts the command it is given (JSON in
+``HETFLOW_REAPER_ARGV``, so that its own command line stays short and the engine's stays the
+engine's) in its process group. Whichever ends first - the parent (SIGTERM), a stop
+(SIGTERM/SIGINT/SIGHUP to the group), or the command itself - everything else in the group is
+ended (SIGTERM, then SIGKILL after ``HETFLOW_REAPER_GRACE_S``, default 5 s), the folder named
+in ``HETFLOW_REAPER_REMOVE`` (the engine's scratch files) is removed, and it exits with the
+command's exit status (128 + signal when the command was ended by one).
+
+Imports nothing beyond the standard library: it starts in a few hundredths of a second.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+PR_SET_PDEATHSIG = 1
+
+
+def group_members(pgid: int, exclude: int) -> list[int]:
+    """PIDs of the live processes in process group ``pgid``, ``exclude`` left out."""
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == exclude:
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        # fields after the command: state, ppid, pgrp, ...; a zombie has already ended
+        if int(fields[2]) == pgid and fields[0] != b"Z":
+            out.append(int(name))
+    return out
+
+
+def end_group(pgid: int, grace_s: float) -> None:
+    """SIGTERM to every other process of the group, then SIGKILL to what is left after
+    ``grace_s`` (new children started meanwhile included)."""
+    me = os.getpid()
+    for pid in group_members(pgid, me):
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + grace_s
+    while group_members(pgid, me) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for _ in range(50):  # until none is left (a process may fork while being killed)
+        left = group_members(pgid, me)
+        if not left:
+            return
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.1)
+
+
+def main() -> int:
+    try:
+        argv = json.loads(os.environ.pop("HETFLOW_REAPER_ARGV"))
+        assert isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv)
+    except (KeyError, ValueError, AssertionError):
+        print("hetflow reaper: HETFLOW_REAPER_ARGV must hold the command as a JSON list of "
+              "strings", file=sys.stderr)
+        return 2
+    remove = os.environ.pop("HETFLOW_REAPER_REMOVE", "")
+    grace_s = float(os.environ.pop("HETFLOW_REAPER_GRACE_S", "5"))
+    # the holder's PID as it started this (a parent that died before prctl below shows here)
+    parent = int(os.environ.pop("HETFLOW_REAPER_PARENT", "0")) or os.getppid()
+    if os.getpid() != os.getpgid(0):
+        os.setsid()  # started without a session of its own: lead one
+    pgid = os.getpgid(0)
+    ending: list[int] = []
+
+    def on_signal(signum: int, _frame: object) -> None:
+        ending.append(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        pass
+    child = subprocess.Popen(argv)  # same process group: ended with it
+    code = None
+    while code is None:
+        if ending or os.getppid() != parent:  # a stop, or the parent gone (also before prctl)
+            break
+        try:
+            code = child.wait(timeout=0.5)
+        except subprocess.TimeoutExpired:
+            pass
+    end_group(pgid, grace_s if code is None else 1.0)
+    if code is None:
+        code = child.wait()
+    if remove:
+        shutil.rmtree(remove, ignore_errors=True)
+    return code if code >= 0 else 128 - code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
