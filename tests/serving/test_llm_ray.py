@@ -487,6 +487,10 @@ def test_a_killed_engine_is_started_again_and_the_front_door_follows_it(llm) -> 
     assert generated > 0  # the new engine itself answered some of them (pool 2 weighs 3 to 1)
 
 
+def nice_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[16])
+
+
 def parent_of(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[1])
 
@@ -518,6 +522,9 @@ def test_a_killed_engine_actor_takes_its_whole_engine_and_is_started_again(llm) 
     family = group_of(reaper)
     titles = [Path(f"/proc/{p}/cmdline").read_bytes() for p in family]
     assert any(t.startswith(b"VLLM::EngineCore") for t in titles), titles  # its own process
+    # the engine's family at the default nice 0 (the tests run as root), not at the nice 15
+    # Ray starts its workers with
+    assert {nice_of(p) for p in family if p != reaper} == {0}
     os.kill(parent_of(reaper), signal.SIGKILL)  # the actor's worker process
     deadline = time.monotonic() + 30
     while (left := [p for p in family if p in group_of(reaper)]) and time.monotonic() < deadline:

@@ -124,6 +124,36 @@ def test_a_stop_to_the_group_ends_everything(tmp_path: Path, groups) -> None:
     assert wait_gone([engine, child]) == []
 
 
+def nice_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[16])
+
+
+@pytest.mark.parametrize("start,asked", [(15, 0), (0, 19)])
+def test_the_engine_runs_at_the_nice_value_asked(tmp_path: Path, groups, start: int, asked: int) -> None:
+    """Ray's workers run at nice 15; the engine is started at the value asked where the OS
+    allows it (raising it always is; lowering it needs root/CAP_SYS_NICE), else one line."""
+    pids = tmp_path / "pids"
+    argv, env = reaped(engine_argv(pids, "wait"), dict(os.environ), nice=asked)
+
+    def setup() -> None:
+        os.nice(start)
+        _reaper_setup()
+
+    proc = subprocess.Popen(argv, env=env, preexec_fn=setup, stderr=subprocess.PIPE, text=True)
+    groups.append(proc.pid)
+    engine, child = map(int, wait_file(pids).split())
+    if asked >= start or os.geteuid() == 0:
+        assert nice_of(engine) == nice_of(child) == asked
+    else:  # pragma: no cover - where the tests run unprivileged
+        assert nice_of(engine) == start
+    os.killpg(proc.pid, signal.SIGTERM)
+    _out, err = proc.communicate(timeout=30)
+    if asked < start and os.geteuid() != 0:  # pragma: no cover
+        assert "stays at nice" in err and err.count("\n") == 1
+    else:
+        assert err == ""
+
+
 @pytest.mark.parametrize("value", [None, "", "not json", "[]", '["a", 1]', '{"a": 1}'])
 def test_a_bad_command_is_one_line_and_exit_2(value: str | None) -> None:
     env = {k: v for k, v in os.environ.items() if k != "HETFLOW_REAPER_ARGV"}
@@ -133,3 +163,45 @@ def test_a_bad_command_is_one_line_and_exit_2(value: str | None) -> None:
                          capture_output=True, text=True, timeout=30)
     assert out.returncode == 2
     assert out.stderr.count("\n") == 1 and "HETFLOW_REAPER_ARGV" in out.stderr and not out.stdout
+
+
+@pytest.mark.parametrize("name,value", [("HETFLOW_REAPER_NICE", "high"), ("HETFLOW_REAPER_GRACE_S", "soon")])
+def test_a_bad_setting_is_one_line_and_exit_2(name: str, value: str) -> None:
+    env = {**os.environ, "HETFLOW_REAPER_ARGV": json.dumps(["true"]), name: value}
+    out = subprocess.run([sys.executable, "-m", "hetflow.workloads.serve.reaper"], env=env,
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 2
+    assert out.stderr.count("\n") == 1 and name in out.stderr and not out.stdout
+
+
+def test_a_killed_reaper_still_takes_the_engines_family(tmp_path: Path, groups) -> None:
+    """Ray kills an exiting worker's own children with SIGKILL - the reaper among them: its
+    sentinel ends the engine's family and removes the folder."""
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    pids = tmp_path / "pids"
+    argv, env = reaped(engine_argv(pids, "wait"), dict(os.environ), remove=str(scratch))
+    proc = subprocess.Popen(argv, env=env, preexec_fn=_reaper_setup)
+    groups.append(proc.pid)
+    engine, child = map(int, wait_file(pids).split())
+    proc.kill()
+    proc.wait(10)
+    assert wait_gone([engine, child]) == []
+    deadline = time.monotonic() + 10
+    while scratch.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not scratch.exists()
+    assert wait_gone(os_group(proc.pid)) == []  # the sentinel too
+
+
+def os_group(pgid: int) -> list[int]:
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                fields = Path(f"/proc/{name}/stat").read_bytes().rsplit(b")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid and fields[0] != b"Z":
+                out.append(int(name))
+    return out

@@ -85,6 +85,13 @@ class VLLMEngine(_Strict):
     ``GLOO_SOCKET_IFNAME`` for engines over nodes, vLLM's ``VLLM_*`` settings); the devices'
     visibility variables are hetflow's placement's and cannot be set here."""
     startup_timeout_s: float = Field(600.0, gt=0)
+    nice: int = Field(0, ge=-20, le=19)
+    """The engine processes' CPU priority (a Unix nice value). Ray starts its workers - and so
+    an engine's actor - at nice 15 (its ``worker_niceness``), below every ordinary process of
+    the node: an engine left there loses the CPU to any of them (its scheduler loop, tokenizer
+    and detokenizer run on the CPU on GPU hosts too). The engine is started at this value where
+    the OS allows it (root, ``CAP_SYS_NICE`` or ``RLIMIT_NICE``), else at its actor's, with a
+    line in the engine's log."""
 
     @field_validator("env")
     @classmethod
@@ -285,13 +292,16 @@ def _reaper_setup() -> None:
         pass
 
 
-def reaped(argv: list[str], env: dict[str, str], remove: str | None = None) -> tuple[list[str], dict[str, str]]:
+def reaped(argv: list[str], env: dict[str, str], remove: str | None = None,
+           nice: int | None = None) -> tuple[list[str], dict[str, str]]:
     """``argv`` run under :mod:`hetflow.workloads.serve.reaper` (start it with
     ``preexec_fn=_reaper_setup``): its whole process family ends when the caller dies, and
-    ``remove`` (a folder) is removed then."""
+    ``remove`` (a folder) is removed then; ``nice``: the family's CPU priority, where allowed."""
     env = {**env, "HETFLOW_REAPER_ARGV": json.dumps(argv), "HETFLOW_REAPER_PARENT": str(os.getpid())}
     if remove:
         env["HETFLOW_REAPER_REMOVE"] = remove
+    if nice is not None:
+        env["HETFLOW_REAPER_NICE"] = str(nice)
     return [sys.executable, "-m", "hetflow.workloads.serve.reaper"], env
 
 
@@ -354,7 +364,7 @@ class LLMReplica:
         # however it dies (kill -9 included), and the scratch folder goes with them
         argv, env = reaped(engine_argv(self.engine, served_name, bind_host, self.port,
                                        nnodes=nnodes, node_rank=node_rank, master=master),
-                           env, remove=self.scratch)
+                           env, remove=self.scratch, nice=self.engine.nice)
         self.proc = subprocess.Popen(argv, env=env, stdout=self._log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, preexec_fn=_reaper_setup)
         self._stopping = False

@@ -15,7 +15,14 @@ engine's) in its process group. Whichever ends first - the parent (SIGTERM), a s
 (SIGTERM/SIGINT/SIGHUP to the group), or the command itself - everything else in the group is
 ended (SIGTERM, then SIGKILL after ``HETFLOW_REAPER_GRACE_S``, default 5 s), the folder named
 in ``HETFLOW_REAPER_REMOVE`` (the engine's scratch files) is removed, and it exits with the
-command's exit status (128 + signal when the command was ended by one).
+command's exit status (128 + signal when the command was ended by one). ``HETFLOW_REAPER_NICE``:
+the CPU priority the family runs at (Ray's workers run at nice 15), where the OS allows it.
+
+Ray itself kills an exiting worker's children with SIGKILL (``kill_child_processes_on_worker_exit``):
+when ``hetflow serve`` is killed, its embedded Ray's workers exit and this process is killed
+before it can act. So it forks a sentinel first, which waits on a pipe only this process
+writes to; when this process is gone, however, the sentinel ends the group and removes the
+folder.
 
 Imports nothing beyond the standard library: it starts in a few hundredths of a second.
 """
@@ -51,20 +58,24 @@ def group_members(pgid: int, exclude: int) -> list[int]:
     return out
 
 
-def end_group(pgid: int, grace_s: float) -> None:
-    """SIGTERM to every other process of the group, then SIGKILL to what is left after
-    ``grace_s`` (new children started meanwhile included)."""
+def end_group(pgid: int, grace_s: float, spare: int = 0) -> None:
+    """SIGTERM to every other process of the group (``spare`` left alone), then SIGKILL to
+    what is left after ``grace_s`` (new children started meanwhile included)."""
     me = os.getpid()
-    for pid in group_members(pgid, me):
+
+    def members() -> list[int]:
+        return [p for p in group_members(pgid, me) if p != spare]
+
+    for pid in members():
         try:
             os.kill(pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
     deadline = time.monotonic() + grace_s
-    while group_members(pgid, me) and time.monotonic() < deadline:
+    while members() and time.monotonic() < deadline:
         time.sleep(0.1)
     for _ in range(50):  # until none is left (a process may fork while being killed)
-        left = group_members(pgid, me)
+        left = members()
         if not left:
             return
         for pid in left:
@@ -84,7 +95,20 @@ def main() -> int:
               "strings", file=sys.stderr)
         return 2
     remove = os.environ.pop("HETFLOW_REAPER_REMOVE", "")
-    grace_s = float(os.environ.pop("HETFLOW_REAPER_GRACE_S", "5"))
+    try:
+        nice = int(os.environ.pop("HETFLOW_REAPER_NICE")) if "HETFLOW_REAPER_NICE" in os.environ else None
+        grace_s = float(os.environ.pop("HETFLOW_REAPER_GRACE_S", "5"))
+    except ValueError:
+        print("hetflow reaper: HETFLOW_REAPER_NICE must be an integer (a nice value, -20..19) "
+              "and HETFLOW_REAPER_GRACE_S a number of seconds", file=sys.stderr)
+        return 2
+    if nice is not None and nice != os.getpriority(os.PRIO_PROCESS, 0):
+        try:
+            os.setpriority(os.PRIO_PROCESS, 0, max(-20, min(19, nice)))
+        except PermissionError:
+            print(f"hetflow reaper: the engine stays at nice {os.getpriority(os.PRIO_PROCESS, 0)} "
+                  f"(asked {nice}: lowering it needs root, CAP_SYS_NICE or RLIMIT_NICE)",
+                  file=sys.stderr, flush=True)
     # the holder's PID as it started this (a parent that died before prctl below shows here)
     parent = int(os.environ.pop("HETFLOW_REAPER_PARENT", "0")) or os.getppid()
     if os.getpid() != os.getpgid(0):
@@ -95,6 +119,7 @@ def main() -> int:
     def on_signal(signum: int, _frame: object) -> None:
         ending.append(signum)
 
+    sentinel, alive_w = start_sentinel(pgid, grace_s, remove)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, on_signal)
     try:
@@ -110,12 +135,41 @@ def main() -> int:
             code = child.wait(timeout=0.5)
         except subprocess.TimeoutExpired:
             pass
-    end_group(pgid, grace_s if code is None else 1.0)
+    end_group(pgid, grace_s if code is None else 1.0, spare=sentinel)
     if code is None:
         code = child.wait()
     if remove:
         shutil.rmtree(remove, ignore_errors=True)
+    os.close(alive_w)  # the sentinel finds nothing left and exits
     return code if code >= 0 else 128 - code
+
+
+def start_sentinel(pgid: int, grace_s: float, remove: str) -> tuple[int, int]:
+    """A forked copy that ends the group if this process is killed before it could (Ray kills
+    an exiting worker's own children with SIGKILL - the reaper among them - while the engine's
+    family would live on): it waits for the end of a pipe only this process writes to, then
+    ends what is left of the group. (pid, the pipe's write end)."""
+    r, w = os.pipe()
+    reaper = os.getpid()
+    pid = os.fork()
+    if pid:
+        os.close(r)
+        return pid, w
+    try:
+        os.close(w)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)  # a stop is the reaper's; SIGKILL still ends it
+        while True:
+            try:
+                if not os.read(r, 1):
+                    break
+            except InterruptedError:
+                continue
+        end_group(pgid, grace_s, spare=reaper)  # the reaper: gone, or exiting on its own
+        if remove:
+            shutil.rmtree(remove, ignore_errors=True)
+    finally:
+        os._exit(0)
 
 
 if __name__ == "__main__":
