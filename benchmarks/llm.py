@@ -227,7 +227,7 @@ def main() -> int:
                       f"{out['request_throughput']:5.2f} req/s  TTFT p99 "
                       f"{out['p99_ttft_ms']:6.1f} ms  failed {failed}", flush=True)
     finally:
-        procs["hetflow"].send_signal(signal.SIGINT)
+        procs["hetflow"].send_signal(signal.SIGTERM)  # (SIGINT is ignored where started in the background)
         try:
             procs["hetflow"].wait(timeout=120)
         except subprocess.TimeoutExpired:

@@ -2,7 +2,8 @@
 two-node Ray cluster, one ``engine: vllm`` pool with ``nodes: 2`` (tensor_parallel_size 2: one
 process on each node, vLLM's multi-node mode). Its two actors sit on different Ray nodes, the
 unmodified ``openai`` client gets completions through the front door, ``--dry-run`` says how the
-engine spans the nodes, and the stop leaves no actor, placement group or engine process.
+engine spans the nodes, the engine restarts whole after its second node's workers are killed,
+and the stop leaves no actor, placement group or engine process.
 
 (Pipeline parallelism, the usual layout across nodes on GPUs, does not run on vLLM's CPU build:
 its workers past the first stage never allocate the buffer they receive into - measured with
@@ -151,6 +152,63 @@ def test_the_openai_client_is_answered_by_the_engine_over_two_nodes(served) -> N
         stream_options={"include_usage": True})
     chunks = list(stream)
     assert chunks[-1].usage.completion_tokens == 6
+
+
+def stat_fields(pid: int) -> list[bytes]:
+    return (Path("/proc") / str(pid) / "stat").read_bytes().rsplit(b")", 1)[1].split()
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def test_an_engine_over_two_nodes_is_started_again_whole(served) -> None:
+    """kill -9 of the engine's workers on its second node: the engine restarts whole - a new
+    engine on the first node at a new address, the second node's workers meeting it there -,
+    nothing of the old engine is left on either node, the front door follows the new address
+    and the openai client is answered again."""
+    import requests
+    from openai import OpenAI
+    from prometheus_client.parser import text_string_to_metric_families
+
+    ray = served["ray"]
+    first = ray.get_actor("hetflow-llm-llmn.tiny.p1.r0", namespace="serve")
+    old_address = tuple(ray.get(first.address.remote(), timeout=30))
+    pids = engine_pids(served["model"])
+    stage = [p for p in pids if b"vllm_stage" in (Path("/proc") / str(p) / "cmdline").read_bytes()]
+    assert len(stage) == 1 and len(pids) == 2, pids  # one server, one node's workers
+    groups = {int(stat_fields(p)[2]) for p in pids}  # each part's reaper leads its group
+    assert len(groups) == 2
+    os.kill(stage[0], signal.SIGKILL)
+
+    def restarts() -> float:
+        text = requests.get(served["url"] + "/metrics", timeout=30).text
+        return next((s.value for f in text_string_to_metric_families(text) for s in f.samples
+                     if s.name == "hetflow_llm_engine_restarts_total" and s.labels.get("pool") == "1"), 0.0)
+
+    client = OpenAI(base_url=served["url"] + "/v1", api_key="unused", max_retries=0, timeout=60)
+    deadline = time.monotonic() + 400
+    while True:
+        try:
+            address = tuple(ray.get(first.address.remote(), timeout=60))
+        except ray.exceptions.RayError:  # its actor being started again
+            address = old_address
+        if address != old_address and restarts() >= 1:
+            try:
+                out = client.completions.create(model="tiny", prompt="again", max_tokens=4)
+                break
+            except Exception:  # noqa: BLE001 - not routed to the new engine yet
+                pass
+        assert time.monotonic() < deadline, served["err"].read_text()[-2000:]
+        time.sleep(2)
+    assert out.usage.completion_tokens == 4
+    assert not [g for g in groups if group_alive(g)]  # the old engine's parts on both nodes
+    new = engine_pids(served["model"])
+    assert len(new) == 2 and not new & pids  # a whole new engine: server and workers
 
 
 def test_the_stop_leaves_no_actor_group_or_engine_process(served) -> None:

@@ -395,18 +395,10 @@ def _wait_engine(model: str, name: str, ready: Any, stages: list[tuple[str, Any]
 
 
 def _stop_llm_replicas(replicas: list[tuple[str, int, str, Any]]) -> None:
-    for _model, _pool, _name, handle in replicas:
-        try:
-            ray.get(handle.stop.remote(), timeout=30)
-        except Exception:  # noqa: BLE001 - dead already: its engine died with it
-            pass
-        try:
-            ray.kill(handle)
-        except Exception:  # noqa: BLE001
-            pass
-    if replicas:  # the placement groups of engines over several nodes (named as their first)
-        from hetflow.workloads.serve.llm import remove_spreads
+    from hetflow.workloads.serve.llm import remove_spreads, stop_actors
 
+    stop_actors([handle for _model, _pool, _name, handle in replicas])
+    if replicas:  # the placement groups of engines over several nodes (named as their first)
         remove_spreads(names={name for _m, _p, name, _h in replicas})
     replicas.clear()
 

@@ -329,20 +329,36 @@ class LLMReplica:
 
     def __init__(self, served_name: str, engine: dict[str, Any], compute: str,
                  bind_host: str, log_dir: str | None = None, nnodes: int = 1, node_rank: int = 0,
-                 master: tuple[str, int] | None = None) -> None:
+                 master: tuple[str, int] | None = None, head: str | None = None,
+                 stages: tuple[str, ...] = ()) -> None:
+        """An engine over ``nnodes`` nodes: its first node's actor (``node_rank`` 0) names its
+        other nodes' actors in ``stages``; each of those names the first in ``head`` and asks
+        it where to meet (or is given ``master``)."""
         self.served_name = served_name
         self.engine = VLLMEngine.model_validate(engine)
         self.compute = compute
         self.host = bind_host
         self.port = free_port(bind_host)
         self.node_rank = node_rank
+        self.nnodes = nnodes
+        self.head = head
+        self.stages = tuple(stages)
+        self._stopping = False
+        self._ready_once = False
         import ray
 
+        # an engine that dies once it has served (or again in a restarted actor) takes this
+        # actor with it, so that Ray starts the actor again (``max_restarts`` of start_pools):
+        # a new engine on the same devices, whose new address the front door follows
+        self._restarted = bool(ray.is_initialized()
+                               and ray.get_runtime_context().was_current_actor_reconstructed)
         if nnodes > 1 and node_rank == 0:
             # the engine's first node: the others' workers meet it here (this node's address,
             # which they reach; a port free on it now)
             ip = ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
             master = (ip, free_port(ip))
+        elif nnodes > 1 and head is not None:
+            master = self._meeting(head)
         self.master = master
         from hetflow.runtime.resources import visible_devices
 
@@ -367,29 +383,112 @@ class LLMReplica:
                            env, remove=self.scratch, nice=self.engine.nice)
         self.proc = subprocess.Popen(argv, env=env, stdout=self._log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, preexec_fn=_reaper_setup)
-        self._stopping = False
-        self._ready_once = False
-        # an engine that dies once it has served (or again in a restarted actor) takes this
-        # actor with it, so that Ray starts the actor again (``max_restarts`` of start_pools):
-        # a new engine on the same devices, whose new address the front door follows
-        self._restarted = bool(ray.is_initialized()
-                               and ray.get_runtime_context().was_current_actor_reconstructed)
         import threading
 
         threading.Thread(target=self._watch, name="engine-watch", daemon=True).start()
+        if nnodes > 1 and ray.is_initialized():
+            threading.Thread(target=self._watch_peers, name="engine-peers", daemon=True).start()
+
+    def _meeting(self, head: str) -> tuple[str, int]:
+        """Where this node's workers meet the engine's first node: asked of its actor. A node
+        started again (its workers died) restarts the first node's engine too - the engine
+        that ran with the old workers cannot take new ones - and meets the new one."""
+        import ray
+
+        deadline = time.monotonic() + self.engine.startup_timeout_s
+        left: tuple[str, int] | None = None  # the address the first node was asked to leave
+        while True:
+            try:
+                first = ray.get_actor(head, namespace="serve")
+            except ValueError:  # stopped for good: nothing to join
+                raise RuntimeError(f"{self.served_name}: the engine's first node ({head}) is gone") from None
+            try:
+                master, served = ray.get(first.peer_state.remote(), timeout=10)
+                master = (master[0], int(master[1]))
+                if self._restarted and served and left is None:
+                    left = master  # its engine ran with this node's old workers
+                    first.restart_engine.remote(master)  # (a no-op if it moved on already)
+                elif left is None or master != left:
+                    return master
+            except ray.exceptions.RayError:
+                pass  # the first node is being started again
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.served_name}: the engine's first node ({head}) did "
+                                   f"not answer in {self.engine.startup_timeout_s:.0f} s")
+            time.sleep(1)
+
+    def peer_state(self) -> tuple[tuple[str, int] | None, bool]:
+        """(where the engine's other nodes meet it, whether this engine has answered)."""
+        return self.master, self._ready_once
+
+    def restart_engine(self, master: tuple[str, int]) -> None:
+        """Another node of the engine was started again: end this engine (and actor, which Ray
+        starts again) unless it already runs at a new meeting address."""
+        if self.master is not None and tuple(self.master) == (master[0], int(master[1])):
+            self._die("a node of the engine was started again; the engine starts again")
+
+    def retire(self) -> None:
+        """A stop is coming: an engine or node that ends from now on is not started again."""
+        self._stopping = True
 
     def _watch(self) -> None:
         code = self.proc.wait()
         if self._stopping or not (self._ready_once or self._restarted):
             return  # stopped, or failed at its first start (wait_ready reports that)
+        self._die(f"the engine exited with {code}")
+
+    def _die(self, why: str) -> None:
+        """End the engine and this actor, so that Ray starts the actor again."""
+        if self._stopping:
+            return
         try:
-            self._log.write(f"\nhetflow: the engine exited with {code}; its actor exits so that "
-                            "Ray starts it again\n".encode())
+            self._log.write(f"\nhetflow: {why}; its actor exits so that Ray starts it "
+                            "again\n".encode())
             self._log.flush()
             self._sweep()
             shutil.rmtree(self.scratch, ignore_errors=True)
         finally:
             os._exit(1)
+
+    def _watch_peers(self) -> None:
+        """An engine over several nodes. Its first node: once its engine answers, another node
+        not answering ``PEER_MISSES`` looks in a row (node lost, actor dead) restarts the
+        engine. Another node: the first node's engine answering makes it an engine that has
+        served (its workers' exit then restarts it); a new meeting address (the first node
+        started again) restarts its workers there."""
+        import ray
+
+        misses = 0
+        while not self._stopping:
+            time.sleep(PEER_CHECK_S)
+            if self._stopping or self.proc.poll() is not None:
+                return  # stopping, or the engine ended: _watch decides
+            try:
+                if self.node_rank == 0:
+                    if not self._ready_once:
+                        self._ready_once = self._answers()
+                        continue
+                    for name in self.stages:
+                        ray.get(ray.get_actor(name, namespace="serve").peer_state.remote(), timeout=10)
+                    misses = 0
+                else:
+                    first = ray.get_actor(self.head, namespace="serve")
+                    master, served = ray.get(first.peer_state.remote(), timeout=10)
+                    if master is not None and (master[0], int(master[1])) != tuple(self.master):
+                        self._die("the engine's first node was started again (a new meeting address)")
+                    self._ready_once = self._ready_once or bool(served)
+            except Exception:  # noqa: BLE001 - a peer restarting, gone, or slow
+                if self.node_rank == 0 and self._ready_once:
+                    misses += 1
+                    if misses >= PEER_MISSES:
+                        self._die(f"another node of the engine did not answer {misses} looks in a row")
+
+    def _answers(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{self.host}:{self.port}/health", timeout=2) as r:
+                return r.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
 
     def address(self) -> tuple[str, int]:
         """Where the front door dials it: the bind host, or this node's IP when it binds all."""
@@ -483,8 +582,14 @@ DEFAULT_GPU_MEMORY = 1 << 30  # planned per GPU replica when a pool gives none (
 
 
 ENGINE_RESTARTS = 10
-"""How often Ray starts a one-node engine's actor again after its engine died (an engine over
-several nodes is not restarted: its other nodes' workers would have to meet the new one)."""
+"""How often Ray starts an engine's actor again after its engine died. An engine over several
+nodes restarts whole: its first node's actor starts a new engine with a new meeting address,
+and the other nodes' actors, seeing that address change, start their workers again there."""
+PEER_CHECK_S = 2.0
+"""How often the actors of an engine over several nodes look at each other."""
+PEER_MISSES = 5
+"""Looks in a row at another node of the engine that did not answer before the first node
+restarts the engine (10 s)."""
 
 
 def replica_of(server: str) -> tuple[int, int]:
@@ -544,16 +649,19 @@ def start_pools(app: str, entry: Any, groups: list[tuple[int, Any]], bind_host: 
                 _spread(name, group.spread, stages, spread_timeout_s,
                         f"model {entry.name}: pool {pool_index + 1} replica {r + 1}")
             nnodes = len(stages)
-            head = ray.remote(LLMReplica).options(name=name, **common, **stages[0]).remote(
-                entry.name, engine, group.compute, bind_host, nnodes=nnodes, node_rank=0)
+            names = tuple(f"{name}.n{rank + 1}" for rank in range(1, nnodes))
+            head = ray.remote(LLMReplica).options(
+                name=name, max_restarts=ENGINE_RESTARTS, **common, **stages[0]).remote(
+                entry.name, engine, group.compute, bind_host, nnodes=nnodes, node_rank=0,
+                stages=names)
             out.append((pool_index, name, head, True))
-            master = ray.get(head.master_address.remote(), timeout=300)
             for rank in range(1, nnodes):
-                stage = f"{name}.n{rank + 1}"
-                handle = ray.remote(LLMReplica).options(name=stage, **common, **stages[rank]).remote(
+                handle = ray.remote(LLMReplica).options(
+                    name=names[rank - 1], max_restarts=ENGINE_RESTARTS, **common,
+                    **stages[rank]).remote(
                     entry.name, engine, group.compute, bind_host, nnodes=nnodes, node_rank=rank,
-                    master=master)
-                out.append((pool_index, stage, handle, False))
+                    head=name)
+                out.append((pool_index, names[rank - 1], handle, False))
     return out
 
 
@@ -588,18 +696,37 @@ def kill_replicas(app: str) -> list[str]:
 
     names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
              if a.get("namespace") == "serve" and a["name"].startswith(actor_prefix(app))]
+    handles = []
     for name in names:
         try:
-            handle = ray.get_actor(name, namespace="serve")
+            handles.append(ray.get_actor(name, namespace="serve"))
         except ValueError:
             continue
+    stop_actors(handles)
+    remove_spreads(app)
+    return names
+
+
+def stop_actors(handles: list[Any]) -> None:
+    """Stop engines' actors for good: each told first that a stop comes (an engine over
+    several nodes whose other part stops first is then not started again), then each engine
+    stopped and its actor killed."""
+    import ray
+
+    for handle in handles:
+        try:
+            ray.get(handle.retire.remote(), timeout=10)
+        except Exception:  # noqa: BLE001 - dead or restarting: killed below
+            pass
+    for handle in handles:
         try:
             ray.get(handle.stop.remote(), timeout=30)
         except Exception:  # noqa: BLE001 - dead already: its engine died with it
             pass
-        ray.kill(handle)
-    remove_spreads(app)
-    return names
+        try:
+            ray.kill(handle)  # no_restart: for good
+        except Exception:  # noqa: BLE001
+            pass
 
 
 def remove_spreads(app: str | None = None, names: set[str] | None = None) -> None:
