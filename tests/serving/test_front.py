@@ -159,3 +159,33 @@ def test_other_hosts_dial_the_node_ip() -> None:
     # replicas bind every address of their node then: the node IP reaches them, on any node
     assert reachable("192.0.2.3", 30001, "r1", None, LAN) == Server("r1", "192.0.2.3", 30001)
     assert reachable(LAN, 30002, "r2", None, LAN) == Server("r2", LAN, 30002)
+
+
+def test_stale_front_door_folders_are_swept_and_live_or_foreign_ones_kept(tmp_path) -> None:
+    """A front door killed with SIGKILL (with hetflow serve) leaves its folder of HAProxy
+    files; the next front door removes those whose owner process is gone - and only those."""
+    import os
+    import sys
+
+    from hetflow.workloads.serve.front import claim_dir, sweep_stale_dirs
+
+    (tmp_path / "hetflow-front-a-1").mkdir()  # its owner: a process that has ended
+    gone = subprocess.run([sys.executable, "-c", "import sys; from hetflow.workloads.serve.front "
+                           "import claim_dir; claim_dir(sys.argv[1])", str(tmp_path / "hetflow-front-a-1")],
+                          timeout=60)
+    assert gone.returncode == 0 and (tmp_path / "hetflow-front-a-1" / "owner").exists()
+    live = tmp_path / "hetflow-front-b-2"
+    live.mkdir()
+    claim_dir(str(live))  # this process: alive
+    reused = tmp_path / "hetflow-front-c-3"  # a PID alive now, but another process (start time)
+    reused.mkdir()
+    (reused / "owner").write_text(f"{os.getpid()} 1")
+    foreign = tmp_path / "hetflow-front-d-4"  # no owner file: not ours to judge
+    foreign.mkdir()
+    other = tmp_path / "something-else"
+    other.mkdir()
+    (other / "owner").write_text("1 1")
+    removed = sweep_stale_dirs(str(tmp_path))
+    assert sorted(removed) == sorted([str(tmp_path / "hetflow-front-a-1"), str(reused)])
+    assert live.exists() and foreign.exists() and other.exists()
+    assert not (tmp_path / "hetflow-front-a-1").exists() and not reused.exists()

@@ -469,6 +469,48 @@ def read_servers(controller: Any, apps: set[str], direct: bool = True,
     return out
 
 
+OWNER_FILE = "owner"
+
+
+def _started(pid: int) -> str | None:
+    """A process's start time (clock ticks since boot; with the PID, who it is), None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[19].decode()
+    except (OSError, IndexError):
+        return None
+
+
+def claim_dir(path: str) -> None:
+    """Mark a front door's folder as this process's (its PID and start time)."""
+    pid = os.getpid()
+    with open(os.path.join(path, OWNER_FILE), "w") as f:
+        f.write(f"{pid} {_started(pid)}")
+
+
+def sweep_stale_dirs(root: str | None = None) -> list[str]:
+    """Remove front-door folders whose owner process is gone (a front door killed with
+    SIGKILL - with ``hetflow serve`` - never removes its own): those with an owner file only,
+    so nothing else is touched. Returns the folders removed."""
+    root = root or tempfile.gettempdir()
+    removed = []
+    try:
+        names = [n for n in os.listdir(root) if n.startswith("hetflow-front-")]
+    except OSError:
+        return removed
+    for name in names:
+        path = os.path.join(root, name)
+        try:
+            with open(os.path.join(path, OWNER_FILE)) as f:
+                pid, started = f.read().split()
+        except (OSError, ValueError):
+            continue  # not ours to judge (no owner file, or being written)
+        if _started(int(pid)) != started:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
 class FrontDoor:
     """A Ray actor owning the HAProxy process of one hetflow serving application."""
 
@@ -480,7 +522,9 @@ class FrontDoor:
         # upstream keys: into HAProxy's environment only (the config names the variables)
         self.upstream_keys = dict(upstream_keys or {})
         self.poll_s = poll_s
+        sweep_stale_dirs()  # folders of front doors killed before they could remove them
         self.dir = tempfile.mkdtemp(prefix=f"hetflow-front-{_safe(plan.app)}-")
+        claim_dir(self.dir)
         self.config_path = os.path.join(self.dir, "haproxy.cfg")
         self.admin = os.path.join(self.dir, "admin.sock")
         self.binary = haproxy_binary()

@@ -314,11 +314,15 @@ class Gateway:
 
     async def _poll_forever(self) -> None:
         while True:
-            try:
-                status = await asyncio.to_thread(serve.status)
-                self._update_running(status)
-            except Exception:  # noqa: BLE001 - the controller may be restarting; try again
-                pass
+            # Serve's status lists the replicas of the models Serve runs; an application of
+            # engine: vllm models only has none to count (each poll asks Serve's controller
+            # for a full description of every application)
+            if self.table.groups:
+                try:
+                    status = await asyncio.to_thread(serve.status)
+                    self._update_running(status)
+                except Exception:  # noqa: BLE001 - the controller may be restarting; try again
+                    pass
             try:
                 self.front = (await self._front_door().state.remote()
                               if self.table.front_door else {})
