@@ -24,6 +24,7 @@ import pytest
 import yaml
 
 from tests.net import free_port
+from tests.procs import stat_fields
 from tests.ray_cluster import hetflow_cluster
 
 pytestmark = [
@@ -152,10 +153,6 @@ def test_the_openai_client_is_answered_by_the_engine_over_two_nodes(served) -> N
         stream_options={"include_usage": True})
     chunks = list(stream)
     assert chunks[-1].usage.completion_tokens == 6
-
-
-def stat_fields(pid: int) -> list[bytes]:
-    return (Path("/proc") / str(pid) / "stat").read_bytes().rsplit(b")", 1)[1].split()
 
 
 def group_alive(pgid: int) -> bool:

@@ -28,6 +28,7 @@ import requests
 import yaml
 
 from tests.net import free_port
+from tests.procs import group_of, nice_of, parent_of
 
 pytestmark = [
     pytest.mark.ray,
@@ -485,27 +486,6 @@ def test_a_killed_engine_is_started_again_and_the_front_door_follows_it(llm) -> 
     generated = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                     if line.startswith("vllm:generation_tokens_total"))
     assert generated > 0  # the new engine itself answered some of them (pool 2 weighs 3 to 1)
-
-
-def nice_of(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[16])
-
-
-def parent_of(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[1])
-
-
-def group_of(pgid: int) -> list[int]:
-    out = []
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                fields = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[2]) == pgid and fields[0] != b"Z":
-                out.append(int(pid))
-    return out
 
 
 def test_a_killed_engine_actor_takes_its_whole_engine_and_is_started_again(llm) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from hetflow.workloads.serve.llm import _reaper_setup, reaped
+from tests.procs import alive, group_of, nice_of
 
 # the "engine": starts a child that would outlive it (sleep), writes both PIDs, then waits or exits
 ENGINE = """
@@ -37,14 +38,6 @@ proc = subprocess.Popen(argv, env=env, preexec_fn=_reaper_setup)
 open(sys.argv[3], "w").write(str(proc.pid))
 time.sleep(300)
 """
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except OSError:
-        return False
 
 
 def wait_file(path: Path, timeout_s: float = 30) -> str:
@@ -124,10 +117,6 @@ def test_a_stop_to_the_group_ends_everything(tmp_path: Path, groups) -> None:
     assert wait_gone([engine, child]) == []
 
 
-def nice_of(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[16])
-
-
 @pytest.mark.parametrize("start,asked", [(15, 0), (0, 19)])
 def test_the_engine_runs_at_the_nice_value_asked(tmp_path: Path, groups, start: int, asked: int) -> None:
     """Ray's workers run at nice 15; the engine is started at the value asked where the OS
@@ -191,17 +180,5 @@ def test_a_killed_reaper_still_takes_the_engines_family(tmp_path: Path, groups) 
     while scratch.exists() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not scratch.exists()
-    assert wait_gone(os_group(proc.pid)) == []  # the sentinel too
+    assert wait_gone(group_of(proc.pid)) == []  # the sentinel too
 
-
-def os_group(pgid: int) -> list[int]:
-    out = []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                fields = Path(f"/proc/{name}/stat").read_bytes().rsplit(b")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[2]) == pgid and fields[0] != b"Z":
-                out.append(int(name))
-    return out
