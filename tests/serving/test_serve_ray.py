@@ -632,6 +632,7 @@ def test_health_and_metrics(served) -> None:
                      "hetflow_llm_routing_weight": "gauge",
                      "hetflow_llm_capacity_tokens_per_second": "gauge",
                      "hetflow_llm_generation_tokens": "counter", "hetflow_llm_prompt_tokens": "counter",
+                     "hetflow_llm_engine_restarts": "counter",
                      "hetflow_llm_first_token_duration_seconds": "summary",
                      "hetflow_llm_output_token_duration_seconds": "summary"}
     assert sample(values, "hetflow_serve_replicas_running", model="placed",
