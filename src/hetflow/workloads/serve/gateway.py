@@ -180,6 +180,7 @@ class Gateway:
         replica's own counts recorded there first, in the same call). Every scrape, through
         whichever gateway replica, reads the same reports, so no counter goes down between
         scrapes; the other replicas' counts are up to half a second old."""
+        await self.first_poll()  # replicas running: from this replica's first status poll on
         try:
             if not self.table.front_door:
                 raise LookupError("no front door")
