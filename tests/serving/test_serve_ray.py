@@ -841,4 +841,13 @@ def test_autoscaling_adds_a_replica_under_load(served, capsys) -> None:
               f"{scaled_after if scaled_after is None else round(scaled_after, 1)} s")
     assert scaled_after is not None, "the autoscaler never added the second replica"
     assert result.error_count == 0 and result.ok == result.sent
-    assert running() == 2  # and it stays (downscale_delay_s 600) - never more than max_replicas
+    # And it stays (downscale_delay_s 600), never more than max_replicas. Each of the two
+    # gateway replicas answers /health from its own status poll, and on a busy 2-core CI
+    # machine one poll lagged the other past the load's end (a read said 1 right after one
+    # said 2): the count must settle at 2 on every replica, read several times in a row.
+    reads: list[int] = []
+    settle_by = time.monotonic() + 30
+    while time.monotonic() < settle_by and reads[-4:] != [2] * 4:
+        reads.append(running())
+        time.sleep(0.25)
+    assert reads[-4:] == [2] * 4 and max(reads) <= 2, reads

@@ -498,18 +498,11 @@ class LLMReplica:
             return ray.util.get_node_ip_address(), self.port
         return self.host, self.port
 
-    def pid(self) -> int:
-        return self.proc.pid
-
     def node_id(self) -> str:
         """The Ray node this replica (and its engine process) runs on."""
         import ray
 
         return ray.get_runtime_context().get_node_id()
-
-    def master_address(self) -> tuple[str, int] | None:
-        """Where an engine's other nodes meet its first (None: one node)."""
-        return self.master
 
     def wait_ready(self, timeout_s: float | None = None) -> tuple[str, int] | None:
         """Block until the engine answers ``/health``; raises with its log's tail if it exits
