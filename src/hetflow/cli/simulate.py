@@ -114,18 +114,10 @@ def run(args: argparse.Namespace) -> int:
     if args.protocol != "sia" and args.job_kind:
         raise InputError(f"--job-kind applies to --protocol sia (Sia's job categories); drop it for --protocol "
                          f"{args.protocol}")
-    if args.protocol == "gavel":
-        from hetflow.cli.simulate_protocols import run_gavel
+    if args.protocol != "hetflow":
+        from hetflow.cli.simulate_protocols import PROTOCOLS
 
-        return run_gavel(args)
-    if args.protocol == "fgd":
-        from hetflow.cli.simulate_protocols import run_fgd
-
-        return run_fgd(args)
-    if args.protocol == "sia":
-        from hetflow.cli.simulate_protocols import run_sia
-
-        return run_sia(args)
+        return PROTOCOLS[args.protocol](args)
     if args.round_s is None:
         args.round_s = 360.0
     if args.cluster is None:

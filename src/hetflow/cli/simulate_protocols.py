@@ -346,3 +346,9 @@ def run_sia(args: argparse.Namespace) -> int:
     Console(width=140).print(table)
     Console(stderr=True).print(f"wrote {out}/summary.json, inputs.json, jobs.csv")
     return 0
+
+
+PROTOCOLS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "gavel": run_gavel, "fgd": run_fgd, "sia": run_sia}
+"""``hetflow simulate --protocol NAME``: each reference protocol's command (its rules in
+``hetflow.sim.{gavel,fgd,sia}``, driven by ``hetflow.sim.mechanism``)."""

@@ -39,7 +39,6 @@ from __future__ import annotations
 import csv
 import math
 import random
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
@@ -47,6 +46,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 import numpy as np
 
 from hetflow.core.errors import InputError
+from hetflow.sim.mechanism import run_arrivals
 from hetflow.sim.textio import open_text
 
 if TYPE_CHECKING:
@@ -500,89 +500,113 @@ class FgdRun:
         return {x: round(100.0 * v / self.capacity_milli, 2) for x, v in mean.items()}
 
 
+class FgdRules:
+    """FGD's protocol as arrival rules (:func:`hetflow.sim.mechanism.run_arrivals` drives
+    them): each pod of the inflated sequence, in order, placed by the policy - the live
+    registry policy's placer (:class:`~hetflow.sim.live_fgd.LivePacking`), a random feasible
+    node, or the best score over the nodes (ties to the lower node rank) - then bound, and the
+    arrived / allocated shares and the cluster's fragmentation sampled."""
+
+    def __init__(self, nodes: Sequence[FgdNode], pods: Sequence[FgdPod], policy: str, seed: int,
+                 ratio: float, arrival_order: Sequence[int] | None, node_ranks: Sequence[int] | None,
+                 typical: Sequence[TypicalPod] | None) -> None:
+        from hetflow.sim.live_fgd import LivePacking
+
+        self.pods = pods
+        self.pol = make_packing_policy(policy)
+        typical = list(typical) if typical is not None else typical_pods(pods)
+        self.cluster = FgdCluster(nodes, typical)
+        self.n = n = len(nodes)
+        self.order = (list(arrival_order) if arrival_order is not None
+                      else inflate(pods, self.cluster.capacity_milli, ratio, seed))
+        if node_ranks is None:
+            node_ranks = random.Random(seed + 1).sample(range(n), n)
+        self.rank = np.asarray(node_ranks, dtype=np.int64)
+        self.live = isinstance(self.pol, LivePacking)
+        if self.live:
+            self.pol.start(nodes, [int(r) for r in self.rank], typical)
+        self.rng = random.Random(seed)
+        self.changed = np.full(n, -1, dtype=np.int64)
+        self.cache: dict[tuple, list] = {}  # pod class -> [last step evaluated, scores, choices]
+        self.arrived = self.allocated = 0
+        self.arrived_pct = np.empty(len(self.order))
+        self.alloc_pct = np.empty(len(self.order))
+        self.frag = np.empty(len(self.order))
+        self.node_f = np.array([self.cluster.node_frag(i) for i in range(n)])
+        self.total_f = float(self.node_f.sum())
+        self.failed = 0
+        self.placements: list[tuple[int, tuple[int, ...]] | None] = []
+        self.spec_of: dict[str, frozenset[str] | None] = {}
+
+    def arrivals(self) -> list[int]:
+        return self.order
+
+    def _spec(self, pod: FgdPod) -> frozenset[str] | None:
+        if pod.gpu_spec not in self.spec_of:
+            self.spec_of[pod.gpu_spec] = frozenset(pod.gpu_spec.split("|")) if pod.gpu_spec else None
+        return self.spec_of[pod.gpu_spec]
+
+    def decide(self, step: int, idx: int) -> tuple[int, tuple[int, ...]] | None:
+        pod, cluster, n = self.pods[idx], self.cluster, self.n
+        spec = self._spec(pod)
+        if self.live:  # the live policy's placer (hetflow.sim.live_fgd); apply() checks feasibility
+            return self.pol.place(step, pod)
+        if self.pol.uses_random:
+            feas = [i for i in range(n) if cluster.feasible(i, pod, spec)]
+            if not feas:
+                return None
+            chosen = feas[self.rng.randrange(len(feas))]
+            if not (pod.num_gpu == 1 and pod.gpu_milli < MILLI):
+                return chosen, cluster.best_fit_gpus(chosen, pod)
+            fits = [k for k, free in enumerate(cluster.gpus[chosen]) if free >= pod.gpu_milli]
+            return chosen, (fits[self.rng.randrange(len(fits))],)
+        entry = self.cache.get(pod.key)
+        if entry is None:
+            entry = self.cache[pod.key] = [-1, [None] * n, [None] * n]
+        last, scores, choices = entry
+        for i in np.flatnonzero(self.changed >= last):
+            i = int(i)
+            if cluster.feasible(i, pod, spec):
+                scores[i], choices[i] = self.pol.score(cluster, i, pod)
+            else:
+                scores[i] = None
+        entry[0] = step
+        chosen, best = None, None
+        for i in range(n):
+            sc = scores[i]
+            if sc is not None and (best is None or sc > best or (sc == best and self.rank[i] < self.rank[chosen])):
+                chosen, best = i, sc
+        return (chosen, choices[chosen]) if chosen is not None else None
+
+    def apply(self, step: int, idx: int, decision: tuple[int, tuple[int, ...]] | None) -> None:
+        pod, cluster = self.pods[idx], self.cluster
+        self.arrived += pod.gpu_request
+        if decision is None:
+            self.failed += 1
+            self.placements.append(None)
+        else:
+            chosen, gpus = decision
+            assert cluster.feasible(chosen, pod, self._spec(pod)), f"pod {step}: infeasible placement"
+            cluster.bind(chosen, pod, gpus)
+            if isinstance(self.pol, GpuClustering):
+                self.pol.bound(chosen, pod)
+            self.allocated += pod.gpu_request
+            self.changed[chosen] = step
+            f = cluster.node_frag(chosen)
+            self.total_f += f - self.node_f[chosen]
+            self.node_f[chosen] = f
+            self.placements.append((chosen, tuple(gpus)))
+        cap = cluster.capacity_milli
+        self.arrived_pct[step] = 100.0 * self.arrived / cap
+        self.alloc_pct[step] = 100.0 * self.allocated / cap
+        self.frag[step] = self.total_f
+
+
 def simulate_fgd(nodes: Sequence[FgdNode], pods: Sequence[FgdPod], policy: str, seed: int = 42,
                  ratio: float = 1.3, arrival_order: Sequence[int] | None = None,
                  node_ranks: Sequence[int] | None = None, typical: Sequence[TypicalPod] | None = None,
                  progress: Callable[[int, int], None] | None = None) -> FgdRun:
-    from hetflow.sim.live_fgd import LivePacking
-
-    start = time.perf_counter()
-    pol = make_packing_policy(policy)
-    typical = list(typical) if typical is not None else typical_pods(pods)
-    cluster = FgdCluster(nodes, typical)
-    n = len(nodes)
-    order = list(arrival_order) if arrival_order is not None else inflate(pods, cluster.capacity_milli, ratio, seed)
-    if node_ranks is None:
-        node_ranks = random.Random(seed + 1).sample(range(n), n)
-    rank = np.asarray(node_ranks, dtype=np.int64)
-    live = isinstance(pol, LivePacking)
-    if live:
-        pol.start(nodes, [int(r) for r in rank], typical)
-    rng = random.Random(seed)
-    changed = np.full(n, -1, dtype=np.int64)
-    cache: dict[tuple, list] = {}  # pod class -> [last step evaluated, scores, choices, valid mask]
-    arrived = allocated = 0
-    cap = cluster.capacity_milli
-    arrived_pct = np.empty(len(order))
-    alloc_pct = np.empty(len(order))
-    frag = np.empty(len(order))
-    node_f = np.array([cluster.node_frag(i) for i in range(n)])
-    total_f = float(node_f.sum())
-    failed = 0
-    placements: list = []
-    spec_of: dict[str, frozenset[str] | None] = {}
-    for step, idx in enumerate(order):
-        pod = pods[idx]
-        spec = spec_of.get(pod.gpu_spec)
-        if pod.gpu_spec not in spec_of:
-            spec = spec_of[pod.gpu_spec] = frozenset(pod.gpu_spec.split("|")) if pod.gpu_spec else None
-        arrived += pod.gpu_request
-        if live:  # the live policy's placer (hetflow.sim.live_fgd); the protocol checks feasibility
-            got = pol.place(step, pod)
-            chosen, gpus = got if got is not None else (None, None)
-            assert chosen is None or cluster.feasible(chosen, pod, spec), f"pod {step}: infeasible placement"
-        elif pol.uses_random:
-            feas = [i for i in range(n) if cluster.feasible(i, pod, spec)]
-            chosen = feas[rng.randrange(len(feas))] if feas else None
-            gpus = cluster.best_fit_gpus(chosen, pod) if chosen is not None and not (
-                pod.num_gpu == 1 and pod.gpu_milli < MILLI) else None
-            if chosen is not None and gpus is None:
-                fits = [k for k, free in enumerate(cluster.gpus[chosen]) if free >= pod.gpu_milli]
-                gpus = (fits[rng.randrange(len(fits))],)
-        else:
-            entry = cache.get(pod.key)
-            if entry is None:
-                entry = cache[pod.key] = [-1, [None] * n, [None] * n]
-            last, scores, choices = entry
-            for i in np.flatnonzero(changed >= last):
-                i = int(i)
-                if cluster.feasible(i, pod, spec):
-                    scores[i], choices[i] = pol.score(cluster, i, pod)
-                else:
-                    scores[i] = None
-            entry[0] = step
-            chosen, best = None, None
-            for i in range(n):
-                s = scores[i]
-                if s is not None and (best is None or s > best or (s == best and rank[i] < rank[chosen])):
-                    chosen, best = i, s
-            gpus = choices[chosen] if chosen is not None else None
-        if chosen is None:
-            failed += 1
-            placements.append(None)
-        else:
-            cluster.bind(chosen, pod, gpus)
-            if isinstance(pol, GpuClustering):
-                pol.bound(chosen, pod)
-            allocated += pod.gpu_request
-            changed[chosen] = step
-            f = cluster.node_frag(chosen)
-            total_f += f - node_f[chosen]
-            node_f[chosen] = f
-            placements.append((chosen, tuple(gpus)))
-        arrived_pct[step] = 100.0 * arrived / cap
-        alloc_pct[step] = 100.0 * allocated / cap
-        frag[step] = total_f
-        if progress and step % 500 == 0:
-            progress(step, len(order))
-    return FgdRun(pol.name, seed, arrived_pct, alloc_pct, frag, cap, failed, time.perf_counter() - start, placements)
+    rules = FgdRules(nodes, pods, policy, seed, ratio, arrival_order, node_ranks, typical)
+    stats = run_arrivals(rules, progress)
+    return FgdRun(rules.pol.name, seed, rules.arrived_pct, rules.alloc_pct, rules.frag,
+                  rules.cluster.capacity_milli, rules.failed, stats.wall_s, rules.placements)

@@ -43,7 +43,6 @@ import ast
 import csv
 import json
 import random
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
@@ -51,6 +50,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from hetflow.core.errors import InputError
+from hetflow.sim.mechanism import jct_summary, run_rounds
 from hetflow.sim.textio import read_text
 
 WORKER_TYPES = ("v100", "p100", "k80")  # Gavel's fixed order for the per-type priority lists
@@ -369,11 +369,9 @@ class GavelRun:
         jcts = [self.completion_s[j] - by[j].arrival_s for j in ids if self.completion_s.get(j) is not None]
         done = [c for c in self.completion_s.values() if c is not None]
         return {
-            "avg_jct_s": float(np.mean(jcts)) if jcts else None,
-            "p95_jct_s": float(np.percentile(jcts, 95)) if jcts else None,
+            **jct_summary(jcts),
             "makespan_s": max(done) if done else None,
             "jobs": len(ids),
-            "completed": len(jcts),
             "dropped": sum(1 for j in ids if j in self.completion_s and self.completion_s[j] is None),
             "unfinished": sum(1 for j in ids if j not in self.completion_s),
             "utilisation": self.busy_s / (self.num_workers * self.end_s) if self.end_s > 0 else None,
@@ -525,55 +523,67 @@ class GavelSimulator:
                 chosen[w].append(j)
         return chosen
 
-    # -- the loop (Gavel's simulate) -------------------------------------------------------------
+    # -- the round rules (Gavel's simulate; hetflow.sim.mechanism.run_rounds drives them) ------
+
+    def finished(self) -> bool:
+        return len(self.completion) >= len(self.jobs)
+
+    def end_round(self) -> bool:
+        """The round ends when its last micro-task does (or, with nothing running, at the next
+        arrival); each micro-task's steps count for its job. False after a few rounds with
+        nothing running and nothing left to arrive (Gavel's own loop would spin forever)."""
+        if self._idle_spins > 3:
+            return False
+        next_arrival = self._queued[self._qi].arrival_s if self._qi < len(self._queued) else None
+        if next_arrival is None and not self._running:
+            self.last_reset = 0.0
+        max_ts = 0.0
+        if self._running:
+            max_ts = max(r[0] for r in self._running)
+            if self._round_end is not None:
+                self._round_start = self._round_end
+            self._round_end = max_ts
+        if max_ts > 0:
+            self.now = max_ts
+        elif next_arrival is not None:
+            self.now = next_arrival
+        for finish, j, w, steps in self._running:
+            self._finish_micro_task(j, w, steps, finish, finish - self._round_start)
+        self._had_running = bool(self._running)
+        self._running = []
+        return True
+
+    def admit(self) -> None:
+        while self._qi < len(self._queued) and self._queued[self._qi].arrival_s <= self.now:
+            self._add(self._queued[self._qi])
+            self._qi += 1
+
+    def decide(self) -> dict[str, list[int]]:
+        return self._schedule()
+
+    def start_round(self, chosen: dict[str, list[int]]) -> None:
+        """One micro-task per chosen job: a round's worth of its steps on the type (fewer when
+        it has fewer left)."""
+        self.current = {}
+        for w, ids in chosen.items():
+            for j in ids:
+                job = self.active[j]
+                thr = job.thr[w]
+                steps = min(int(thr * self.round_s), self.remaining(j))
+                self._running.append((self.now + steps / thr, j, w, steps))
+                self.current[j] = w
+        idle = not self._running and not self._had_running and self._qi >= len(self._queued)
+        self._idle_spins = self._idle_spins + 1 if idle else 0
 
     def run(self) -> GavelRun:
-        start = time.perf_counter()
-        queued = list(self.jobs)
-        qi = 0
-        running: list[tuple[float, int, str, int]] = []  # (finish, job, type, steps)
-        round_start = 0.0
-        round_end: float | None = None
-        self.now = queued[0].arrival_s if queued else 0.0
-        rounds = 0
-        idle_spins = 0
-        while len(self.completion) < len(self.jobs):
-            next_arrival = queued[qi].arrival_s if qi < len(queued) else None
-            if next_arrival is None and not running:
-                self.last_reset = 0.0
-            max_ts = 0.0
-            if running:
-                max_ts = max(r[0] for r in running)
-                if round_end is not None:
-                    round_start = round_end
-                round_end = max_ts
-            if max_ts > 0:
-                self.now = max_ts
-            elif next_arrival is not None:
-                self.now = next_arrival
-            for finish, j, w, steps in running:
-                self._finish_micro_task(j, w, steps, finish, finish - round_start)
-            had_running = bool(running)
-            running = []
-            while qi < len(queued) and queued[qi].arrival_s <= self.now:
-                self._add(queued[qi])
-                qi += 1
-            rounds += 1
-            chosen = self._schedule()
-            self.current = {}
-            for w, ids in chosen.items():
-                for j in ids:
-                    job = self.active[j]
-                    thr = job.thr[w]
-                    steps = min(int(thr * self.round_s), self.remaining(j))
-                    running.append((self.now + steps / thr, j, w, steps))
-                    self.current[j] = w
-            # a mechanism with nothing running, nothing to arrive and nothing to recompute
-            # would spin forever; Gavel's own loop does too. Stop and report the rest unfinished.
-            idle_spins = idle_spins + 1 if not running and not had_running and qi >= len(queued) else 0
-            if idle_spins > 3:
-                break
-        return GavelRun(self.policy.name, self.jobs, self.completion, rounds, time.perf_counter() - start,
+        self._queued = list(self.jobs)
+        self._qi = 0
+        self._running: list[tuple[float, int, str, int]] = []  # (finish, job, type, steps)
+        self._round_start, self._round_end = 0.0, None
+        self._had_running, self._idle_spins = False, 0
+        self.now = self._queued[0].arrival_s if self._queued else 0.0
+        stats = run_rounds(self)
+        return GavelRun(self.policy.name, self.jobs, self.completion, stats.rounds, stats.wall_s,
                         self.busy_s, self.now, sum(self.cluster.values()), self.type_time)
 
     def _finish_micro_task(self, j: int, w: str, steps: int, finish: float, exec_s: float) -> None:

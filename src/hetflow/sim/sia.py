@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import csv
 import math
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Protocol, Sequence
@@ -53,6 +52,7 @@ import numpy as np
 
 from hetflow.core.errors import InputError
 from hetflow.scheduling.goodput import GoodputModel, GradParams, PerfParams, batch_grid, fit_perf_params
+from hetflow.sim.mechanism import jct_summary, run_rounds
 from hetflow.sim.textio import existing, read_text
 
 # GPU type (as hetflow names it) -> (Sia's cluster name / profile suffix, nodes, GPUs per node),
@@ -651,11 +651,8 @@ class SiaRun:
     unfinished: list[str] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
-        v = np.array(list(self.jcts.values()), dtype=float)
-        return {"avg_jct_s": float(v.mean()) if len(v) else None,
-                "median_jct_s": float(np.median(v)) if len(v) else None,
-                "p95_jct_s": float(np.percentile(v, 95)) if len(v) else None,
-                "makespan_s": self.makespan_s, "completed": len(v), "unfinished": len(self.unfinished),
+        return {**jct_summary(self.jcts.values()),
+                "makespan_s": self.makespan_s, "unfinished": len(self.unfinished),
                 "rounds": self.rounds, "restarts": int(sum(self.restarts.values())),
                 "wall_s": round(self.wall_s, 2), "decide_s": round(self.decide_s, 2)}
 
@@ -741,31 +738,39 @@ class SiaSimulator:
                 job.reallocate(placement)
         self.allocations = new
 
+    # -- the round rules (hetflow.sim.mechanism.run_rounds drives them) ---------------------
+
+    def finished(self) -> bool:
+        return all(j.completion_time is not None for j in self.jobs)
+
+    def end_round(self) -> bool:
+        """Every job steps through the round on its allocation; completed jobs free theirs."""
+        for j in self.jobs:
+            j.step(self.round_s)
+        self.now += self.round_s
+        self.rounds += 1
+        self.allocations = {k: v for k, v in self.allocations.items()
+                            if self.by_name[k].completion_time is None}
+        return True
+
+    def admit(self) -> None:
+        """Nothing to do: a job is active from its submission time on (:meth:`active`)."""
+
+    def decide(self) -> dict[str, Allocation] | None:
+        return dict(self.policy.decide(self)) if self.active() else None
+
+    def start_round(self, allocs: dict[str, Allocation]) -> None:
+        self._check(allocs)
+        self._apply(allocs)
+
     def run(self) -> SiaRun:
-        start = time.perf_counter()
-        decide_s = 0.0
-        while not all(j.completion_time is not None for j in self.jobs):
-            if self.rounds >= self.max_rounds:
-                break
-            for j in self.jobs:
-                j.step(self.round_s)
-            self.now += self.round_s
-            self.rounds += 1
-            self.allocations = {k: v for k, v in self.allocations.items()
-                                if self.by_name[k].completion_time is None}
-            if not self.active():
-                continue
-            t0 = time.perf_counter()
-            allocs = dict(self.policy.decide(self))
-            decide_s += time.perf_counter() - t0
-            self._check(allocs)
-            self._apply(allocs)
+        stats = run_rounds(self, self.max_rounds)
         jcts = {j.name: j.completion_time - j.submission_time for j in self.jobs if j.completion_time is not None}
         done = [j.completion_time for j in self.jobs if j.completion_time is not None]
         first = min((j.submission_time for j in self.jobs), default=0.0)
         return SiaRun(getattr(self.policy, "name", "?"), "", jcts, self.rounds,
                       {j.name: j.num_restarts or 0 for j in self.jobs},
-                      (max(done) - first) if done else 0.0, time.perf_counter() - start, decide_s,
+                      (max(done) - first) if done else 0.0, stats.wall_s, stats.decide_s,
                       [j.name for j in self.jobs if j.completion_time is None])
 
 
