@@ -55,3 +55,49 @@ def test_gavels_protocol_decides_the_scenario_the_same_way() -> None:
     # the fast type (so the first round's decision was the engine's)
     on = {names[j]: {t for t, s in times.items() if s > 0} for j, times in run.type_time.items()}
     assert on == {name: {t} for name, t in EXPECTED.items()}
+
+
+def test_sias_protocol_decides_like_the_live_scheduler() -> None:
+    """One scenario on Sia's protocol (its cluster, its job model and profiles: two BERT and two
+    DeepSpeech2 jobs at once, of 4 and 8 GPUs) and on the live scheduler's own path (hetflow's
+    engine jobs with the same remaining work, speeds per GPU type, sizes and restart costs, on
+    the same pools): the registry's ``hetflow`` gives every job the same GPU type and count."""
+    from pathlib import Path
+
+    from hetflow.sim.live_sia import LiveSiaRounds, sia_cluster_model
+    from hetflow.sim.sia import SiaJobSpec, SiaProfiles, SiaSimulator
+
+    seen: dict = {}
+
+    class Recording(LiveSiaRounds):
+        def decide_on(self, inputs):
+            decision = super().decide_on(inputs)
+            if not seen:
+                seen["jobs"], seen["decision"] = list(inputs.view.jobs), dict(decision)
+            return decision
+
+    profiles = SiaProfiles(Path(__file__).resolve().parents[1] / "fixtures" / "sia" / "profiles")
+    specs = [SiaJobSpec("bert-a", 0.0, "bert", 8, 384), SiaJobSpec("bert-b", 0.0, "bert", 4, 384),
+             SiaJobSpec("ds2-a", 0.0, "deepspeech2", 8, 640), SiaJobSpec("ds2-b", 0.0, "deepspeech2", 4, 320)]
+    sim = SiaSimulator(specs, profiles, Recording(make_policy("hetflow")), round_s=60)
+    sim.run()
+    protocol = {jid: (a.device_type, len(a.slots)) for jid, a in seen["decision"].items()}
+    assert len({t for t, _n in protocol.values()}) >= 2, protocol  # the types matter here
+
+    model, _where = sia_cluster_model(sim)
+    clock = SimClock()
+    jobs = []
+    for i, info in enumerate(sorted(seen["jobs"], key=lambda j: (j.arrival_s, j.index))):
+        job = Job(info.job_id, info.job_type, info.arrival_s, info.num_gpus, info.remaining_work)
+        sim_job = SimJob(i, job, info.restore_s, dict(info.ideal_rates), clock)
+        sim_job.needs_restore = True  # Sia charges the restart on a job's first start too
+        jobs.append(sim_job)
+    demand = DemandMix()
+    for j in jobs:
+        demand.add(j.request)
+    inputs = build_round(60.0, True, model, FreeCapacity(model), {}, jobs, lambda j: (j.arrival_s, j.idx),
+                         demand, 60.0, None)
+    decision = make_policy("hetflow").schedule(inputs.view)
+    check_decision(decision, inputs)
+    live = {jid: (a.device_type, len(a.slots)) for jid, a in decision.items()}
+    assert live == protocol
