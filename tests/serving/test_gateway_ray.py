@@ -21,6 +21,7 @@ import requests
 import yaml
 
 from tests.net import free_port
+from tests.procs import nice_of, parent_of
 from tests.serving.haproxy_run import serve_in_thread
 from tests.serving.test_upstream import SECRET, _Provider
 
@@ -97,6 +98,27 @@ def gateway(tmp_path_factory):
             proc.wait()
         provider.shutdown()
         provider.server_close()
+
+
+def test_the_front_door_runs_at_normal_cpu_priority(gateway) -> None:
+    """HAProxy (every request's first hop, and the one that refuses over-limit requests) runs
+    at ``http.nice`` (0), not at the nice 15 Ray starts its workers - the front door's actor
+    among them - with."""
+    mark = f"HETFLOW_KEYS_DIR={gateway['dir']}".encode()
+    haproxies = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                comm = Path(f"/proc/{name}/comm").read_bytes().strip()
+                env = Path(f"/proc/{name}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if comm == b"haproxy" and mark in env:
+                haproxies.append(int(name))
+    assert haproxies  # HAProxy's master and its worker
+    assert {nice_of(p) for p in haproxies} == {0}
+    master = min(haproxies, key=lambda p: parent_of(p) in haproxies)  # the one not HAProxy's child
+    assert nice_of(parent_of(master)) == 15  # the actor that started it: Ray's worker niceness
 
 
 def test_without_keys_serve_refuses_in_one_line(gateway) -> None:

@@ -69,6 +69,13 @@ class HTTPConfig(_Section):
     route_prefix: str = Field("/", pattern=r"^/([A-Za-z0-9._~-]+(/[A-Za-z0-9._~-]+)*)?$")
     """Path every endpoint lives under, e.g. ``/digits`` -> ``/digits/v1/models/<m>/predict``
     (and the OpenAI client's ``base_url`` ``.../digits/v1``)."""
+    nice: int = Field(0, ge=-20, le=19)
+    """The front door's CPU priority (a Unix nice value). It runs inside a Ray actor, and Ray
+    starts its workers at nice 15 (``worker_niceness``), below every ordinary process of the
+    node: left there, HAProxy - every request's first and last hop, and the one that refuses
+    over-limit requests - waits behind any busy process (a load generator, an engine, a
+    training rank). It is started at this value where the OS allows it (root, ``CAP_SYS_NICE``
+    or ``RLIMIT_NICE``), else at its actor's, with a line in the actor's log."""
 
 
 class LimitsConfig(_Section):

@@ -39,11 +39,13 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import dataclasses
+import functools
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -142,6 +144,7 @@ class FrontPlan:
     # generative models: a POST /v1/completions naming one (the body's ``model``) goes to its
     # own backend - its replicas answer it, and its queue limit counts it - like its other paths
     generative: frozenset[str] = frozenset()
+    nice: int = 0  # HAProxy's CPU priority (``http.nice``)
 
 
 def backend_name(model: str) -> str:
@@ -393,11 +396,17 @@ def admin_call(socket_path: str, command: str) -> str:
     return b"".join(chunks).decode(errors="replace")
 
 
-def _die_with_parent() -> None:
+def _haproxy_setup(nice: int) -> None:
+    """In HAProxy's process before it runs: SIGKILL when the actor's thread that started it
+    ends, and the front door's CPU priority where the OS allows it (the caller checks)."""
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except OSError:
         pass
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, nice)
+    except OSError:
+        pass  # not allowed: it keeps the actor's (said in the actor's log by _start)
 
 
 def _safe(name: str) -> str:
@@ -578,13 +587,20 @@ class FrontDoor:
                 env={**os.environ, **self.upstream_keys},
                 stdout=subprocess.DEVNULL,
                 stderr=open(os.path.join(self.dir, "haproxy.log"), "ab"),
-                preexec_fn=_die_with_parent)
+                preexec_fn=functools.partial(_haproxy_setup, self.plan.nice))
             started.set()
             self.proc.wait()
 
         threading.Thread(target=spawn_and_wait, name="haproxy", daemon=True).start()
         started.wait(10)
         assert self.proc is not None
+        try:
+            got = os.getpriority(os.PRIO_PROCESS, self.proc.pid)
+        except OSError:
+            got = self.plan.nice  # already gone: the loop below says why
+        if got != self.plan.nice:
+            print(f"hetflow front door: HAProxy runs at nice {got}, not http.nice {self.plan.nice} "
+                  f"(lowering a nice value needs root, CAP_SYS_NICE or RLIMIT_NICE)", file=sys.stderr)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

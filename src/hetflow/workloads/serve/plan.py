@@ -482,7 +482,8 @@ def front_plan(config: ServeConfig, plans: dict[str, ModelPlan],
         upstreams=llms + plan_upstreams(config.upstreams),
         upstream_fallbacks={n: u for n in plans if (u := upstream_fallback(config, n)) is not None},
         default_model=config.default,
-        generative=frozenset(n for n, mp in plans.items() if mp.generative))
+        generative=frozenset(n for n, mp in plans.items() if mp.generative),
+        nice=config.http.nice)
 
 
 __all__ = ["describe_plan", "ensure_checkpoint", "front_plan", "ModelPlan", "plan_llm_pools",
