@@ -94,8 +94,9 @@ def serve_main(ports: list[int]) -> int:
 
     ray.init(address="local", num_cpus=3, include_dashboard=False, log_to_driver=False,
              configure_logging=False)
-    nice = int(os.environ.get("HETFLOW_BENCH_FRONT_NICE", "0"))  # --front-nice
-    served = [deploy(serve_config_from_dict({"name": name, "http": {"port": port, "nice": nice},
+    nice = os.environ.get("HETFLOW_BENCH_FRONT_NICE", "")  # --front-nice
+    http = {"nice": int(nice)} if nice else {}
+    served = [deploy(serve_config_from_dict({"name": name, "http": {**http, "port": port},
                                              "auth": {"mode": mode},
                                              "models": _models(QUEUE_LIMIT if name == "open" else None)}))
               for name, port, mode in (("open", ports[0], "none"), ("keyed", ports[1], "keys"))]
@@ -180,9 +181,9 @@ def start_litellm(upstream: str, workdir: Path) -> tuple[subprocess.Popen | None
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="shorter runs (2 rounds of 3 s, 10 s limiter)")
-    parser.add_argument("--front-nice", type=int, default=0, metavar="N",
-                        help="the front doors' http.nice (default 0; Ray's workers run at 15, where "
-                             "HAProxy ran until 2026-12-07)")
+    parser.add_argument("--front-nice", type=int, metavar="N",
+                        help="the front doors' http.nice (default: unset - the replicas' priority, Ray's "
+                             "worker niceness 15)")
     parser.add_argument("--serve", nargs=2, type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
@@ -193,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     rounds, seconds, limiter_s = (2, 3.0, 10.0) if args.quick else (4, 6.0, 30.0)
     work = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
     keys_dir = work / "keys"
-    env = {**os.environ, "HETFLOW_KEYS_DIR": str(keys_dir), "HETFLOW_BENCH_FRONT_NICE": str(args.front_nice)}
+    env = {**os.environ, "HETFLOW_KEYS_DIR": str(keys_dir),
+           "HETFLOW_BENCH_FRONT_NICE": "" if args.front_nice is None else str(args.front_nice)}
 
     def make_key(name: str, *flags: str) -> str:
         out = subprocess.run([*HETFLOW, "keys", "create", name, *flags], env=env, capture_output=True,

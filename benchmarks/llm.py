@@ -94,12 +94,13 @@ def start_vllm(model: Path, port: int, work: Path) -> subprocess.Popen:
                             start_new_session=True)
 
 
-def start_hetflow(model: Path, port: int, work: Path) -> subprocess.Popen:
+def start_hetflow(model: Path, port: int, work: Path, front_nice: int | None = None) -> subprocess.Popen:
     import yaml
 
     config = work / "serve.yaml"
+    nice = {} if front_nice is None else {"nice": front_nice}
     config.write_text(yaml.safe_dump({
-        "name": "llmbench", "http": {"host": "127.0.0.1", "port": port},
+        "name": "llmbench", "http": {"host": "127.0.0.1", "port": port, **nice},
         "models": [{"name": "tiny", "engine": "vllm", "vllm": {"model": str(model), **ENGINE},
                     "pools": [{"devices": "cpu", "replicas": 1, "cpus_per_replica": 1}]}]}))
     env = {k: v for k, v in os.environ.items() if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"}
@@ -178,6 +179,8 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--quick", action="store_true", help="2 rounds of 16 prompts")
     ap.add_argument("--no-rayllm", action="store_true", help="leave Ray Serve LLM out")
+    ap.add_argument("--front-nice", type=int, metavar="N",
+                    help="hetflow's front door's http.nice (default: unset - its actor's, Ray's worker niceness 15)")
     args = ap.parse_args()
     if args.quick:
         args.rounds, args.num_prompts = 2, 16
@@ -196,7 +199,8 @@ def main() -> int:
     model = build_tiny_llama(work / "tiny")
     sides = ["vllm", "hetflow"] + ([] if args.no_rayllm else ["rayllm"])
     ports = {side: free_port() for side in sides}
-    starters = {"vllm": start_vllm, "hetflow": start_hetflow, "rayllm": start_rayllm}
+    starters = {"vllm": start_vllm, "rayllm": start_rayllm,
+                "hetflow": lambda m, p, w: start_hetflow(m, p, w, args.front_nice)}
     procs = {side: starters[side](model, ports[side], work) for side in sides}
     results: dict[str, list[dict]] = {side: [] for side in sides}
     try:

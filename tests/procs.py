@@ -40,3 +40,21 @@ def group_of(pgid: int) -> list[int]:
             if int(fields[2]) == pgid and fields[0] != b"Z":
                 out.append(int(name))
     return out
+
+
+def named_with_env(comm: bytes, entry: str) -> list[int]:
+    """Live processes called ``comm`` (/proc/PID/comm) whose environment holds ``entry``
+    (``NAME=value``): e.g. the HAProxy of one ``hetflow serve``, marked by a variable given to it."""
+    mark = entry.encode()
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                if Path(f"/proc/{name}/comm").read_bytes().strip() != comm:
+                    continue
+                env = Path(f"/proc/{name}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if mark in env:
+                out.append(int(name))
+    return out

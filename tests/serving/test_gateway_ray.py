@@ -21,7 +21,7 @@ import requests
 import yaml
 
 from tests.net import free_port
-from tests.procs import nice_of, parent_of
+from tests.procs import named_with_env, nice_of, parent_of
 from tests.serving.haproxy_run import serve_in_thread
 from tests.serving.test_upstream import SECRET, _Provider
 
@@ -56,7 +56,7 @@ def gateway(tmp_path_factory):
         "name": "gw",
         "upstreams": [{"name": "cloud", "model": "gpt-up", "api_key_env": "HF_GW_UPSTREAM_KEY",
                        "url": f"http://127.0.0.1:{provider.server_address[1]}/prov/v1"}],
-        "http": {"port": port},
+        "http": {"port": port, "nice": 5},  # the front door's priority, above its actor's 15
         "auth": {"mode": "keys"},
         "models": [
             {"name": "digits", "weights": "random", "devices": "cpu", "replicas": 1,
@@ -100,24 +100,13 @@ def gateway(tmp_path_factory):
         provider.server_close()
 
 
-def test_the_front_door_runs_at_normal_cpu_priority(gateway) -> None:
-    """HAProxy (every request's first hop, and the one that refuses over-limit requests) runs
-    at ``http.nice`` (0), not at the nice 15 Ray starts its workers - the front door's actor
-    among them - with."""
-    mark = f"HETFLOW_KEYS_DIR={gateway['dir']}".encode()
-    haproxies = []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                comm = Path(f"/proc/{name}/comm").read_bytes().strip()
-                env = Path(f"/proc/{name}/environ").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if comm == b"haproxy" and mark in env:
-                haproxies.append(int(name))
-    assert haproxies  # HAProxy's master and its worker
-    assert {nice_of(p) for p in haproxies} == {0}
-    master = min(haproxies, key=lambda p: parent_of(p) in haproxies)  # the one not HAProxy's child
+def test_the_front_door_runs_at_its_configured_cpu_priority(gateway) -> None:
+    """``http.nice: 5``: HAProxy (master and worker) at 5, above the nice 15 Ray starts its
+    workers - the front door's actor among them - with."""
+    haproxies = named_with_env(b"haproxy", f"HETFLOW_KEYS_DIR={gateway['dir']}")
+    assert haproxies
+    assert {nice_of(p) for p in haproxies} == {5}
+    master = next(p for p in haproxies if parent_of(p) not in haproxies)
     assert nice_of(parent_of(master)) == 15  # the actor that started it: Ray's worker niceness
 
 

@@ -397,3 +397,10 @@ def test_an_llms_queue_limit_defaults_to_two_batches_per_engine() -> None:
     assert llm_queue_limit(llm(vllm={"model": "m", "max_num_seqs": 8},
                                pools=[{"replicas": 1}, {"replicas": 1, "engine": {"max_num_seqs": 12}}])) == 24
     assert llm_queue_limit(llm(queue_limit=3)) == 3 and llm_queue_limit(llm(queue_limit=0)) == 0
+
+
+
+def test_a_bad_front_door_nice_is_one_line() -> None:
+    with pytest.raises(InputError, match="http.nice"):
+        serve_config_from_dict({"name": "app", "http": {"nice": 25},
+                                "models": [{"name": "chat", "engine": "vllm", "vllm": {"model": "m"}}]})

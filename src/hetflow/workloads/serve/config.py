@@ -69,13 +69,16 @@ class HTTPConfig(_Section):
     route_prefix: str = Field("/", pattern=r"^/([A-Za-z0-9._~-]+(/[A-Za-z0-9._~-]+)*)?$")
     """Path every endpoint lives under, e.g. ``/digits`` -> ``/digits/v1/models/<m>/predict``
     (and the OpenAI client's ``base_url`` ``.../digits/v1``)."""
-    nice: int = Field(0, ge=-20, le=19)
-    """The front door's CPU priority (a Unix nice value). It runs inside a Ray actor, and Ray
-    starts its workers at nice 15 (``worker_niceness``), below every ordinary process of the
-    node: left there, HAProxy - every request's first and last hop, and the one that refuses
-    over-limit requests - waits behind any busy process (a load generator, an engine, a
-    training rank). It is started at this value where the OS allows it (root, ``CAP_SYS_NICE``
-    or ``RLIMIT_NICE``), else at its actor's, with a line in the actor's log."""
+    nice: int | None = Field(None, ge=-20, le=19)
+    """The front door's (HAProxy's) CPU priority, a Unix nice value. Unset (the default), it is
+    its actor's: Ray starts its workers at nice 15, the Serve replicas' and engines' actors
+    too. Measured on 2 cores (docs/benchmarks.md): HAProxy at 0 in front of Serve replicas at
+    15 took their CPU (capacity 1,261-1,316 req/s against 1,449-1,481, refusals' P99 21.6-48.5
+    ms against 13.6-16.7), and in front of a vLLM engine at 0 it gained nothing (one pair:
+    TTFT P99 1.39x plain vLLM's against 0.48x). Set it where other work on the node must not
+    delay the front door (training ranks, another tenant's jobs). A value below the actor's
+    needs root, ``CAP_SYS_NICE`` or ``RLIMIT_NICE``; without it HAProxy keeps its actor's, with
+    a line in the actor's log."""
 
 
 class LimitsConfig(_Section):

@@ -144,7 +144,7 @@ class FrontPlan:
     # generative models: a POST /v1/completions naming one (the body's ``model``) goes to its
     # own backend - its replicas answer it, and its queue limit counts it - like its other paths
     generative: frozenset[str] = frozenset()
-    nice: int = 0  # HAProxy's CPU priority (``http.nice``)
+    nice: int | None = None  # HAProxy's CPU priority (None: its actor's, Ray's worker niceness)
 
 
 def backend_name(model: str) -> str:
@@ -396,17 +396,18 @@ def admin_call(socket_path: str, command: str) -> str:
     return b"".join(chunks).decode(errors="replace")
 
 
-def _haproxy_setup(nice: int) -> None:
+def _haproxy_setup(nice: int | None) -> None:
     """In HAProxy's process before it runs: SIGKILL when the actor's thread that started it
     ends, and the front door's CPU priority where the OS allows it (the caller checks)."""
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except OSError:
         pass
-    try:
-        os.setpriority(os.PRIO_PROCESS, 0, nice)
-    except OSError:
-        pass  # not allowed: it keeps the actor's (said in the actor's log by _start)
+    if nice is not None:
+        try:
+            os.setpriority(os.PRIO_PROCESS, 0, nice)
+        except OSError:
+            pass  # not allowed: it keeps the actor's (said in the actor's log by _start)
 
 
 def _safe(name: str) -> str:
@@ -598,7 +599,7 @@ class FrontDoor:
             got = os.getpriority(os.PRIO_PROCESS, self.proc.pid)
         except OSError:
             got = self.plan.nice  # already gone: the loop below says why
-        if got != self.plan.nice:
+        if self.plan.nice is not None and got != self.plan.nice:
             print(f"hetflow front door: HAProxy runs at nice {got}, not http.nice {self.plan.nice} "
                   f"(lowering a nice value needs root, CAP_SYS_NICE or RLIMIT_NICE)", file=sys.stderr)
         deadline = time.monotonic() + 10
