@@ -1,7 +1,7 @@
 """Scheduling benchmark: every cluster policy on the same traces, in one process.
 
     .venv/bin/python benchmarks/scheduling.py            # everything, ~25 minutes on 2 idle cores
-    .venv/bin/python benchmarks/scheduling.py --quick    # smaller traces, no FTF, 2 FGD seeds
+    .venv/bin/python benchmarks/scheduling.py --quick    # smaller traces, 2 calibration traces, no FTF, 1 FGD seed
     .venv/bin/python benchmarks/scheduling.py --calibration-only   # only the reference protocols
 
 Three experiments, one table:
@@ -102,36 +102,38 @@ def _progress(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def gavel(jobs: int, window: tuple[int, int], rate: float, seed: int) -> dict[str, dict[str, Any]]:
+def gavel(jobs: int, window: tuple[int, int], rate: float, seed: int,
+          policies: tuple[str, ...] = JCT_POLICIES) -> dict[str, dict[str, Any]]:
     speeds = load_gavel_throughputs(TRACES / "gavel" / "simulation_throughputs.json")
     model = ClusterModel.from_snapshot(parse_shorthand(GAVEL_CLUSTER))
     trace = synthetic_trace(speeds, jobs, rate, seed=seed, reference_types=("V100-16GB",))
     out = {}
-    for p in JCT_POLICIES:
+    for p in policies:
         out[p] = _run(model, trace.jobs, p, speeds, SimConfig(window=window))
         _progress(f"  gavel {p}: {out[p]['wall_s']:.0f} s")
     return out
 
 
-def mixed(jobs: int, rate: float, seed: int) -> dict[str, dict[str, Any]]:
+def mixed(jobs: int, rate: float, seed: int, policies: tuple[str, ...] = JCT_POLICIES) -> dict[str, dict[str, Any]]:
     speeds = default_model()
     model = ClusterModel.from_snapshot(parse_shorthand(MIXED_CLUSTER))
     assert model.total_devices == 1024
     trace = synthetic_trace(speeds, jobs, rate, seed=seed, reference_types=("A100-80GB",))
     out = {}
-    for p in JCT_POLICIES:
+    for p in policies:
         out[p] = _run(model, trace.jobs, p, speeds, SimConfig())
         _progress(f"  1024 {p}: {out[p]['wall_s']:.0f} s")
     return out
 
 
-def openb(overload: float, seed: int, pods_limit: int | None) -> dict[str, dict[str, Any]]:
+def openb(overload: float, seed: int, pods_limit: int | None,
+          policies: tuple[str, ...] = PACKING_POLICIES) -> dict[str, dict[str, Any]]:
     base = TRACES / "alibaba-gpu-2023"
     model = ClusterModel.from_snapshot(load_openb_nodes(base / "openb_node_list_gpu_node.csv"))
     pods = load_openb_pods(base / "openb_pod_list_default.csv").jobs[:pods_limit]
     jobs = openb_packing_jobs(pods, model.total_devices, overload, seed=seed)
     out = {}
-    for p in PACKING_POLICIES:
+    for p in policies:
         out[p] = _run(model, jobs, p, default_model(), SimConfig())
         _progress(f"  openb {p}: {out[p]['wall_s']:.0f} s")
     return out
@@ -449,9 +451,24 @@ def sia_part(root: Path, workers: int) -> str:
             f"hetflow_over_sia_gavel={mean.get('gavel', float('nan')):.3f} sia_workloads={len(ratios['sia'])}")
 
 
+def quick_cases() -> list[int]:
+    """``--quick``'s Gavel calibration traces: one of each kind (single-, multi-GPU), each of
+    another seed."""
+    picked: list[int] = []
+    seeds: set[int] = set()
+    kinds: set[str] = set()
+    for i, c in enumerate(gavel_cases(TRACES / "gavel-calibration")):
+        if c.seed not in seeds and c.trace not in kinds:
+            picked.append(i)
+            seeds.add(c.seed)
+            kinds.add(c.trace)
+    return picked
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="smaller traces (about 2 minutes)")
+    parser.add_argument("--quick", action="store_true", help="a smoke run under 3 minutes: smaller traces, 2 of the 4 Gavel calibration traces, "
+                        "no FTF, one FGD seed")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--gavel-rate", type=float, default=2.6, help="jobs per hour (multi-GPU mix)")
     parser.add_argument("--mixed-rate", type=float, default=150.0, help="jobs per hour on 1,024 GPUs")
@@ -482,15 +499,17 @@ def main() -> None:
 
     fgd_seeds = parse_seeds(args.fgd_seeds, 42)
     if args.quick:
-        fgd_seeds = fgd_seeds[:2]
+        fgd_seeds = fgd_seeds[:1]
     gavel_policies = tuple(p for p in args.gavel_policies.split(",") if p)
     if args.quick:  # FTF's program is Gavel's slowest (~2 min a trace)
         gavel_policies = tuple(p for p in gavel_policies if p != "finish_time_fairness_perf")
     # Independent runs go to worker processes (the machine has 2 cores); the longest first.
-    n_cases = len(gavel_cases(TRACES / "gavel-calibration"))
+    cases = list(range(len(gavel_cases(TRACES / "gavel-calibration"))))
+    if args.quick:
+        cases = quick_cases()
     legacy = not args.calibration_only
     if args.quick:
-        g_jobs, g_window, m_jobs, limit = 2000, (1000, 1500), 3000, 3000
+        g_jobs, g_window, m_jobs, limit = 1200, (600, 900), 2000, 2000
     else:
         g_jobs, g_window, m_jobs, limit = 6000, (4000, 5000), 10000, None
     elastic_runs = (("gavel-108", g_jobs, g_window, args.gavel_rate), ("mixed-1024", m_jobs, None, args.mixed_rate))
@@ -504,17 +523,19 @@ def main() -> None:
         print(f"RESULT elastic_over_rigid={worst:.3f} elastic_over_rigid_gavel_108={ratios['gavel-108']:.3f} "
               f"elastic_over_rigid_mixed_1024={ratios['mixed-1024']:.3f}")
         return
-    _progress(f"Calibration: Gavel's protocol on its {n_cases} traces, FGD's on seeds {fgd_seeds}"
+    _progress(f"Calibration: Gavel's protocol on {len(cases)} of its traces, FGD's on seeds {fgd_seeds}"
               + ("; then hetflow's own experiments" if legacy else "") + f"; {args.workers} worker processes")
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
-        g_futs = [pool.submit(gavel_case, i, gavel_policies) for i in range(n_cases)]
-        f_futs = {s: pool.submit(fgd_seed, s) for s in fgd_seeds}
+        # the longest first: openb's policies (one a process; each replays the whole 1.3x
+        # demand) and the elastic pairs
+        o_futs = [pool.submit(openb, 1.3, args.seed, limit, (p,)) for p in PACKING_POLICIES] if legacy else []
         e_futs = {w: pool.submit(elastic_pair, w, n, win, rate, args.seed, args.elastic_fraction,
                                  args.elastic_scaling, args.eager_growth) for w, n, win, rate in elastic_runs}
-        if legacy:
-            legacy_futs = (pool.submit(gavel, g_jobs, g_window, args.gavel_rate, args.seed),
-                           pool.submit(mixed, m_jobs, args.mixed_rate, args.seed),
-                           pool.submit(openb, 1.3, args.seed, limit))
+        g_futs = [pool.submit(gavel_case, i, gavel_policies) for i in cases]
+        f_futs = {s: pool.submit(fgd_seed, s) for s in fgd_seeds}
+        if legacy:  # a process a policy: the pool balances them
+            g_legacy = [pool.submit(gavel, g_jobs, g_window, args.gavel_rate, args.seed, (p,)) for p in JCT_POLICIES]
+            m_legacy = [pool.submit(mixed, m_jobs, args.mixed_rate, args.seed, (p,)) for p in JCT_POLICIES]
         g_rows = [r for fut in g_futs for r in fut.result()]
         f = fgd_summary({s: fut.result() for s, fut in f_futs.items()})
         cal = print_calibration(g_rows, f, fgd_seeds)
@@ -531,7 +552,7 @@ def main() -> None:
         print(f"(FGD's own mean allocation over 100-130 %: {cal['fgd_alloc_fgd']:.4f}; hetflow - FGD at the worst "
               f"point from 50 %: {cal['hetflow_minus_fgd_min_points']:+.2f} points)", flush=True)
         if legacy:
-            g, m, o = (fut.result() for fut in legacy_futs)
+            g, m, o = ({p: r for fut in futs for p, r in fut.result().items()} for futs in (g_legacy, m_legacy, o_futs))
     if args.calibration_only:
         print(f"RESULT {cal_line}")
         return
