@@ -548,9 +548,9 @@ class FgdRules:
 
     def decide(self, step: int, idx: int) -> tuple[int, tuple[int, ...]] | None:
         pod, cluster, n = self.pods[idx], self.cluster, self.n
-        spec = self._spec(pod)
         if self.live:  # the live policy's placer (hetflow.sim.live_fgd); apply() checks feasibility
             return self.pol.place(step, pod)
+        spec = self._spec(pod)
         if self.pol.uses_random:
             feas = [i for i in range(n) if cluster.feasible(i, pod, spec)]
             if not feas:

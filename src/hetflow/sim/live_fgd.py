@@ -39,7 +39,6 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from hetflow.scheduling.policies.base import Policy
 from hetflow.scheduling.policies.capacity import WHOLE, Assignment, ClusterModel, FreeCapacity, PoolNode, Request, _Shape
 from hetflow.scheduling.policies.rounds import DemandMix, build_round
 from hetflow.sim.live_base import ProtocolAdapter

@@ -678,7 +678,6 @@ class SiaSimulator:
         self.per_node = {t: c[2] for t, c in self.cluster.items()}
         self.capacity = {t: c[1] * c[2] for t, c in self.cluster.items()}
         self.now = 0.0
-        self.rounds = 0
         self.max_rounds = max_rounds
         self.allocations: dict[str, Allocation] = {}
         stuck = [j for j in self.jobs if not self.runnable_types(j)]
@@ -748,7 +747,6 @@ class SiaSimulator:
         for j in self.jobs:
             j.step(self.round_s)
         self.now += self.round_s
-        self.rounds += 1
         self.allocations = {k: v for k, v in self.allocations.items()
                             if self.by_name[k].completion_time is None}
         return True
@@ -768,7 +766,7 @@ class SiaSimulator:
         jcts = {j.name: j.completion_time - j.submission_time for j in self.jobs if j.completion_time is not None}
         done = [j.completion_time for j in self.jobs if j.completion_time is not None]
         first = min((j.submission_time for j in self.jobs), default=0.0)
-        return SiaRun(getattr(self.policy, "name", "?"), "", jcts, self.rounds,
+        return SiaRun(getattr(self.policy, "name", "?"), "", jcts, stats.rounds,
                       {j.name: j.num_restarts or 0 for j in self.jobs},
                       (max(done) - first) if done else 0.0, stats.wall_s, stats.decide_s,
                       [j.name for j in self.jobs if j.completion_time is None])
