@@ -206,6 +206,7 @@ def test_an_engine_over_two_nodes_is_started_again_whole(served) -> None:
     assert not [g for g in groups if group_alive(g)]  # the old engine's parts on both nodes
     new = engine_pids(served["model"])
     assert len(new) == 2 and not new & pids  # a whole new engine: server and workers
+    assert restarts() == 1  # one restart, not a cycle of them (both nodes' parts restarting each other)
 
 
 def test_the_stop_leaves_no_actor_group_or_engine_process(served) -> None:

@@ -19,6 +19,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -80,11 +81,12 @@ def llm(tmp_path_factory):
         }],
     }))
     out_path, err_path = root / "serve.out", root / "serve.err"
+    sockets = ipc_sockets()
     with out_path.open("w") as stdout, err_path.open("w") as stderr:
         proc = subprocess.Popen([*HETFLOW, "serve", str(config), "--duration", "900"],
                                 env=user_env(keys_dir), stdout=stdout, stderr=stderr)
     state = {"proc": proc, "url": f"http://127.0.0.1:{port}", "keys": made, "model": str(model),
-             "out": out_path, "err": err_path, "dir": keys_dir}
+             "out": out_path, "err": err_path, "dir": keys_dir, "sockets": sockets}
     try:
         deadline = time.monotonic() + 420
         while "serving llmt at" not in out_path.read_text():
@@ -99,6 +101,17 @@ def llm(tmp_path_factory):
         yield state
     finally:
         stop(proc)
+
+
+UUID_NAME = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def ipc_sockets() -> set[str]:
+    """UNIX sockets named by a uuid in the temporary folder: where vLLM puts its ZMQ IPC
+    sockets unless told otherwise (``VLLM_RPC_BASE_PATH``); an engine ended by a signal never
+    unlinks them."""
+    folder = Path(tempfile.gettempdir())
+    return {p.name for p in folder.iterdir() if UUID_NAME.fullmatch(p.name) and p.is_socket()}
 
 
 def stop(proc: subprocess.Popen) -> int:
@@ -557,6 +570,9 @@ def test_the_stop_leaves_no_engine_running(llm) -> None:
     while (ours := engine_family(llm["dir"])) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not ours
+    # nor their IPC sockets: each engine's are in its scratch folder, removed with it (the
+    # engines killed above included)
+    assert not ipc_sockets() - llm["sockets"]
 
 
 def engine_family(keys_dir: Path) -> list[str]:

@@ -611,13 +611,20 @@ def test_placed_replicas_see_exactly_their_device(served) -> None:
 
 
 def test_health_and_metrics(served) -> None:
+    for body in digits_bodies(rows=1, count=3):  # traffic of its own (run alone, too)
+        assert post(served, "/v1/models/digits/predict", body).status_code == 200
     health = requests.get(served.url + "/health", timeout=10)
     assert health.status_code == 200
     body = health.json()
     assert body["status"] == "ok"
     assert body["models"]["digits"]["running_replicas"] == 2
     assert body["models"]["placed"]["running_replicas"] == 3
-    values, types = scrape(served)
+    deadline = time.monotonic() + 10  # the gateway replicas report their counts in a moment
+    while sample((values := scrape(served))[0], "hetflow_serve_requests_total", model="digits",
+                 code="200") < 3:
+        assert time.monotonic() < deadline
+        time.sleep(0.3)
+    values, types = values
     assert types == {"hetflow_serve_requests": "counter", "hetflow_serve_fallbacks": "counter",
                      "hetflow_serve_retries": "counter",
                      "hetflow_serve_request_duration_seconds": "histogram",
@@ -639,7 +646,7 @@ def test_health_and_metrics(served) -> None:
                   deployment="svc.placed-gpu-node-d0") == 2
     answered = sample(values, "hetflow_serve_requests_total", model="digits", code="200")
     timed = sample(values, "hetflow_serve_request_duration_seconds_count", model="digits")
-    assert answered > 0 and timed == answered  # every answered request was timed
+    assert answered >= 3 and timed == answered  # every answered request was timed
     assert sample(values, "hetflow_serve_request_duration_seconds_bucket", model="digits",
                   le="+Inf") == timed
 
