@@ -62,6 +62,7 @@ openb_unallocated_bestfit=<x>`` (wall and utilisation: the hetflow run).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import sys
 import time
@@ -394,12 +395,25 @@ def sia_workload(path: str, profiles: str, policy: str, kind: str) -> tuple[str,
     from hetflow.sim.sia_reference import REFERENCE_POLICIES
 
     specs, profs = load_workload(Path(path)), SiaProfiles(Path(profiles))
-    if policy == "hetflow":
-        run = simulate_sia(specs, profs, "hetflow", default_kind=kind)
-    else:
-        ref = REFERENCE_POLICIES[policy]()
-        run = SiaSimulator(specs, profs, ref, round_s=ref.round_s, default_kind=kind).run()
+    with one_blas_thread():
+        if policy == "hetflow":
+            run = simulate_sia(specs, profs, "hetflow", default_kind=kind)
+        else:
+            ref = REFERENCE_POLICIES[policy]()
+            run = SiaSimulator(specs, profs, ref, round_s=ref.round_s, default_kind=kind).run()
     return path, policy, kind, run.summary()["avg_jct_s"]
+
+
+def one_blas_thread():
+    """OpenBLAS's own threads limited to one in this worker process (threadpoolctl, where
+    installed): the workers are one a core already, and on Sia's runs - small matrices, many
+    solves - the extra threads only spun: a re-stated Sia run took 52 CPU-s with them, 26
+    without (30.4 -> 26.7 s alone), the same result."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # comes with scikit-learn (make's .[dev])
+        return contextlib.nullcontext()
+    return threadpool_limits(limits=1, user_api="blas")
 
 
 def sia_part(root: Path, workers: int) -> str:
@@ -501,7 +515,7 @@ def main() -> None:
     if args.quick:
         fgd_seeds = fgd_seeds[:1]
     gavel_policies = tuple(p for p in args.gavel_policies.split(",") if p)
-    if args.quick:  # FTF's program is Gavel's slowest (~2 min a trace)
+    if args.quick:  # FTF's program is Gavel's slowest (~10 s a trace; ~2 min before e627083)
         gavel_policies = tuple(p for p in gavel_policies if p != "finish_time_fairness_perf")
     # Independent runs go to worker processes (the machine has 2 cores); the longest first.
     cases = list(range(len(gavel_cases(TRACES / "gavel-calibration"))))
