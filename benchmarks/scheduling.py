@@ -1,6 +1,7 @@
 """Scheduling benchmark: every cluster policy on the same traces, in one process.
 
-    .venv/bin/python benchmarks/scheduling.py            # everything, ~25 minutes on 2 idle cores
+    .venv/bin/python benchmarks/scheduling.py            # everything but Sia's part, ~14 minutes on 2 cores
+    .venv/bin/python benchmarks/scheduling.py --sia DIR  # and Sia's (DIR: `hetflow traces fetch sia`), ~24
     .venv/bin/python benchmarks/scheduling.py --quick    # smaller traces, 2 calibration traces, no FTF, 1 FGD seed
     .venv/bin/python benchmarks/scheduling.py --calibration-only   # only the reference protocols
 
