@@ -408,8 +408,8 @@ def sia_workload(path: str, profiles: str, policy: str, kind: str) -> tuple[str,
 def one_blas_thread():
     """OpenBLAS's own threads limited to one in this worker process (threadpoolctl, where
     installed): the workers are one a core already, and on Sia's runs - small matrices, many
-    solves - the extra threads only spun: a re-stated Sia run took 52 CPU-s with them, 26
-    without (30.4 -> 26.7 s alone), the same result."""
+    solves - the extra threads only spun: a re-stated Sia run (philly 3) took 52 CPU-s with
+    them, 19.5 within this limit, the same result."""
     try:
         from threadpoolctl import threadpool_limits
     except ImportError:  # comes with scikit-learn (make's .[dev])
