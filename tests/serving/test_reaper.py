@@ -40,6 +40,15 @@ time.sleep(300)
 """
 
 
+AUTOGROUP = Path("/proc/self/autogroup").exists()
+
+
+def autogroup(pid: int) -> tuple[str, int]:
+    """A process's session scheduling group and its nice (``/autogroup-12 nice 0``)."""
+    name, _, nice = Path(f"/proc/{pid}/autogroup").read_text().split()
+    return name, int(nice)
+
+
 def wait_file(path: Path, timeout_s: float = 30) -> str:
     deadline = time.monotonic() + timeout_s
     while not (path.exists() and path.read_text().strip()):
@@ -133,6 +142,9 @@ def test_the_engine_runs_at_the_nice_value_asked(tmp_path: Path, groups, start: 
     engine, child = map(int, wait_file(pids).split())
     if asked >= start or os.geteuid() == 0:
         assert nice_of(engine) == nice_of(child) == asked
+        if AUTOGROUP:  # and their session's share against other sessions (session_nice)
+            assert autogroup(engine) == autogroup(child) != autogroup(os.getpid())
+            assert autogroup(engine)[1] == asked
     else:  # pragma: no cover - where the tests run unprivileged
         assert nice_of(engine) == start
     os.killpg(proc.pid, signal.SIGTERM)
@@ -141,6 +153,26 @@ def test_the_engine_runs_at_the_nice_value_asked(tmp_path: Path, groups, start: 
         assert "stays at nice" in err and err.count("\n") == 1
     else:
         assert err == ""
+
+
+@pytest.mark.skipif(not AUTOGROUP, reason="the kernel has no autogroup scheduling (/proc/self/autogroup)")
+def test_a_reaper_that_leads_no_session_leaves_the_callers_session_share_alone(tmp_path: Path, groups) -> None:
+    """Started in a process group of its own but in the caller's session, the reaper must not
+    set that session's autogroup nice (it would lower every process of the caller's session)."""
+    mine = autogroup(os.getpid())
+    pids = tmp_path / "pids"
+    argv, env = reaped(engine_argv(pids, "wait"), dict(os.environ), nice=19)
+    proc = subprocess.Popen(argv, env=env, process_group=0)
+    groups.append(proc.pid)
+    try:
+        engine, _child = map(int, wait_file(pids).split())
+        assert nice_of(engine) == 19
+        assert autogroup(engine) == autogroup(os.getpid()) == mine
+    finally:
+        if autogroup(os.getpid()) != mine:  # put it back for the rest of the run
+            Path("/proc/self/autogroup").write_text(str(mine[1]))
+    os.killpg(proc.pid, signal.SIGTERM)
+    assert proc.wait(30) == 128 + signal.SIGTERM
 
 
 @pytest.mark.parametrize("value", [None, "", "not json", "[]", '["a", 1]', '{"a": 1}'])

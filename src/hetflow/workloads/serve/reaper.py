@@ -16,7 +16,9 @@ engine's) in its process group. Whichever ends first - the parent (SIGTERM), a s
 ended (SIGTERM, then SIGKILL after ``HETFLOW_REAPER_GRACE_S``, default 5 s), the folder named
 in ``HETFLOW_REAPER_REMOVE`` (the engine's scratch files) is removed, and it exits with the
 command's exit status (128 + signal when the command was ended by one). ``HETFLOW_REAPER_NICE``:
-the CPU priority the family runs at (Ray's workers run at nice 15), where the OS allows it.
+the CPU priority the family runs at (Ray's workers run at nice 15), where the OS allows it: the
+processes' nice and, on kernels that share the CPU by session first, their session's
+(:func:`session_nice`).
 
 Ray itself kills an exiting worker's children with SIGKILL (``kill_child_processes_on_worker_exit``):
 when ``hetflow serve`` is killed, its embedded Ray's workers exit and this process is killed
@@ -86,6 +88,29 @@ def end_group(pgid: int, grace_s: float, spare: int = 0) -> None:
         time.sleep(0.1)
 
 
+def session_nice(nice: int, quiet: bool = False) -> None:
+    """The nice value of this session's *autogroup*, the same as the family's own.
+
+    Where the kernel groups tasks by session (``kernel.sched_autogroup_enabled``, on in many
+    distributions' kernels, on in this machine's), the CPU is shared between sessions first, by
+    each session's autogroup nice (0 unless set), and a process's own nice orders it only
+    against the processes of its session. The reaper leads a session of its own, so without
+    this the family's nice would not raise or lower it against anything else on the node
+    (measured here: a nice-19 process in another session still took a whole core of two from
+    a nice-0 simulation). Where there is no autogroup (no ``/proc/self/autogroup``), nothing to
+    do; raising the value is always allowed, lowering it below 0 needs CAP_SYS_NICE (one line,
+    unless the process nice already failed and said so: ``quiet``)."""
+    try:
+        with open("/proc/self/autogroup", "w") as f:
+            f.write(str(nice))
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        if not quiet:
+            print(f"hetflow reaper: the engine's session keeps its CPU share (autogroup nice {nice}: {exc.strerror})",
+                  file=sys.stderr, flush=True)
+
+
 def main() -> int:
     try:
         argv = json.loads(os.environ.pop("HETFLOW_REAPER_ARGV"))
@@ -113,6 +138,8 @@ def main() -> int:
     parent = int(os.environ.pop("HETFLOW_REAPER_PARENT", "0")) or os.getppid()
     if os.getpid() != os.getpgid(0):
         os.setsid()  # started without a session of its own: lead one
+    if nice is not None and os.getsid(0) == os.getpid():  # (never another session's group)
+        session_nice(max(-20, min(19, nice)), quiet=os.getpriority(os.PRIO_PROCESS, 0) != nice)
     pgid = os.getpgid(0)
     ending: list[int] = []
 
