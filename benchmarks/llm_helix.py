@@ -21,12 +21,29 @@ nodes; its simulator gives each placement's offline decode throughput. Per setti
 
 The last line: ``RESULT sim_over_helix=<x> setting=<primary> ...`` (primary: LLaMA-2 70B on the
 24-node cluster, Helix's headline single-cluster setting).
+
+``--helix DIR`` (a checkout of Helix's repository at that commit: ``git clone
+https://github.com/Thesys-lab/Helix-ASPLOS25 DIR && git -C DIR checkout 148b733``) also runs
+Helix's own simulator on hetflow's engines - the runnable mixed pipelines ``sim_over_helix``
+counts, each chain one pipeline - instead of hetflow's estimate (``benchmarks/helix_sim.py``,
+one process per setting, about 6-9 minutes each on this machine's cores):
+``helix_sim_over_helix`` is that over Helix's figure for its own placement, by the same
+simulator; ``--helix-own`` re-runs Helix's shipped layout of the primary setting too, for its
+denominator.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import math
+import os
+import subprocess
+import sys
+import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 from hetflow.sim.llm_pools import PRIMARY, SETTINGS, evaluate, load_cluster, load_model
 
@@ -35,7 +52,55 @@ def _fmt(x: float, digits: int = 1) -> str:
     return "n/a" if math.isnan(x) else f"{x:.{digits}f}"
 
 
+def helix_simulated(helix: str, own: bool, workers: int) -> dict[str, dict[str, float]]:
+    """Per setting: Helix's simulator's tokens/s for hetflow's engines (``hetflow``) and, with
+    ``own``, for Helix's shipped layout (``helix``; else its README's figure)."""
+    from hetflow.sim.llm_pools import plan_mixed_pipelines
+
+    runner = Path(__file__).with_name("helix_sim.py")
+    jobs = []
+    for setting in SETTINGS:
+        model_name, cluster = setting.split("/")
+        engines = plan_mixed_pipelines(load_model(model_name), load_cluster(cluster), uniform=True)
+        chains = [[[n, k] for n, k in zip(e.nodes, e.stages)] for e in engines]
+        jobs.append((setting, "hetflow", ["--chains", json.dumps(chains)]))
+        if own and setting == PRIMARY:
+            jobs.append((setting, "helix", ["--own"]))
+    work = Path(tempfile.mkdtemp(prefix="hetflow-helix-"))
+
+    def run(job: tuple[str, str, list[str]]) -> tuple[str, str, float]:
+        setting, side, flags = job
+        folder = work / f"{setting.replace('/', '_')}_{side}"
+        out = subprocess.run([sys.executable, str(runner), "--helix", helix, "--setting", setting,
+                              "--work", str(folder), *flags], capture_output=True, text=True)
+        lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
+        if out.returncode != 0 or not lines:
+            raise SystemExit(f"Helix's simulator failed on {setting} ({side}): {out.stderr.strip()[-800:]}")
+        got = json.loads(lines[-1])
+        print(f"  {setting} {side}: {got['decode_tokens_per_s']:.2f} tokens/s by Helix's simulator "
+              f"({got['wall_s']:.0f} s)", flush=True)
+        return setting, side, got["decode_tokens_per_s"]
+
+    results: dict[str, dict[str, float]] = {s: {} for s in SETTINGS}
+    with ThreadPoolExecutor(workers) as pool:
+        for setting, side, value in pool.map(run, jobs):
+            results[setting][side] = value
+    import shutil
+
+    shutil.rmtree(work, ignore_errors=True)
+    return results
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--helix", metavar="DIR", help="a checkout of Helix's repository at 148b733: "
+                        "its simulator on hetflow's engines too (minutes)")
+    parser.add_argument("--helix-own", action="store_true", help="with --helix: re-run Helix's own layout of the primary setting")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="Helix simulations side by side")
+    args = parser.parse_args()
+    if args.helix and not (Path(args.helix) / "artifact_evaluation").is_dir():
+        parser.exit(2, f"llm_helix.py: error: {args.helix} is no checkout of Helix-ASPLOS25 "
+                       "(no artifact_evaluation folder)\n")
     t0 = time.perf_counter()
     print(f"{'setting':<20} {'helix':>7} {'engines':>7} {'pools':>7} {'ratio':>6} {'separate':>8} "
           f"{'sep/helix':>9} {'pp repl':>7} {'pp est':>7} {'sep est':>7} {'equal-w':>7} {'mix repl':>8} "
@@ -56,8 +121,6 @@ def main() -> None:
         types = sorted(set(load_cluster(cluster)))
         held = ", ".join(f"{t} {model.devices[t].max_num_layers}" for t in types)
         print(f"  {setting}: {model.layers} layers; {held}")
-    import json
-
     from hetflow.sim.llm_pools import plan_mixed_pipelines, pool_entries
 
     model, nodes = load_model(PRIMARY.split("/")[0]), load_cluster(PRIMARY.split("/")[1])
@@ -73,6 +136,17 @@ def main() -> None:
                      for s in SETTINGS)
     extra += " " + " ".join(f"mixed_over_helix_{s.replace('/', '_')}={results[s].mixed_over_helix:.2f}"
                             for s in SETTINGS)
+    if args.helix:
+        print("Helix's simulator on hetflow's engines (each chain one pipeline), against Helix's placement:")
+        simulated = helix_simulated(args.helix, args.helix_own, args.workers)
+        for setting in SETTINGS:
+            r = simulated[setting]
+            r.setdefault("helix", results[setting].helix)
+            print(f"  {setting:<20} hetflow {r['hetflow']:7.1f}  Helix {r['helix']:7.1f}  "
+                  f"ratio {r['hetflow'] / r['helix']:.2f}  (hetflow's estimate {results[setting].sim_over_helix:.2f})")
+        extra += f" helix_sim_over_helix={simulated[PRIMARY]['hetflow'] / simulated[PRIMARY]['helix']:.2f} "
+        extra += " ".join(f"helix_sim_over_helix_{s.replace('/', '_')}={simulated[s]['hetflow'] / simulated[s]['helix']:.2f}"
+                          for s in SETTINGS)
     print(f"RESULT sim_over_helix={p.sim_over_helix:.2f} setting={PRIMARY} engines={p.runnable_replicas} "
           f"helix_tokens_s={p.helix:.1f} {extra} wall_s={time.perf_counter() - t0:.2f}")
 
