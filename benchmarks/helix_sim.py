@@ -35,6 +35,7 @@ import sys
 import time
 from pathlib import Path
 
+MODELS = {"llama70b": "LLaMa70B", "llama30b": "LLaMa30B"}  # Helix's ModelName members
 OFFSET = 2  # Helix's solution files number compute nodes from 2 (0, 1: source and sink)
 ARTIFACT = {"cluster24": "artifact_evaluation/single_cluster", "cluster42": "artifact_evaluation/high_heterogeneity"}
 OWN = {  # Helix's shipped MILP layouts, relative to the artifact folder
@@ -87,8 +88,7 @@ def write_layout(work: Path, model: str, cluster_file: str, chains: list[list[li
     solution = work / "ilp_sol.ini"
     solution.write_text("[Settings]\n" f"offset={OFFSET}\n\n[Solution]\n" + "".join(
         f"compute_node_{OFFSET + n}={list(range(s, e))}\n" for n, (s, e) in sorted(ranges.items())))
-    manager = ModelManager(model_name={"llama70b": ModelName.LLaMa70B, "llama30b": ModelName.LLaMa30B}[model],
-                           machine_num_dict=counts)
+    manager = ModelManager(model_name=getattr(ModelName, MODELS[model]), machine_num_dict=counts)
     layout = LoadExistingLayout(model_manager=manager)
     layout.from_ini(cluster_file_name=cluster_file, machine_profile_name="./config/machine_profiles.ini")
     layout.load_solution(solution_file_name=str(solution))
@@ -188,7 +188,7 @@ def main() -> None:
         solution, simulator_cluster = write_layout(work, model, cluster_file, json.loads(args.chains), counts)
     started = time.time()
     tokens_s = step3_simulation.simulate_maxflow_offline(
-        model_name={"llama70b": ModelName.LLaMa70B, "llama30b": ModelName.LLaMa30B}[model],
+        model_name=getattr(ModelName, MODELS[model]),
         solution_file_name=solution, complete_cluster_file_name=cluster_file,
         simulator_cluster_file_name=simulator_cluster, machine_num_dict=counts)
     print(json.dumps({"decode_tokens_per_s": round(tokens_s, 2), "wall_s": round(time.time() - started, 1)}),

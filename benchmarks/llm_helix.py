@@ -26,7 +26,7 @@ The last line: ``RESULT sim_over_helix=<x> setting=<primary> ...`` (primary: LLa
 https://github.com/Thesys-lab/Helix-ASPLOS25 DIR && git -C DIR checkout 148b733``) also runs
 Helix's own simulator on hetflow's engines - the runnable mixed pipelines ``sim_over_helix``
 counts, each chain one pipeline - instead of hetflow's estimate (``benchmarks/helix_sim.py``,
-one process per setting, about 6-9 minutes each on this machine's cores):
+one process per simulation, 12-19 minutes each two at a time on this machine's 2 cores):
 ``helix_sim_over_helix`` is that over Helix's figure for its own placement, by the same
 simulator; ``--helix-own`` re-runs Helix's shipped layout of the primary setting too, for its
 denominator.
@@ -66,8 +66,6 @@ def helix_simulated(helix: str, own: bool, workers: int) -> dict[str, dict[str, 
         jobs.append((setting, "hetflow", ["--chains", json.dumps(chains)]))
         if own and setting == PRIMARY:
             jobs.append((setting, "helix", ["--own"]))
-    work = Path(tempfile.mkdtemp(prefix="hetflow-helix-"))
-
     def run(job: tuple[str, str, list[str]]) -> tuple[str, str, float]:
         setting, side, flags = job
         folder = work / f"{setting.replace('/', '_')}_{side}"
@@ -82,12 +80,10 @@ def helix_simulated(helix: str, own: bool, workers: int) -> dict[str, dict[str, 
         return setting, side, got["decode_tokens_per_s"]
 
     results: dict[str, dict[str, float]] = {s: {} for s in SETTINGS}
-    with ThreadPoolExecutor(workers) as pool:
+    with tempfile.TemporaryDirectory(prefix="hetflow-helix-") as tmp, ThreadPoolExecutor(workers) as pool:
+        work = Path(tmp)  # the layouts and the gurobipy stand-in: gone also when a run fails
         for setting, side, value in pool.map(run, jobs):
             results[setting][side] = value
-    import shutil
-
-    shutil.rmtree(work, ignore_errors=True)
     return results
 
 
