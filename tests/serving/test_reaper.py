@@ -44,8 +44,13 @@ AUTOGROUP = Path("/proc/self/autogroup").exists()
 
 
 def autogroup(pid: int) -> tuple[str, int]:
-    """A process's session scheduling group and its nice (``/autogroup-12 nice 0``)."""
-    name, _, nice = Path(f"/proc/{pid}/autogroup").read_text().split()
+    """A process's session scheduling group and its nice (``/autogroup-12 nice 0``). The kernel
+    prints nothing for the root group, init's, which every process of a session that never
+    called setsid() shares (a CI runner's, a container's): ``("root", 0)``, its nice unsettable."""
+    text = Path(f"/proc/{pid}/autogroup").read_text().split()
+    if not text:
+        return "root", 0
+    name, _, nice = text
     return name, int(nice)
 
 
