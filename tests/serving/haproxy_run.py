@@ -56,6 +56,16 @@ class StandIn(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def send_events(self, events: list[dict]) -> None:
+        """A whole server-sent-event stream (``data: {...}`` each, then ``data: [DONE]``) with
+        its length, as OpenAI-compatible servers stream."""
+        data = "".join(f"data: {json.dumps(e)}\n\n" for e in events).encode() + b"data: [DONE]\n\n"
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream")
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
     def log_message(self, *args: object) -> None:
         pass
 
@@ -71,3 +81,45 @@ def serve_in_thread(handler: type[http.server.BaseHTTPRequestHandler]) -> http.s
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     return srv
+
+
+PROVIDER_KEY = "sk-provider-secret-for-the-llm-fallback"
+
+
+class OpenAIProvider(StandIn):
+    """An external OpenAI-compatible provider at base path ``/prov/v1`` that wants its own key
+    (``PROVIDER_KEY``): chat completions and completions, whole or streamed (one chunk), each
+    "from upstream" under the model it was asked for (and ``by``: ``upstream:<model>``), with
+    usage. Subclass it per test: ``seen`` keeps what each request carried."""
+
+    seen: list[dict] = []
+
+    def _ok(self) -> bool:
+        return self.headers.get("authorization") == f"Bearer {PROVIDER_KEY}"
+
+    def do_GET(self) -> None:
+        self.send_json(200 if self._ok() and self.path == "/prov/v1/models" else 401,
+                       {"object": "list", "data": [{"id": "gpt-up", "object": "model"}]})
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers.get("content-length") or 0)) or b"{}")
+        type(self).seen.append({"path": self.path, "body": body,
+                                "authorization": self.headers.get("authorization")})
+        chat = self.path == "/prov/v1/chat/completions"
+        if not self._ok():
+            return self.send_json(401, {"error": "bad upstream key"})
+        if not chat and self.path != "/prov/v1/completions":
+            return self.send_json(404, {"error": self.path})
+        model = body.get("model")
+        choice = ({"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "from upstream"}}
+                  if chat else {"index": 0, "finish_reason": "stop", "text": "from upstream"})
+        if not body.get("stream"):
+            return self.send_json(200, {
+                "id": "up-1", "object": "chat.completion" if chat else "text_completion", "created": 1,
+                "model": model, "by": f"upstream:{model}", "choices": [choice],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}})
+        delta = ({"index": 0, "delta": {"content": "from upstream"}, "finish_reason": "stop"}
+                 if chat else choice)
+        self.send_events([{"id": "up-1", "object": "chat.completion.chunk" if chat else "text_completion",
+                           "created": 1, "model": model, "choices": [delta]}])
+        return None

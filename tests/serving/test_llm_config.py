@@ -25,7 +25,7 @@ def llm(**fields):
 @pytest.mark.parametrize("fields, words", [
     ({"vllm": None}, "engine: vllm needs vllm:"),
     ({"train": {"model": {"kind": "mlp", "hidden": [8]}}}, "drop train"),
-    ({"fallback": "other"}, "take no fallback"),
+    ({"fallback": "other"}, "fallback 'other' is not a model or upstream"),
     ({"autoscaling": {"min_replicas": 1, "max_replicas": 2}}, "fixed replicas per pool"),
     ({"pools": [{"devices": {"kind": "cpu", "vendor": "amd"}}]}, "pool 1: devices.vendor/model need devices.kind gpu"),
     ({"pools": [{"devices": "auto"}]}, "devices.kind auto is not for an LLM pool: write cpu or gpu"),
@@ -37,6 +37,37 @@ def llm(**fields):
 def test_bad_llm_entries_are_one_line(fields, words) -> None:
     with pytest.raises(InputError) as err:
         llm(**fields)
+    text = str(err.value)
+    assert words in text and "\n" not in text.strip()
+
+
+UPSTREAMS = [{"name": "cloud", "url": "https://api.example.com/v1", "model": "gpt-up"},
+             {"name": "triton", "url": "http://triton:8000", "protocol": "kserve-v2"}]
+LLM = {"name": "chat", "engine": "vllm", "vllm": {"model": "org/some-model"}}
+DIGITS = {"name": "digits", "train": {"model": {"kind": "mlp", "hidden": [8]}}}
+
+
+def test_an_llm_falls_back_to_an_openai_upstream_and_the_front_door_plans_it() -> None:
+    from hetflow.workloads.serve.plan import front_plan
+
+    config = serve_config_from_dict({"name": "app", "models": [{**LLM, "fallback": "cloud"}],
+                                     "upstreams": UPSTREAMS})
+    plan = front_plan(config, {}, {"chat": [("p1-r0", "127.0.0.1", 9000, 1)]})
+    assert plan.upstream_fallbacks == {"chat": "cloud"}
+    assert [u.name for u in plan.upstreams if u.local] == ["chat"]
+
+
+@pytest.mark.parametrize("models, words", [
+    ([{**LLM, "fallback": "triton"}], "model chat (engine: vllm): fallback 'triton' speaks kserve-v2; "
+                                      "an LLM's requests are OpenAI's"),
+    ([{**LLM, "fallback": "digits"}, DIGITS], "model chat (engine: vllm): fallback 'digits' is a model "
+                                              "of this file; an LLM falls back to an upstream"),
+    ([LLM, {**DIGITS, "fallback": "chat"}], "model digits: fallback 'chat' is an engine: vllm model, "
+                                            "which the gateway cannot call"),
+])
+def test_a_fallback_that_cannot_take_the_models_requests_is_one_line(models, words) -> None:
+    with pytest.raises(InputError) as err:
+        serve_config_from_dict({"name": "app", "models": models, "upstreams": UPSTREAMS})
     text = str(err.value)
     assert words in text and "\n" not in text.strip()
 

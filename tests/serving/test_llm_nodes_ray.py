@@ -2,7 +2,8 @@
 two-node Ray cluster, one ``engine: vllm`` pool with ``nodes: 2`` (tensor_parallel_size 2: one
 process on each node, vLLM's multi-node mode). Its two actors sit on different Ray nodes, the
 unmodified ``openai`` client gets completions through the front door, ``--dry-run`` says how the
-engine spans the nodes, the engine restarts whole after its second node's workers are killed,
+engine spans the nodes, the engine restarts whole after its second node's workers are killed - its ``fallback``, an
+external OpenAI-compatible provider (a stand-in in this process), answering while it is down -,
 and the stop leaves no actor, placement group or engine process.
 
 (Pipeline parallelism, the usual layout across nodes on GPUs, does not run on vLLM's CPU build:
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -26,6 +28,7 @@ import yaml
 from tests.net import free_port
 from tests.procs import stat_fields
 from tests.ray_cluster import hetflow_cluster
+from tests.serving.haproxy_run import PROVIDER_KEY, OpenAIProvider, serve_in_thread
 
 pytestmark = [
     pytest.mark.ray,
@@ -59,11 +62,15 @@ def served(tmp_path_factory):
     root = tmp_path_factory.mktemp("llm-nodes")
     model = build_tiny_llama(root / "tiny-nodes")
     port = free_port()
+    seen: list[dict] = []
+    provider = serve_in_thread(type("Provider", (OpenAIProvider,), {"seen": seen}))
     config = root / "serve.yaml"
     config.write_text(yaml.safe_dump({
         "name": "llmn", "http": {"port": port},
+        "upstreams": [{"name": "cloud", "url": f"http://127.0.0.1:{provider.server_address[1]}/prov/v1",
+                       "model": "gpt-up", "api_key_env": "HF_TEST_PROVIDER_KEY", "check_interval_s": 0.5}],
         "models": [{
-            "name": "tiny", "engine": "vllm",
+            "name": "tiny", "engine": "vllm", "fallback": "cloud",
             "vllm": {"model": str(model), "load_format": "dummy", "dtype": "float32",
                      "max_model_len": 512, "max_num_seqs": 4, "enforce_eager": True,
                      "tensor_parallel_size": 2,
@@ -78,6 +85,7 @@ def served(tmp_path_factory):
         cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1")
         cluster.wait_for_nodes()
         env = {k: v for k, v in os.environ.items() if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"}
+        env["HF_TEST_PROVIDER_KEY"] = PROVIDER_KEY
         dry = subprocess.run([*HETFLOW, "serve", str(config), "--dry-run", "--address", cluster.address],
                              env=env, capture_output=True, text=True, timeout=120)
         three = root / "three.yaml"  # one engine over more nodes than the cluster has
@@ -94,7 +102,7 @@ def served(tmp_path_factory):
                                      "--address", cluster.address],
                                     env=env, stdout=stdout, stderr=stderr)
         state = {"proc": proc, "url": f"http://127.0.0.1:{port}", "model": model, "dry": dry, "too_many": too_many,
-                 "ray": ray, "err": err_path}
+                 "ray": ray, "err": err_path, "seen": seen}
         try:
             deadline = time.monotonic() + 420
             while "serving llmn at" not in out_path.read_text():
@@ -110,12 +118,15 @@ def served(tmp_path_factory):
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
+            provider.shutdown()
+            provider.server_close()
 
 
 def test_the_dry_run_says_each_engine_spans_two_nodes(served) -> None:
     dry = served["dry"]
     assert dry.returncode == 0, dry.stderr
     assert "pool 1: 1 engine(s) on CPU, tensor parallel 2, each over 2 nodes" in dry.stdout
+    assert re.search(r"^  tiny \(engine: vllm, routing: \w+, fallback cloud\):$", dry.stdout, re.M), dry.stdout
 
 
 def test_an_engine_over_more_nodes_than_the_cluster_has_cannot_fit(served) -> None:
@@ -148,6 +159,7 @@ def test_the_openai_client_is_answered_by_the_engine_over_two_nodes(served) -> N
     for prompt in ("hello", "The quick brown fox"):
         out = client.completions.create(model="tiny", prompt=prompt, max_tokens=8)
         assert out.usage.completion_tokens == 8 and out.choices[0].text
+        assert out.model == "tiny"  # the engine's answer, not its fallback's
     stream = client.chat.completions.create(
         model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=6, stream=True,
         stream_options={"include_usage": True})
@@ -189,20 +201,25 @@ def test_an_engine_over_two_nodes_is_started_again_whole(served) -> None:
 
     client = OpenAI(base_url=served["url"] + "/v1", api_key="unused", max_retries=0, timeout=60)
     deadline = time.monotonic() + 400
+    upstream = None  # while the engine is down, its fallback answers the same client
     while True:
         try:
             address = tuple(ray.get(first.address.remote(), timeout=60))
         except ray.exceptions.RayError:  # its actor being started again
             address = old_address
-        if address != old_address and restarts() >= 1:
-            try:
-                out = client.completions.create(model="tiny", prompt="again", max_tokens=4)
-                break
-            except Exception:  # noqa: BLE001 - not routed to the new engine yet
-                pass
+        try:
+            out = client.completions.create(model="tiny", prompt="again", max_tokens=4)
+            if out.model == "gpt-up":
+                upstream = upstream or out
+            elif address != old_address and restarts() >= 1:
+                break  # the new engine's answer
+        except Exception:  # noqa: BLE001 - the old engine failing, the new one not routed yet
+            pass
         assert time.monotonic() < deadline, served["err"].read_text()[-2000:]
-        time.sleep(2)
-    assert out.usage.completion_tokens == 4
+        time.sleep(1)
+    assert out.usage.completion_tokens == 4 and out.model == "tiny"
+    assert upstream is not None and upstream.choices[0].text == "from upstream"
+    assert served["seen"][-1]["body"]["model"] == "gpt-up"  # renamed to the provider's own
     assert not [g for g in groups if group_alive(g)]  # the old engine's parts on both nodes
     new = engine_pids(served["model"])
     assert len(new) == 2 and not new & pids  # a whole new engine: server and workers

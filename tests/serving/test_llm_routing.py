@@ -8,6 +8,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import http.client
 import json
+import os
 import time
 from pathlib import Path
 
@@ -15,9 +16,16 @@ import pytest
 
 from hetflow.workloads.serve.front import FrontPlan, Server, admin_call, render_config, weight_commands
 from hetflow.workloads.serve.llm import CapacityMeter, LLMRouting, capacity_weights
-from hetflow.workloads.serve.upstream import llm_backend, write_lua
+from hetflow.workloads.serve.upstream import UpstreamPlan, key_env_name, llm_backend, write_lua
 from tests.net import free_port
-from tests.serving.haproxy_run import StandIn, listening, serve_in_thread, start_haproxy
+from tests.serving.haproxy_run import (
+    PROVIDER_KEY,
+    OpenAIProvider,
+    StandIn,
+    listening,
+    serve_in_thread,
+    start_haproxy,
+)
 
 SYSTEM = ("You are a careful assistant for a platform team. Answer in one short paragraph, cite "
           "the configuration key you rely on, and say when you are unsure. ") * 3
@@ -36,11 +44,14 @@ def _engine(name: str, delay_s: float) -> type[StandIn]:
     return Engine
 
 
+
+
 class Front:
-    """HAProxy for one LLM model ``chat`` over stand-in engines ``(name, weight)``."""
+    """HAProxy for one LLM model ``chat`` over stand-in engines ``(name, weight)``;
+    ``fallback``: with an external provider ``cloud`` (a stand-in) as the model's fallback."""
 
     def __init__(self, root: Path, engines: list[tuple[str, int]], routing: LLMRouting,
-                 delay_s: float = 0.0, queue_limit: int = 0) -> None:
+                 delay_s: float = 0.0, queue_limit: int = 0, fallback: bool = False) -> None:
         self.servers = []
         for name, _ in engines:
             self.servers.append(serve_in_thread(_engine(name, delay_s)))
@@ -49,13 +60,23 @@ class Front:
                           queue_limit)
         self.port = free_port()
         gateway = self.servers[0].server_address[1]  # (never asked here)
+        upstreams, env = (llm,), None
+        self.provider = None
+        if fallback:
+            self.seen: list[dict] = []
+            self.provider = serve_in_thread(type("Provider", (OpenAIProvider,), {"seen": self.seen}))
+            upstreams += (UpstreamPlan(name="cloud", protocol="openai", scheme="http", host="127.0.0.1",
+                                       port=self.provider.server_address[1], base_path="/prov/v1",
+                                       model="gpt-up", key_env=key_env_name("cloud"), check_interval_s=0.2),)
+            env = {**os.environ, key_env_name("cloud"): PROVIDER_KEY}
         plan = FrontPlan(app="t", host="127.0.0.1", port=self.port, models={}, gateway_app="t",
                          request_timeout_s=30, retries=1, max_body_bytes=1 << 20,
-                         upstreams=(llm,), default_model=None)
+                         upstreams=upstreams, default_model=None,
+                         upstream_fallbacks={"chat": "cloud"} if fallback else {})
         self.llm, self.admin = llm, str(root / "admin.sock")
         self.config = render_config(plan, {"t": [Server("g1", "127.0.0.1", gateway)]},
                                     self.admin, None, None, "", write_lua(str(root)))
-        self.proc, self.log = start_haproxy(root, self.config, self._answers)
+        self.proc, self.log = start_haproxy(root, self.config, self._answers, env)
 
     def _answers(self) -> bool:
         return listening(self.port) and self.chat([{"role": "user", "content": "ping"}])[0] == 200  # engines up
@@ -78,7 +99,7 @@ class Front:
     def close(self) -> None:
         self.proc.terminate()
         self.proc.wait(10)
-        for srv in self.servers:
+        for srv in self.servers + ([self.provider] if self.provider else []):
             srv.shutdown()
             srv.server_close()
 
@@ -152,6 +173,46 @@ def test_past_its_queue_limit_the_model_is_refused_at_once(front) -> None:
     assert len(ok) in (4, 5) and len(ok) + len(shed) == 8, results  # (see test_access)
     assert all(r[1] < 0.5 and r[2] == "1" and "queue limit" in r[3] for r in shed), shed
     assert f.chat(conversation(0, 0))[0] == 200
+
+
+def test_past_its_queue_limit_an_llm_sends_the_overflow_to_its_fallback_upstream(front) -> None:
+    """The same 8 concurrent requests with an external provider as the model's ``fallback``:
+    the engines take what their limit allows, the rest go to the provider under its own model
+    name and key instead of a 503; with room again, the engines answer."""
+    f = front([("e0", 1), ("e1", 1)], LLMRouting(), delay_s=0.6, queue_limit=2, fallback=True)
+    with cf.ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda i: f.chat(conversation(i, 0)), range(8)))
+    assert all(status == 200 for status, _ in results), results
+    by = [by for _, by in results]
+    engines = [b for b in by if b in ("e0", "e1")]
+    assert len(engines) in (4, 5) and by.count("upstream:gpt-up") == 8 - len(engines), by
+    assert all(s["authorization"] == f"Bearer {PROVIDER_KEY}" and s["path"] == "/prov/v1/chat/completions"
+               for s in f.seen)
+    assert f.chat(conversation(0, 0))[1] in ("e0", "e1")
+
+
+def test_an_llm_with_no_engine_up_is_answered_by_its_fallback_upstream(front) -> None:
+    """Every engine gone: once the health checks mark them down, the unmodified ``openai``
+    client's chat (whole and streamed) is answered by the provider; no 503."""
+    import openai
+
+    f = front([("e0", 1), ("e1", 1)], LLMRouting(affinity="prefix"), queue_limit=2, fallback=True)
+    assert f.chat(conversation(1, 0))[1] in ("e0", "e1")
+    for srv in f.servers:
+        srv.shutdown()
+        srv.server_close()
+    f.servers = []
+    deadline = time.monotonic() + 15
+    while (answer := f.chat(conversation(1, 0)))[1] != "upstream:gpt-up":
+        assert answer[0] in (200, 502, 503) and time.monotonic() < deadline, answer
+        time.sleep(0.1)
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{f.port}/v1", api_key="unused", max_retries=0)
+    out = client.chat.completions.create(model="chat", messages=[{"role": "user", "content": "hi"}])
+    assert out.choices[0].message.content == "from upstream" and out.model == "gpt-up"
+    stream = client.chat.completions.create(model="chat", messages=[{"role": "user", "content": "hi"}],
+                                            stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in stream) == "from upstream"
+    assert f.seen[-1]["body"]["model"] == "gpt-up"
 
 
 def _stats(waiting: float = 0, running: float = 1, tokens: float = 0) -> dict[str, float]:

@@ -75,14 +75,9 @@ class _Provider(StandIn):
         if self.headers.get("authorization") != f"Bearer {SECRET}":
             return self._send(401, {"error": "bad upstream key"})
         if self.path == "/prov/v1/chat/completions" and body.get("stream"):
-            chunk = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": body.get("model"),
-                     "choices": [{"index": 0, "delta": {"content": "from upstream"}, "finish_reason": "stop"}]}
-            data = f"data: {json.dumps(chunk)}\n\ndata: [DONE]\n\n".encode()
-            self.send_response(200)
-            self.send_header("content-type", "text/event-stream")
-            self.send_header("content-length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            self.send_events([{"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": body.get("model"),
+                               "choices": [{"index": 0, "delta": {"content": "from upstream"},
+                                            "finish_reason": "stop"}]}])
             return None
         if self.path == "/prov/v1/chat/completions":
             return self._send(200, {

@@ -264,7 +264,8 @@ def _plan_or_stop(config: Any, args: argparse.Namespace) -> int:
                   f"{m['memory_bytes'] / 2**20:.0f} MiB per replica"
                   + (f", fallback {m['fallback']}" if m["fallback"] else ""))
         for name, m in plan["llm"].items():
-            print(f"  {name} (engine: vllm, routing: {m['routing']['affinity']}):")
+            print(f"  {name} (engine: vllm, routing: {m['routing']['affinity']}"
+                  + (f", fallback {m['fallback']}" if m.get("fallback") else "") + "):")
             for e in m["engines"]:
                 where = (", ".join(e["devices"]) if e["devices"] else
                          f"{e['ray_gpus']:g} Ray GPU(s)" if e["ray_gpus"] else e["compute"].upper())

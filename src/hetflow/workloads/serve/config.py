@@ -16,11 +16,12 @@ Example (``examples/serve_digits.yaml``)::
         batching: {max_batch_size: 32, batch_wait_timeout_s: 0.002}
 
 Cross-field rules (:func:`combination_errors`): model names are unique; every ``fallback`` and
-``default_model`` names a model of the file and fallbacks form no cycle; a model gives exactly
+``default_model`` names a model of the file and fallbacks form no cycle (an ``engine: vllm``
+model's fallback is an OpenAI upstream, and no torch model falls back to one); a model gives exactly
 one of ``train_config`` / ``train``; ``replicas`` and ``autoscaling`` exclude each other;
 bf16/fp16 run on GPUs only and int8 on CPUs only.
 
-Why one file of about 660 lines: every section's schema, read top to bottom as the YAML is;
+Why one file of about 720 lines: every section's schema, read top to bottom as the YAML is;
 each field's docstring is its documentation, and the cross-section checks need them all.
 """
 
@@ -278,7 +279,9 @@ class ModelServeConfig(_Section):
     health_check_period_s: float = Field(2.0, gt=0)
     """How often Serve checks each replica (a dead one is replaced after it fails)."""
     fallback: str | None = None
-    """Model that answers this model's requests while none of its replicas is running."""
+    """Model or upstream that answers this model's requests while none of its replicas is
+    running, or past its ``queue_limit`` (an upstream: instead of the 503). ``engine: vllm``:
+    an upstream of protocol ``openai``."""
     engine: Literal["torch", "vllm"] = "torch"
     """``torch``: hetflow's own replica (a spec's model, TorchScript or torch.export).
     ``vllm``: an LLM on vLLM's OpenAI server (``vllm:`` its engine arguments, ``pools:`` its
@@ -515,8 +518,6 @@ def llm_errors(m: ModelServeConfig, sources: list[str]) -> list[str]:
     if m.autoscaling is not None:
         errors.append("engine: vllm takes fixed replicas per pool (pools: [{replicas: N}]); "
                       "autoscaling is not supported for it yet")
-    if m.fallback is not None:
-        errors.append("engine: vllm models take no fallback yet; list more pools instead")
     for i, pool in enumerate(m.pools):
         if pool.devices.kind == "cpu" and (pool.devices.vendor or pool.devices.model):
             errors.append(f"pool {i + 1}: devices.vendor/model need devices.kind gpu")
@@ -562,9 +563,33 @@ def combination_errors(config: ServeConfig) -> list[str]:
         if m.fallback is not None and m.fallback not in known and m.fallback not in up_names:
             errors.append(f"model {m.name}: fallback {m.fallback!r} is not a model or upstream "
                           f"of this file ({', '.join(names + up_names)})")
+        elif m.fallback is not None:
+            errors.extend(_fallback_kind_errors(config, m))
     errors.extend(_fallback_cycles(config))
     errors.extend(_size_errors("limits.max_body_bytes", config.limits.max_body_bytes))
     return errors
+
+
+def _fallback_kind_errors(config: ServeConfig, m: ModelServeConfig) -> list[str]:
+    """A fallback must take the model's requests as they come: an ``engine: vllm`` model's
+    (OpenAI's, straight from the front door to its engines) go to an upstream of protocol
+    ``openai`` only; a torch model's go along the gateway's chain, which cannot call an
+    ``engine: vllm`` model."""
+    target = next((t for t in config.models if t.name == m.fallback), None)
+    upstream = config.upstream(m.fallback) if target is None else None
+    if m.engine == "vllm":
+        if target is not None:
+            return [f"model {m.name} (engine: vllm): fallback {m.fallback!r} is a model of this "
+                    "file; an LLM falls back to an upstream of protocol openai (upstreams: "
+                    "[{name, url}]) - or list more pools"]
+        if upstream is not None and upstream.protocol != "openai":
+            return [f"model {m.name} (engine: vllm): fallback {m.fallback!r} speaks "
+                    f"{upstream.protocol}; an LLM's requests are OpenAI's: name an upstream "
+                    "with protocol: openai"]
+    elif target is not None and target.engine == "vllm":
+        return [f"model {m.name}: fallback {m.fallback!r} is an engine: vllm model, which the "
+                f"gateway cannot call for {m.name}; name a torch model or an upstream"]
+    return []
 
 
 def _size_errors(key: str, value: int | str) -> list[str]:

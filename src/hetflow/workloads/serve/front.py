@@ -281,8 +281,13 @@ def render_config(plan: FrontPlan, servers: dict[str, list[Server]], admin_socke
                 lines += acc.shed_rules(acl, acl, plan.queue_limits[model])
     for u in plan.upstreams:  # an engine: vllm model's engines (their servers carry maxconn)
         if u.local and u.queue_limit:
+            fallback = by_name.get(plan.upstream_fallbacks.get(u.name, ""))
+            unless = f" !{up.protocol_acl_name(fallback)}" if fallback is not None else ""
+            if fallback is not None:  # past the limit, its requests go upstream instead
+                over_limit[u.name] = acc.no_free_slot(u.backend)
             lines += [acc.shed_return(f"{up.protocol_acl_name(u)} {{ var(txn.model) -m str {u.name} }} "
-                                      + branch, u.queue_limit) for branch in acc.no_free_slot(u.backend)]
+                                      + branch + unless, u.queue_limit)
+                      for branch in acc.no_free_slot(u.backend)]
     if plan.access is not None:
         assert map_dir is not None
         lines += acc.admit_rules(map_dir)
@@ -776,9 +781,12 @@ class FrontDoor:
         upstreams = {u.name: len(up_now) > 0 for u in self.plan.upstreams
                      for up_now in [up.get(u.backend, [])]}
         for model, name in self.plan.upstream_fallbacks.items():
-            if serving.get(model) is None and upstreams.get(name):
+            if model in serving and serving[model] is None and upstreams.get(name):
                 serving[model] = name
         ready = gateway_up > 0 and all(v is not None for v in serving.values())
+        for model, name in self.plan.upstream_fallbacks.items():
+            if model not in serving:  # an engine: vllm model: its engines, else its fallback
+                serving[model] = model if upstreams.get(model) else name if upstreams.get(name) else None
         return {"ready": ready, "direct_ingress": self.direct, "gateway_up": gateway_up, "up": models, "serving": serving,
                 "upstreams": upstreams,
                 "error": self.error, "haproxy_pid": self.proc.pid if self.proc else None}

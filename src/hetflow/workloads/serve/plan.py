@@ -208,7 +208,8 @@ def describe_plan(config: ServeConfig, plans: dict[str, ModelPlan],
     for name, groups in (llm_groups or {}).items():
         entry = config.model(name)
         routing = entry.routing.model_dump() if entry.routing is not None else {"affinity": "none"}
-        llm[name] = {"routing": routing, "engines": [_describe_engine(entry, i, g) for i, g in groups]}
+        llm[name] = {"routing": routing, "fallback": entry.fallback,
+                     "engines": [_describe_engine(entry, i, g) for i, g in groups]}
     return {
         "llm": llm,
         "front_door": {"url": url_of(config.http.host, config.http.port), "haproxy": None},
@@ -480,7 +481,9 @@ def front_plan(config: ServeConfig, plans: dict[str, ModelPlan],
                 if config.auth.enabled(config.http.host) else None),
         queue_limits={n: mp.entry.effective_queue_limit for n, mp in plans.items()},
         upstreams=llms + plan_upstreams(config.upstreams),
-        upstream_fallbacks={n: u for n in plans if (u := upstream_fallback(config, n)) is not None},
+        # (an engine: vllm model's fallback too: its engines' backend is an upstream's)
+        upstream_fallbacks={n: u for n in [*plans, *(llm_servers or {})]
+                            if (u := upstream_fallback(config, n)) is not None},
         default_model=config.default,
         generative=frozenset(n for n, mp in plans.items() if mp.generative),
         nice=config.http.nice)

@@ -203,21 +203,23 @@ def system_ca_file() -> str:
 
 def routing_rules(ups: tuple[UpstreamPlan, ...], fallbacks: dict[str, str], root: str,
                   local_backend: Any, over_limit: dict[str, list[str]]) -> list[str]:
-    """``use_backend`` lines, before the local models' own: the upstream's name, then each
-    local model whose fallback it is while that model has no server up or is over its queue
-    limit (``over_limit``: model -> ACL conditions, any one true past the limit)."""
+    """``use_backend`` lines, before the local models' own: each local model whose fallback
+    an upstream is, to it while that model has no server up or is over its queue limit
+    (``over_limit``: model -> ACL conditions, any one true past the limit); then each
+    upstream's own name, an ``engine: vllm`` model's engines among them (so its fallback's
+    lines come before its own)."""
     lines = []
     by_name = {u.name: u for u in ups}
-    for up in ups:
-        lines.append(f"    use_backend {up.backend} if {protocol_acl_name(up)} "
-                     f"{{ var(txn.model) -m str {up.name} }}")
     for model, name in sorted(fallbacks.items()):
         up = by_name[name]
-        be = local_backend(model)
+        be = by_name[model].backend if model in by_name else local_backend(model)
         cond = f"proto_{up.backend} {{ var(txn.model) -m str {model} }}"
         lines.append(f"    use_backend {up.backend} if {cond} {{ nbsrv({be}) -m int eq 0 }}")
         for condition in over_limit.get(model, []):
             lines.append(f"    use_backend {up.backend} if {cond} {condition}")
+    for up in ups:
+        lines.append(f"    use_backend {up.backend} if {protocol_acl_name(up)} "
+                     f"{{ var(txn.model) -m str {up.name} }}")
     return lines
 
 
