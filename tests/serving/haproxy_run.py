@@ -39,6 +39,15 @@ def start_haproxy(root: Path, config: str, ready: Callable[[], bool],
     return proc, log
 
 
+def stop_all(proc: subprocess.Popen, servers: list[http.server.ThreadingHTTPServer]) -> None:
+    """HAProxy ended, then the stand-in servers behind it."""
+    proc.terminate()
+    proc.wait(10)
+    for srv in servers:
+        srv.shutdown()
+        srv.server_close()
+
+
 class StandIn(http.server.BaseHTTPRequestHandler):
     """A stand-in server's handler: HTTP/1.1 keep-alive as the real ones, no request log, and a
     client that hangs up early (HAProxy's health checks do) is not an error."""
@@ -93,12 +102,14 @@ class OpenAIProvider(StandIn):
     usage. Subclass it per test: ``seen`` keeps what each request carried."""
 
     seen: list[dict] = []
+    health_status = 200  # what its model list (the front door's health check) answers
+    post_status = 200  # what its completions answer (not 200: an error body)
 
     def _ok(self) -> bool:
         return self.headers.get("authorization") == f"Bearer {PROVIDER_KEY}"
 
     def do_GET(self) -> None:
-        self.send_json(200 if self._ok() and self.path == "/prov/v1/models" else 401,
+        self.send_json(type(self).health_status if self._ok() and self.path == "/prov/v1/models" else 401,
                        {"object": "list", "data": [{"id": "gpt-up", "object": "model"}]})
 
     def do_POST(self) -> None:
@@ -110,6 +121,8 @@ class OpenAIProvider(StandIn):
             return self.send_json(401, {"error": "bad upstream key"})
         if not chat and self.path != "/prov/v1/completions":
             return self.send_json(404, {"error": self.path})
+        if type(self).post_status != 200:
+            return self.send_json(type(self).post_status, {"error": "the provider is failing"})
         model = body.get("model")
         choice = ({"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "from upstream"}}
                   if chat else {"index": 0, "finish_reason": "stop", "text": "from upstream"})

@@ -50,10 +50,13 @@ DIGITS = {"name": "digits", "train": {"model": {"kind": "mlp", "hidden": [8]}}}
 def test_an_llm_falls_back_to_an_openai_upstream_and_the_front_door_plans_it() -> None:
     from hetflow.workloads.serve.plan import front_plan
 
+    upstreams = [{**UPSTREAMS[0], "fallback": "cloud2"}, *UPSTREAMS[1:],
+                 {"name": "cloud2", "url": "https://other.example.com/v1"}]
     config = serve_config_from_dict({"name": "app", "models": [{**LLM, "fallback": "cloud"}],
-                                     "upstreams": UPSTREAMS})
+                                     "upstreams": upstreams})
     plan = front_plan(config, {}, {"chat": [("p1-r0", "127.0.0.1", 9000, 1)]})
     assert plan.upstream_fallbacks == {"chat": "cloud"}
+    assert plan.upstream_chains == {"cloud": ("cloud2",)}  # and on, while cloud is out
     assert [u.name for u in plan.upstreams if u.local] == ["chat"]
 
 

@@ -25,6 +25,7 @@ from tests.serving.haproxy_run import (
     listening,
     serve_in_thread,
     start_haproxy,
+    stop_all,
 )
 
 SYSTEM = ("You are a careful assistant for a platform team. Answer in one short paragraph, cite "
@@ -97,11 +98,7 @@ class Front:
         return r.status, (json.loads(data).get("by", "") if r.status == 200 else data.decode()), headers
 
     def close(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(10)
-        for srv in self.servers + ([self.provider] if self.provider else []):
-            srv.shutdown()
-            srv.server_close()
+        stop_all(self.proc, self.servers + ([self.provider] if self.provider else []))
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ import pytest
 
 from hetflow.core.errors import InputError
 from hetflow.workloads.serve import upstream as up
-from hetflow.workloads.serve.config import serve_config_from_dict, upstream_fallback
+from hetflow.workloads.serve.config import serve_config_from_dict, upstream_chain, upstream_fallback
 from hetflow.workloads.serve.front import (
     FrontPlan,
     Server,
@@ -30,7 +30,15 @@ from hetflow.workloads.serve.front import (
     write_error_files,
 )
 from tests.net import free_port
-from tests.serving.haproxy_run import StandIn, listening, serve_in_thread, start_haproxy
+from tests.serving.haproxy_run import (
+    PROVIDER_KEY,
+    OpenAIProvider,
+    StandIn,
+    listening,
+    serve_in_thread,
+    start_haproxy,
+    stop_all,
+)
 
 SECRET = "sk-upstream-test-secret-0123456789"
 
@@ -163,11 +171,7 @@ class Front:
         return out
 
     def close(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(10)
-        for srv in (self.local, self.provider):
-            srv.shutdown()
-            srv.server_close()
+        stop_all(self.proc, [self.local, self.provider])
 
 
 @pytest.fixture
@@ -295,6 +299,112 @@ def test_upstream_config_errors_are_one_line():
     config = _config(1)
     with pytest.raises(InputError, match="HF_TEST_UPSTREAM_KEY"):
         up.upstream_secrets(config.upstreams, {})
+
+
+class Chain:
+    """Local model ``chat`` -> upstream ``cloud`` (provider A, model gpt-a) -> its fallback
+    ``cloud2`` (provider B, gpt-b): the real HAProxy in front of stand-ins."""
+
+    def __init__(self, root: Path) -> None:
+        self.a = type("A", (OpenAIProvider,), {"seen": []})
+        self.b = type("B", (OpenAIProvider,), {"seen": []})
+        self.local, self.servers = serve_in_thread(_Local), [serve_in_thread(self.a), serve_in_thread(self.b)]
+        (pa, pb), lp = (s.server_address[1] for s in self.servers), self.local.server_address[1]
+        config = serve_config_from_dict({
+            "models": [{"name": "chat", "train": {"model": {"kind": "mlp"}}, "fallback": "cloud"}],
+            "upstreams": [
+                {"name": "cloud", "url": f"http://127.0.0.1:{pa}/prov/v1", "model": "gpt-a",
+                 "api_key_env": "HF_TEST_KEY", "check_interval_s": 0.2, "fallback": "cloud2"},
+                {"name": "cloud2", "url": f"http://127.0.0.1:{pb}/prov/v1", "model": "gpt-b",
+                 "api_key_env": "HF_TEST_KEY", "check_interval_s": 0.2}]}, source="test")
+        self.port = free_port()
+        plan = FrontPlan(
+            app="t", host="127.0.0.1", port=self.port, models={"chat": ["t.chat"]}, gateway_app="t",
+            request_timeout_s=5, retries=1, max_body_bytes=1 << 20, check_inter_ms=200,
+            upstreams=up.plan_upstreams(config.upstreams),
+            upstream_fallbacks={"chat": upstream_fallback(config, "chat")},
+            upstream_chains={"cloud": tuple(upstream_chain(config, "cloud")[1:])})
+        self.admin = str(root / "admin.sock")
+        self.config_text = render_config(plan, {"t.chat": [Server("r1", "127.0.0.1", lp)],
+                                                "t": [Server("g1", "127.0.0.1", lp)]},
+                                         self.admin, write_error_files(plan, str(root)), None, "",
+                                         up.write_lua(str(root)))
+        env = {**os.environ, **up.upstream_secrets(config.upstreams, {"HF_TEST_KEY": PROVIDER_KEY})}
+        self.proc, self.log = start_haproxy(root, self.config_text, lambda: listening(self.port), env)
+        self.wait_up("u_cloud", True)
+        self.wait_up("u_cloud2", True)
+
+    def wait_up(self, backend: str, want: bool, timeout: float = 10) -> None:
+        deadline = time.monotonic() + timeout
+        while (st := up.read_upstream_stats(admin_call(self.admin, "show stat")).get(backend, {})).get("up") != want:
+            assert time.monotonic() < deadline, (backend, st, self.log.read_text())
+            time.sleep(0.05)
+
+    def chat(self, model: str) -> tuple[int, str]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+        conn.request("POST", "/v1/chat/completions", json.dumps({"model": model, "messages": []}),
+                     {"content-type": "application/json"})
+        r = conn.getresponse()
+        body = json.loads(r.read() or b"{}")
+        conn.close()
+        return r.status, body.get("by", "")
+
+    def close(self) -> None:
+        stop_all(self.proc, [self.local, *self.servers])
+
+
+@pytest.fixture
+def chain(tmp_path):
+    c = Chain(tmp_path)
+    yield c
+    c.close()
+
+
+def test_an_upstream_that_is_out_sends_its_requests_and_its_models_along_its_fallback(chain):
+    assert chain.chat("cloud") == (200, "upstream:gpt-a")
+    assert chain.chat("chat") == (200, "local")  # the local replica
+    chain.a.health_status = 500  # provider A fails its checks: out
+    chain.wait_up("u_cloud", False)
+    assert chain.chat("cloud") == (200, "upstream:gpt-b")  # renamed to B's model, B's key
+    assert chain.b.seen[-1]["body"]["model"] == "gpt-b"
+    assert chain.b.seen[-1]["authorization"] == f"Bearer {PROVIDER_KEY}"
+    chain.local.shutdown()
+    chain.local.server_close()  # the local model's replicas gone too: chat -> cloud (out) -> cloud2
+    deadline = time.monotonic() + 10
+    while (answer := chain.chat("chat")) != (200, "upstream:gpt-b"):
+        assert time.monotonic() < deadline, answer
+        time.sleep(0.1)
+    chain.a.health_status = 200
+    chain.wait_up("u_cloud", True)
+    assert chain.chat("chat") == (200, "upstream:gpt-a") and chain.chat("cloud") == (200, "upstream:gpt-a")
+
+
+def test_an_upstream_answering_5xx_in_a_row_is_taken_out_at_once_and_comes_back(chain):
+    chain.a.post_status = 502  # its model list still answers: only its answers say it is failing
+    answers = [chain.chat("cloud") for _ in range(up.ERROR_LIMIT + 4)]
+    assert answers[:up.ERROR_LIMIT] == [(502, "")] * up.ERROR_LIMIT, answers
+    # out at once: B answers (HAProxy applies a server's new state in its next loop, so on a
+    # loaded machine one more request may reach A first)
+    assert answers.count((502, "")) <= up.ERROR_LIMIT + 1, answers
+    assert answers[-3:] == [(200, "upstream:gpt-b")] * 3, answers
+    chain.a.post_status = 200
+    chain.wait_up("u_cloud", True)  # its checks bring it back
+    assert chain.chat("cloud") == (200, "upstream:gpt-a")
+
+
+@pytest.mark.parametrize("upstreams, words", [
+    ([{"name": "u", "url": "http://x", "fallback": "u"}], "upstream u cannot be its own fallback"),
+    ([{"name": "u", "url": "http://x", "fallback": "m"}], "upstream u: fallback 'm' is not an upstream"),
+    ([{"name": "u", "url": "http://x", "fallback": "k"},
+      {"name": "k", "url": "http://y", "protocol": "kserve-v2"}], "fallback 'k' speaks kserve-v2, u openai"),
+    ([{"name": "u", "url": "http://x", "fallback": "v"}, {"name": "v", "url": "http://y", "fallback": "u"}],
+     "upstream fallbacks form a cycle: u -> v -> u"),
+])
+def test_an_upstream_fallback_that_cannot_be_is_one_line(upstreams, words):
+    with pytest.raises(InputError) as err:
+        serve_config_from_dict({"models": [{"name": "m", "train": {"model": {"kind": "mlp"}}}],
+                                "upstreams": upstreams}, source="t")
+    assert words in str(err.value) and "\n" not in str(err.value).strip()
 
 
 def _self_signed(root: Path) -> tuple[Path, Path]:

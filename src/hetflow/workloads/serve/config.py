@@ -21,7 +21,7 @@ model's fallback is an OpenAI upstream, and no torch model falls back to one); a
 one of ``train_config`` / ``train``; ``replicas`` and ``autoscaling`` exclude each other;
 bf16/fp16 run on GPUs only and int8 on CPUs only.
 
-Why one file of about 720 lines: every section's schema, read top to bottom as the YAML is;
+Why one file of about 760 lines: every section's schema, read top to bottom as the YAML is;
 each field's docstring is its documentation, and the cross-section checks need them all.
 """
 
@@ -394,6 +394,11 @@ class UpstreamConfig(_Section):
     take it out, 2 successes bring it back."""
     ca_file: str | None = None
     """CA bundle for an ``https`` URL (default: the system's)."""
+    fallback: str | None = None
+    """Another upstream of the same protocol that takes this one's requests (and those of the
+    models falling back to it) while this one is out: its health checks failed, or - with a
+    fallback - 3 answers in a row were 5xx or a failed connection (it is then out at once,
+    until its checks pass twice). A chain may go on (``fallback`` of the fallback)."""
 
     @model_validator(mode="after")
     def _check_url(self) -> "UpstreamConfig":
@@ -566,6 +571,7 @@ def combination_errors(config: ServeConfig) -> list[str]:
         elif m.fallback is not None:
             errors.extend(_fallback_kind_errors(config, m))
     errors.extend(_fallback_cycles(config))
+    errors.extend(_upstream_fallback_errors(config))
     errors.extend(_size_errors("limits.max_body_bytes", config.limits.max_body_bytes))
     return errors
 
@@ -590,6 +596,44 @@ def _fallback_kind_errors(config: ServeConfig, m: ModelServeConfig) -> list[str]
         return [f"model {m.name}: fallback {m.fallback!r} is an engine: vllm model, which the "
                 f"gateway cannot call for {m.name}; name a torch model or an upstream"]
     return []
+
+
+def _upstream_fallback_errors(config: ServeConfig) -> list[str]:
+    """An upstream's ``fallback`` is another upstream of its protocol; chains form no cycle."""
+    errors = []
+    for u in config.upstreams:
+        if u.fallback is None:
+            continue
+        target = config.upstream(u.fallback)
+        if u.fallback == u.name:
+            errors.append(f"upstream {u.name} cannot be its own fallback")
+        elif target is None:
+            errors.append(f"upstream {u.name}: fallback {u.fallback!r} is not an upstream of this "
+                          f"file ({', '.join(x.name for x in config.upstreams)}); an upstream falls "
+                          "back to another upstream")
+        elif target.protocol != u.protocol:
+            errors.append(f"upstream {u.name}: fallback {u.fallback!r} speaks {target.protocol}, "
+                          f"{u.name} {u.protocol}; name an upstream of the same protocol")
+    if errors:
+        return errors
+    for u in config.upstreams:
+        seen, name = [u.name], u.fallback
+        while name is not None:
+            if name in seen:
+                return [f"upstream fallbacks form a cycle: {' -> '.join(seen + [name])}"]
+            seen.append(name)
+            nxt = config.upstream(name)
+            name = nxt.fallback if nxt is not None else None
+    return []
+
+
+def upstream_chain(config: ServeConfig, name: str) -> list[str]:
+    """Upstream ``name`` followed by its fallback, that one's fallback, ... (no repeats)."""
+    chain = [name]
+    while (u := config.upstream(chain[-1])) is not None and u.fallback is not None \
+            and u.fallback not in chain:
+        chain.append(u.fallback)
+    return chain
 
 
 def _size_errors(key: str, value: int | str) -> list[str]:
@@ -713,5 +757,5 @@ __all__ = [
     "AutoscalingConfig", "BatchingConfig", "GatewayConfig", "HTTPConfig", "InputSection",
     "LimitsConfig",
     "ModelServeConfig", "ServeConfig", "UpstreamConfig", "DEFAULT_BATCH_WAIT_TIMEOUT_S", "DEFAULT_MAX_BATCH_SIZE",
-    "fallback_chain", "is_loopback", "upstream_fallback", "load_serve_config", "serve_config_from_dict",
+    "fallback_chain", "is_loopback", "upstream_chain", "upstream_fallback", "load_serve_config", "serve_config_from_dict",
 ]

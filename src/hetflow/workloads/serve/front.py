@@ -140,6 +140,8 @@ class FrontPlan:
     # external model servers (upstream.py), and local model -> the upstream it falls back to
     upstreams: tuple[up.UpstreamPlan, ...] = ()
     upstream_fallbacks: dict[str, str] = field(default_factory=dict)
+    # upstream -> the upstreams that take its requests while it is out, in order
+    upstream_chains: dict[str, tuple[str, ...]] = field(default_factory=dict)
     default_model: str | None = None
     # generative models: a POST /v1/completions naming one (the body's ``model``) goes to its
     # own backend - its replicas answer it, and its queue limit counts it - like its other paths
@@ -292,7 +294,7 @@ def render_config(plan: FrontPlan, servers: dict[str, list[Server]], admin_socke
         assert map_dir is not None
         lines += acc.admit_rules(map_dir)
     lines += up.routing_rules(plan.upstreams, plan.upstream_fallbacks, root, backend_name,
-                              over_limit)
+                              over_limit, plan.upstream_chains)
     for model in direct:
         acl = backend_name(model)
         lines.append(f"    use_backend {acl} if is_{acl} METH_POST")
@@ -780,13 +782,18 @@ class FrontDoor:
                 serving[model] = None  # the fallback is reached through the gateway
         upstreams = {u.name: len(up_now) > 0 for u in self.plan.upstreams
                      for up_now in [up.get(u.backend, [])]}
+
+        def first_up(name: str) -> str | None:  # an upstream, else its first fallback up
+            return next((n for n in (name, *self.plan.upstream_chains.get(name, ())) if upstreams.get(n)),
+                        None)
+
         for model, name in self.plan.upstream_fallbacks.items():
-            if model in serving and serving[model] is None and upstreams.get(name):
-                serving[model] = name
+            if model in serving and serving[model] is None:
+                serving[model] = first_up(name)
         ready = gateway_up > 0 and all(v is not None for v in serving.values())
         for model, name in self.plan.upstream_fallbacks.items():
             if model not in serving:  # an engine: vllm model: its engines, else its fallback
-                serving[model] = model if upstreams.get(model) else name if upstreams.get(name) else None
+                serving[model] = model if upstreams.get(model) else first_up(name)
         return {"ready": ready, "direct_ingress": self.direct, "gateway_up": gateway_up, "up": models, "serving": serving,
                 "upstreams": upstreams,
                 "error": self.error, "haproxy_pid": self.proc.pid if self.proc else None}

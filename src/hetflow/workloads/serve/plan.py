@@ -14,6 +14,7 @@ from hetflow.workloads.serve.config import (
     ModelServeConfig,
     ServeConfig,
     fallback_chain,
+    upstream_chain,
     upstream_fallback,
 )
 from hetflow.workloads.serve.front import (
@@ -484,6 +485,8 @@ def front_plan(config: ServeConfig, plans: dict[str, ModelPlan],
         # (an engine: vllm model's fallback too: its engines' backend is an upstream's)
         upstream_fallbacks={n: u for n in [*plans, *(llm_servers or {})]
                             if (u := upstream_fallback(config, n)) is not None},
+        upstream_chains={u.name: tuple(upstream_chain(config, u.name)[1:])
+                         for u in config.upstreams if u.fallback},
         default_model=config.default,
         generative=frozenset(n for n, mp in plans.items() if mp.generative),
         nice=config.http.nice)

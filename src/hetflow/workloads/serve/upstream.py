@@ -71,6 +71,9 @@ class UpstreamPlan:
     # the engines' weights follow their measured capacity (llm.LLMRouting.weights)
     measured_weights: bool = True
     queue_limit: int = 0  # requests in flight per replica (server maxconn); 0: never refuse
+    # an upstream with a fallback: this many 5xx answers or failed connections in a row take it
+    # out at once (HAProxy's observe layer7); 0: only its health checks do
+    error_limit: int = 0
 
     @property
     def local(self) -> bool:
@@ -111,6 +114,9 @@ def llm_backend(name: str, servers: list[tuple[str, str, int, int]], timeout_s: 
                         measured_weights=routing.weights == "measured")
 
 
+ERROR_LIMIT = 3  # an upstream with a fallback: bad answers in a row that take it out at once
+
+
 def plan_upstreams(upstreams: list[Any]) -> tuple[UpstreamPlan, ...]:
     """UpstreamConfig entries -> plans."""
     out = []
@@ -121,7 +127,8 @@ def plan_upstreams(upstreams: list[Any]) -> tuple[UpstreamPlan, ...]:
             name=u.name, protocol=u.protocol, scheme=parts.scheme, host=parts.hostname or "",
             port=port, base_path=parts.path.rstrip("/"), model=u.upstream_model,
             key_env=key_env_name(u.name) if u.api_key_env else None, timeout_s=u.timeout_s,
-            check_interval_s=u.check_interval_s, ca_file=u.ca_file))
+            check_interval_s=u.check_interval_s, ca_file=u.ca_file,
+            error_limit=ERROR_LIMIT if u.fallback else 0))
     return tuple(out)
 
 
@@ -201,22 +208,41 @@ def system_ca_file() -> str:
     return certifi.where()
 
 
+def _down(backend: str) -> str:
+    return f"{{ nbsrv({backend}) -m int eq 0 }}"
+
+
 def routing_rules(ups: tuple[UpstreamPlan, ...], fallbacks: dict[str, str], root: str,
-                  local_backend: Any, over_limit: dict[str, list[str]]) -> list[str]:
+                  local_backend: Any, over_limit: dict[str, list[str]],
+                  chains: dict[str, tuple[str, ...]] | None = None) -> list[str]:
     """``use_backend`` lines, before the local models' own: each local model whose fallback
     an upstream is, to it while that model has no server up or is over its queue limit
-    (``over_limit``: model -> ACL conditions, any one true past the limit); then each
-    upstream's own name, an ``engine: vllm`` model's engines among them (so its fallback's
-    lines come before its own)."""
+    (``over_limit``: model -> ACL conditions, any one true past the limit), and on along the
+    upstream's own fallbacks (``chains``: upstream -> its fallbacks in order) while those
+    before are out; each upstream with fallbacks, to them while it is out; then each
+    upstream's own name, an ``engine: vllm`` model's engines among them (so the fallbacks'
+    lines come before its own). The deepest step of a chain comes first: HAProxy takes the
+    first rule that matches."""
+    chains = chains or {}
     lines = []
     by_name = {u.name: u for u in ups}
     for model, name in sorted(fallbacks.items()):
-        up = by_name[name]
         be = by_name[model].backend if model in by_name else local_backend(model)
-        cond = f"proto_{up.backend} {{ var(txn.model) -m str {model} }}"
-        lines.append(f"    use_backend {up.backend} if {cond} {{ nbsrv({be}) -m int eq 0 }}")
-        for condition in over_limit.get(model, []):
-            lines.append(f"    use_backend {up.backend} if {cond} {condition}")
+        path = [name, *chains.get(name, ())]
+        for i in reversed(range(len(path))):
+            up = by_name[path[i]]
+            cond = (f"proto_{up.backend} {{ var(txn.model) -m str {model} }}"
+                    + "".join(" " + _down(by_name[p].backend) for p in path[:i]))
+            lines.append(f"    use_backend {up.backend} if {cond} {_down(be)}")
+            for condition in over_limit.get(model, []):
+                lines.append(f"    use_backend {up.backend} if {cond} {condition}")
+    for name, after in sorted(chains.items()):
+        path = [name, *after]
+        for i in reversed(range(1, len(path))):
+            up = by_name[path[i]]
+            lines.append(f"    use_backend {up.backend} if {protocol_acl_name(up)} "
+                         f"{{ var(txn.model) -m str {name} }}"
+                         + "".join(" " + _down(by_name[p].backend) for p in path[:i]))
     for up in ups:
         lines.append(f"    use_backend {up.backend} if {protocol_acl_name(up)} "
                      f"{{ var(txn.model) -m str {up.name} }}")
@@ -247,6 +273,8 @@ def backend_sections(ups: tuple[UpstreamPlan, ...], root: str, usage: bool = Fal
             tls = (f" ssl verify required ca-file {ca} sni str({up.host}) "
                    f"check-sni {up.host} check-ssl")
         inter_ms = max(100, int(up.check_interval_s * 1000))
+        eject = (f" observe layer7 error-limit {up.error_limit} on-error mark-down"
+                 if up.error_limit else "")
         # a name is resolved (libc: /etc/hosts, DNS) when HAProxy (re)loads; one that does
         # not resolve then leaves this server down and the front door still starts
         dns = "" if _is_ip(up.host) else " init-addr last,libc,none"
@@ -281,7 +309,7 @@ def backend_sections(ups: tuple[UpstreamPlan, ...], root: str, usage: bool = Fal
             *(openai_token_rules(up.timeout_s) if up.protocol == "openai"
               else ["    http-response del-header x-hetflow-tokens"]),
             f"    server {_safe_server(up.name)} {up.host}:{up.port} check inter {inter_ms} "
-            f"fall 3 rise 2{dns}{tls}",
+            f"fall 3 rise 2{eject}{dns}{tls}",
         ]
     return lines
 
