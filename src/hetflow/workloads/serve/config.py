@@ -293,8 +293,9 @@ class ModelServeConfig(_Section):
     overrides, behind this one model name (default: one pool from ``devices``, ``replicas``,
     ``cpus_per_replica``)."""
     routing: LLMRouting | None = None
-    """``engine: vllm``: how the front door picks an engine (default: prefix affinity with
-    bounded load; :class:`~hetflow.workloads.serve.llm.LLMRouting`)."""
+    """``engine: vllm``: how the front door picks an engine (default: the one with the fewest
+    requests in flight, weighted by measured capacity; ``affinity: prefix`` for prefix-cache
+    affinity with bounded load: :class:`~hetflow.workloads.serve.llm.LLMRouting`)."""
     queue_limit: int | None = Field(None, ge=0, le=1_000_000)
     """Requests in flight per running replica past which the front door answers ``503``
     (``Retry-After: 1``) at once instead of queueing, so admitted requests keep their latency
