@@ -306,6 +306,10 @@ def main(argv: list[str] | None = None) -> int:
             litellm.terminate()
             litellm.wait(30)
         server.stop()
+        if sys.exc_info()[0] is None:
+            shutil.rmtree(work, ignore_errors=True)
+        else:  # the logs of the failed run (server.log, litellm.log)
+            print(f"benchmarks/gateway.py: its logs are in {work}", file=sys.stderr)
     print(f"RESULT auth_over_open={auth_over_open:.3f} limiter_error={limiter_error:.3f} "
           f"overload_p99_ms={overload_p99:.1f} shed_p99_ms={shed_p99:.2f} over_litellm={over_litellm:.2f} "
           f"capacity_rps={capacity:.0f} revoke_ms={revoke_ms:.0f} timing_gap_us={timing_gap_us:.1f}")

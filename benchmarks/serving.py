@@ -296,6 +296,7 @@ def main(argv: list[str] | None = None) -> int:
               f"(p99 {_median(heavy_runs['wide-unbatched'], 'p99'):.0f} ms)")
     finally:
         heavy.stop()
+        shutil.rmtree(work, ignore_errors=True)
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     h = _median(results["hetflow"][16], "rps")
     f = _median(results["serve_fastest"][16], "rps")

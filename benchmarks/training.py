@@ -32,6 +32,7 @@ import argparse
 import json
 import os
 import signal
+import shutil
 import statistics
 import subprocess
 import sys
@@ -175,6 +176,7 @@ def main() -> None:
         recovery_s = run_recovery(args, root)
     finally:
         ray.shutdown()
+        shutil.rmtree(root, ignore_errors=True)
 
     def median(runs: list[dict], key: str) -> float:
         return statistics.median(r[key] for r in runs)
