@@ -55,6 +55,8 @@ def gateway(tmp_path_factory):
     config.write_text(yaml.safe_dump({
         "name": "gw",
         "upstreams": [{"name": "cloud", "model": "gpt-up", "api_key_env": "HF_GW_UPSTREAM_KEY",
+                       "url": f"http://127.0.0.1:{provider.server_address[1]}/prov/v1", "fallback": "cloud2"},
+                      {"name": "cloud2", "model": "gpt-up2", "api_key_env": "HF_GW_UPSTREAM_KEY",
                        "url": f"http://127.0.0.1:{provider.server_address[1]}/prov/v1"}],
         "http": {"port": port, "nice": 5},  # the front door's priority, above its actor's 15
         "auth": {"mode": "keys"},
@@ -217,6 +219,7 @@ def test_an_upstream_provider_is_a_model_behind_the_same_key(gateway) -> None:
     rows = json.loads(top.stdout)["upstreams"]
     cloud = [r for r in rows if r["app"] == "gw" and r["upstream"] == "cloud"]
     assert cloud and cloud[0]["up"] and cloud[0]["requests"] >= 1 and cloud[0]["errors"] == 0
+    assert cloud[0]["fallback"] == "cloud2"  # its own fallback, while it is out
     assert SECRET not in top.stdout + top.stderr
 
 

@@ -250,11 +250,13 @@ def render(view, upstreams: list[dict[str, Any]] | None = None,
     if upstreams:
         table = Table(title="upstreams", title_justify="left", expand=False)
         for col, justify in (("app", "left"), ("upstream", "left"), ("state", "left"),
-                             ("requests", "right"), ("errors", "right"), ("mean ms", "right")):
+                             ("requests", "right"), ("errors", "right"), ("mean ms", "right"),
+                             ("fallback", "left")):
             table.add_column(col, justify=justify, no_wrap=True)
         for r in upstreams:
             table.add_row(r["app"], r["upstream"], r["status"] or ("UP" if r["up"] else "DOWN"),
-                          f"{r['requests']:,}", f"{r['errors']:,}", str(r["response_ms"]))
+                          f"{r['requests']:,}", f"{r['errors']:,}", str(r["response_ms"]),
+                          r.get("fallback") or "-")
         parts.append(table)
     if llm:
         table = Table(title="llm pools", title_justify="left", expand=False)

@@ -804,7 +804,13 @@ class FrontDoor:
             stats = up.read_upstream_stats(self._admin("show stat"))
         except OSError:
             return {}
-        return {u.name: stats[u.backend] for u in self.plan.upstreams if u.backend in stats}
+        return {u.name: {**stats[u.backend], "fallback": self._fallback_of(u.name)}
+                for u in self.plan.upstreams if u.backend in stats}
+
+    def _fallback_of(self, name: str) -> str | None:
+        """The upstream that takes ``name``'s requests while it is out (None: none)."""
+        chain = self.plan.upstream_chains.get(name)
+        return chain[0] if chain else self.plan.upstream_fallbacks.get(name)
 
     def report(self, source: str, metrics: Any) -> None:
         """A replica's cumulative metrics (it sends them every half second when they change;
