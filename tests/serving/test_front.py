@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 
 from hetflow.workloads.serve.front import (
@@ -26,12 +27,13 @@ SERVERS = {"svc.digits": [Server("r1", "127.0.0.1", 30001), Server("r2", "127.0.
            "svc": [Server("gw", "127.0.0.1", 30005)]}
 
 
-def assert_valid(tmp_path, text: str) -> None:
-    """The real HAProxy binary accepts the config (``haproxy -c``)."""
+def assert_valid(tmp_path, text: str, env: dict[str, str] | None = None) -> None:
+    """The real HAProxy binary accepts the config (``haproxy -c``; ``env``: added to its
+    environment, as the front door gives it secrets)."""
     path = tmp_path / "haproxy.cfg"
     path.write_text(text)
     check = subprocess.run([haproxy_binary(), "-c", "-f", str(path)], capture_output=True,
-                           text=True, timeout=30)
+                           text=True, timeout=30, env={**os.environ, **(env or {})})
     assert check.returncode == 0, check.stdout + check.stderr
 
 
@@ -66,6 +68,32 @@ def test_config_with_keys_and_shedding_is_valid_for_any_model_name(tmp_path) -> 
     servers = {"svc.d": [Server("r1", "127.0.0.1", 30001)], "svc": [Server("gw", "127.0.0.1", 30005)]}
     assert_valid(tmp_path, render_config(plan, servers, str(tmp_path / "admin.sock"), None,
                                          str(tmp_path / "maps"), "salt"))
+
+
+def test_with_keys_every_replica_gateway_and_engine_request_carries_the_token_from_the_environment(tmp_path) -> None:
+    """Keys on (``front_token``): each model backend and the gateway's set the token header,
+    an LLM engine's backend sends it as the Bearer key; the config names the variable only."""
+    from dataclasses import replace
+
+    from hetflow.workloads.serve.access import AccessPlan, map_entries, write_maps
+    from hetflow.workloads.serve.upstream import llm_backend, write_lua
+
+    engines = llm_backend("chat", [("p1-r0", "127.0.0.1", 30010, 1)], 30)
+    plan = replace(PLAN, access=AccessPlan(store=str(tmp_path / "keys"), default_model=None), front_token=True,
+                   upstreams=(engines,))
+    write_maps(str(tmp_path / "maps"), map_entries({}, "salt", {}))
+    text = render_config(plan, SERVERS, str(tmp_path / "admin.sock"), None, str(tmp_path / "maps"),
+                         "salt", write_lua(str(tmp_path)))
+    assert_valid(tmp_path, text, {"HETFLOW_FRONT_TOKEN": "t0ken"})
+    token = 'http-request set-header x-hetflow-front "${HETFLOW_FRONT_TOKEN}"'
+    for backend in [*(f"m_{m}" for m in plan.models), "gateway"]:
+        assert token in _backend(text, backend), backend
+    chat = _backend(text, "u_chat")
+    assert 'http-request set-header Authorization "Bearer ${HETFLOW_FRONT_TOKEN}"' in chat
+    assert "http-request del-header Authorization" not in chat
+    off = render_config(replace(plan, front_token=False), SERVERS, str(tmp_path / "admin.sock"), None,
+                        str(tmp_path / "maps"), "salt", write_lua(str(tmp_path)))
+    assert "HETFLOW_FRONT_TOKEN" not in off and "http-request del-header Authorization" in _backend(off, "u_chat")
 
 
 def test_every_model_backend_has_the_gateway_as_backup() -> None:

@@ -112,6 +112,35 @@ def test_the_front_door_runs_at_its_configured_cpu_priority(gateway) -> None:
     assert nice_of(parent_of(master)) == 15  # the actor that started it: Ray's worker niceness
 
 
+def test_the_replicas_and_gateway_ports_take_only_what_passed_the_front_door(gateway) -> None:
+    """Keys on: a request sent straight to a replica's or the gateway's own port (reachable on a
+    non-loopback host) skips the front door's keys and limits, so they refuse it (401, one JSON
+    line) - with a client's valid key too; through the front door the same request is answered.
+    The deployment's token is in HAProxy's environment, never in its config file."""
+    haproxies = named_with_env(b"haproxy", f"HETFLOW_KEYS_DIR={gateway['dir']}")
+    cmdline = Path(f"/proc/{haproxies[0]}/cmdline").read_bytes().split(b"\0")
+    config = Path(cmdline[cmdline.index(b"-f") + 1].decode()).read_text()
+    backends = {}  # backend -> (its first server's address, the path prefix HAProxy puts on)
+    for block in config.split("\nbackend ")[1:]:
+        name, *rows = block.splitlines()
+        prefix = next((r.split()[2].split("%[")[0] for r in rows if "http-request set-path" in r), "")
+        backends[name.strip()] = (next((r.split()[2] for r in rows if r.strip().startswith("server ")
+                                        and " backup" not in r), None), prefix)
+    env = Path(f"/proc/{haproxies[0]}/environ").read_bytes().split(b"\0")
+    token = next(e.split(b"=", 1)[1].decode() for e in env if e.startswith(b"HETFLOW_FRONT_TOKEN="))
+    assert len(token) >= 32 and token not in config and 'x-hetflow-front "${HETFLOW_FRONT_TOKEN}"' in config
+    body = {"inputs": [[0.5] * 64]}
+    key = {"Authorization": f"Bearer {gateway['keys']['all']}"}
+    for backend, path in (("m_digits", "/v1/models/digits/predict"), ("gateway", "/v1/predict")):
+        address, prefix = backends[backend]
+        for headers in ({}, key, {**key, "x-hetflow-front": "a-guess"}):
+            r = requests.post(f"http://{address}{prefix}{path}", json=body, headers=headers, timeout=30)
+            assert r.status_code == 401 and "front door" in r.json()["error"], (address, r.text)
+            assert "\n" not in r.text.strip() and token not in r.text
+    through = requests.post(gateway["url"] + "/v1/models/digits/predict", json=body, headers=key, timeout=30)
+    assert through.status_code == 200, through.text
+
+
 def test_without_keys_serve_refuses_in_one_line(gateway) -> None:
     refused = gateway["refused"]
     assert refused.returncode == 2

@@ -261,6 +261,16 @@ def test_keys_guard_the_llm_like_any_model(llm) -> None:
     listed = requests.get(llm["url"] + "/v1/models", timeout=30,
                           headers={"Authorization": f"Bearer {llm['keys']['other']}"}).json()
     assert "tiny" not in [m["id"] for m in listed.get("data", [])]
+    # an engine's own port (reachable on a non-loopback host) wants the front door's token,
+    # not a client's key: what skipped the front door is refused; its health stays open
+    body = {"model": "tiny", "prompt": "x", "max_tokens": 2}
+    for _server, _pool, host, port, _w in llm["engines"]:
+        for key in (None, llm["keys"]["all"]):
+            r = requests.post(f"http://{host}:{port}/v1/completions", json=body, timeout=30,
+                              headers={"Authorization": f"Bearer {key}"} if key else {})
+            assert r.status_code == 401, r.text
+        assert requests.get(f"http://{host}:{port}/health", timeout=30).status_code == 200
+    assert client(llm).completions.create(**body).usage.completion_tokens == 2  # the front door's
 
 
 def test_a_keys_tokens_per_minute_counts_the_engines_usage(llm) -> None:

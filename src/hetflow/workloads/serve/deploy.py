@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +28,7 @@ from hetflow.workloads.serve.front import (
     group_prefix,
 )
 from hetflow.workloads.serve.gateway import Gateway, RouteTable
+from hetflow.workloads.serve.headers import FRONT_TOKEN_ENV
 from hetflow.workloads.serve.plan import (
     ModelPlan,
     front_plan,
@@ -42,7 +44,7 @@ log = logging.getLogger(__name__)
 
 
 def route_table(config: ServeConfig, plans: dict[str, ModelPlan],
-                front_door: bool = True) -> RouteTable:
+                front_door: bool = True, front_token: str | None = None) -> RouteTable:
     """The gateway's table. ``front_door=False`` (Serve's own tooling): every deployment is in
     the one application ``config.name`` and every request reaches the gateway."""
     batching = {n: {**mp.entry.batching.model_dump(), "in_flight": mp.entry.batches_in_flight}
@@ -75,6 +77,7 @@ def route_table(config: ServeConfig, plans: dict[str, ModelPlan],
         queue_limits={n: mp.entry.effective_queue_limit for n, mp in plans.items()
                       if n in gateway_models and mp.entry.effective_queue_limit},
         gateway_replicas=config.gateway.replicas,
+        front_token=front_token,
     )
 
 
@@ -145,8 +148,8 @@ class Served:
         self.llm_replicas = []
 
 
-def _model_servers(config: ServeConfig, plans: dict[str, ModelPlan], front_door: bool = True
-                   ) -> list[tuple[str, int, Any]]:
+def _model_servers(config: ServeConfig, plans: dict[str, ModelPlan], front_door: bool = True,
+                   front_token: str | None = None) -> list[tuple[str, int, Any]]:
     """(model, group index, bound ModelServer deployment) for every replica group."""
     out = []
     for name, mp in plans.items():
@@ -159,7 +162,8 @@ def _model_servers(config: ServeConfig, plans: dict[str, ModelPlan], front_door:
         )
         settings = ServerSettings(config.name, name, mp.input, entry.batching.model_dump(),
                                   config.limits.body_bytes, config.limits.max_rows, front_door,
-                                  max_new_tokens=config.limits.max_new_tokens if mp.generative else 0)
+                                  max_new_tokens=config.limits.max_new_tokens if mp.generative else 0,
+                                  front_token=front_token)
         for index, group in enumerate(mp.groups):
             out.append((name, index, server.options(**group.serve_options()).bind(mp.spec, settings)))
     return out
@@ -175,14 +179,17 @@ def _gateway_deployment(config: ServeConfig) -> Any:
     )
 
 
-def build_applications(config: ServeConfig, plans: dict[str, ModelPlan]) -> list[Any]:
+def build_applications(config: ServeConfig, plans: dict[str, ModelPlan],
+                       front_token: str | None = None) -> list[Any]:
     """The Serve applications (``serve.RunTarget``): one per replica group, whose ingress is
-    the model replica itself, and the gateway's."""
+    the model replica itself, and the gateway's; ``front_token``: what their HTTP requests
+    must carry (:func:`.headers.check_front`; API keys on)."""
     targets = [serve.RunTarget(app, name=plans[name].groups[index].deployment,
                                route_prefix=group_prefix(config.name, name, index),
                                logging_config=QUIET)
-               for name, index, app in _model_servers(config, plans)]
-    targets.append(serve.RunTarget(_gateway_deployment(config).bind(route_table(config, plans)),
+               for name, index, app in _model_servers(config, plans, front_token=front_token)]
+    targets.append(serve.RunTarget(_gateway_deployment(config).bind(
+                                       route_table(config, plans, front_token=front_token)),
                                    name=config.name, route_prefix=app_prefix(config.name),
                                    logging_config=QUIET))
     return targets
@@ -279,6 +286,13 @@ def deploy(config: ServeConfig, *, timeout_s: float = 300.0) -> Served:
     from hetflow.workloads.serve.upstream import upstream_secrets
 
     upstream_keys = upstream_secrets(config.upstreams, dict(os.environ))  # before Ray, too
+    # API keys on: a secret the front door adds to what it sends the replicas, the gateway and
+    # the LLM engines, which refuse requests without it - their own ports (reachable on a
+    # non-loopback host) do not skip the keys and limits. It travels as actor and deployment
+    # arguments and in HAProxy's environment, never in a file or log.
+    front_token = secrets.token_urlsafe(32) if config.auth.enabled(config.http.host) else None
+    if front_token is not None:
+        upstream_keys[FRONT_TOKEN_ENV] = front_token
     if config.auth.store != "cluster":
         _check_keys(config)  # before Ray starts: a missing key is a config to fix, at once
     started = connect_ray(config.ray_address)
@@ -299,11 +313,11 @@ def deploy(config: ServeConfig, *, timeout_s: float = 300.0) -> Served:
         _start_serve(serve_host, host, "HeadOnly" if loopback else "EveryNode")
         _check_host(serve_host)
         try:
-            serve.run_many(build_applications(config, plans),
+            serve.run_many(build_applications(config, plans, front_token),
                            wait_for_applications_running=False)
         except Exception as exc:  # noqa: BLE001 - Serve raises several kinds; say which
             raise ServeFailed(f"application {config.name} failed to deploy: {exc}") from None
-        llm_servers = _start_llms(config, llm_replicas, timeout_s)
+        llm_servers = _start_llms(config, llm_replicas, timeout_s, front_token)
         here = ray.get_runtime_context().get_node_id()
         actor = ray.remote(FrontDoor).options(
             name=front_name(config.name), namespace="serve", num_cpus=0, max_concurrency=64,
@@ -334,8 +348,8 @@ def deploy(config: ServeConfig, *, timeout_s: float = 300.0) -> Served:
     return served
 
 
-def _start_llms(config: ServeConfig, out: list[tuple[str, int, str, Any]], timeout_s: float
-                ) -> dict[str, list[tuple[str, str, int, int]]]:
+def _start_llms(config: ServeConfig, out: list[tuple[str, int, str, Any]], timeout_s: float,
+                api_key: str | None = None) -> dict[str, list[tuple[str, str, int, int]]]:
     """Start every ``engine: vllm`` model's replicas (appended to ``out`` as they start, so a
     failure stops them) and wait until each engine answers; model -> its front-door servers."""
     llm_groups = plan_llm_pools(config)
@@ -350,7 +364,7 @@ def _start_llms(config: ServeConfig, out: list[tuple[str, int, str, Any]], timeo
     for name, groups in llm_groups.items():
         started: list[tuple[int, str, Any, bool]] = []
         try:
-            start_pools(config.name, config.model(name), groups, bind, started)
+            start_pools(config.name, config.model(name), groups, bind, started, api_key=api_key)
         finally:  # what started is stopped by the caller on a failure, even midway
             for p, n, h, head in started:
                 out.append((name, p, n, h))

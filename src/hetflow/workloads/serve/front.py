@@ -58,7 +58,7 @@ from hetflow.workloads.serve import protocols
 from hetflow.workloads.serve import stream_usage
 from hetflow.workloads.serve import upstream as up
 from hetflow.workloads.serve.config import is_loopback
-from hetflow.workloads.serve.headers import PATH_HEADER
+from hetflow.workloads.serve.headers import FRONT_HEADER, FRONT_TOKEN_ENV, PATH_HEADER
 from hetflow.workloads.serve.metrics import ReplicaReports
 
 INTERNAL_PREFIX = "/_hetflow"  # Serve route prefixes of hetflow's applications
@@ -147,6 +147,9 @@ class FrontPlan:
     # own backend - its replicas answer it, and its queue limit counts it - like its other paths
     generative: frozenset[str] = frozenset()
     nice: int | None = None  # HAProxy's CPU priority (None: its actor's, Ray's worker niceness)
+    # API keys on: every request to a replica, the gateway or an LLM engine carries the
+    # deployment's token (headers.FRONT_TOKEN_ENV in HAProxy's environment; check_front)
+    front_token: bool = False
 
 
 def backend_name(model: str) -> str:
@@ -315,6 +318,7 @@ def render_config(plan: FrontPlan, servers: dict[str, list[Server]], admin_socke
                   # server connection that may have died (such a request cannot be retried)
                   "    http-reuse safe",
                   _client_path_header(root),
+                  *_front_token_header(plan),
                   f"    http-request set-path {deepest}%[path]",
                   check]
         # Without direct ingress every application lists the same Serve proxies: a server
@@ -336,11 +340,12 @@ def render_config(plan: FrontPlan, servers: dict[str, list[Server]], admin_socke
               "    option httpchk GET /-/healthz",
               "    http-reuse always",
               _client_path_header(root),
+              *_front_token_header(plan),
               f"    http-request set-path {app_prefix(plan.app)}%[path]",
               check]
     for s in gateway:
         lines.append(f"    server {s.name} {s.host}:{s.port}")
-    lines += up.backend_sections(plan.upstreams, root, usage=usage)
+    lines += up.backend_sections(plan.upstreams, root, usage=usage, front_token=plan.front_token)
     if plan.access is not None:
         lines += acc.table_sections()
     if usage:
@@ -358,6 +363,13 @@ def charges_streams(plan: FrontPlan) -> bool:
 
 def needs_lua(plan: FrontPlan) -> bool:
     return bool(plan.upstreams) or charges_streams(plan)
+
+
+def _front_token_header(plan: FrontPlan) -> list[str]:
+    """The deployment's token on what the front door sends its replicas and gateway (keys on;
+    the client's own header of that name is replaced)."""
+    return ([f'    http-request set-header {FRONT_HEADER} "${{{FRONT_TOKEN_ENV}}}"']
+            if plan.front_token else [])
 
 
 def _client_path_header(root: str) -> str:

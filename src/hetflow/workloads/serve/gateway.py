@@ -25,6 +25,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from hetflow.workloads.serve import protocols
+from hetflow.workloads.serve.headers import check_front
 from hetflow.workloads.serve.metrics import GatewayMetrics
 from hetflow.workloads.serve.protocol import InputSpec, PredictRequest, RequestError
 from hetflow.workloads.serve.replica import MetricsReporter
@@ -60,6 +61,7 @@ class RouteTable:
     # replica past which this gateway answers 503 at once (its share: gateway_replicas split it)
     queue_limits: dict[str, int] = field(default_factory=dict)
     gateway_replicas: int = 1
+    front_token: str | None = None  # API keys on: HTTP requests must carry it (headers.check_front)
 
     def app_of(self, deployment: str) -> str:
         return self.apps.get(deployment, deployment)
@@ -149,6 +151,7 @@ class Gateway:
         self._ensure_poller()
         path = client_path(request)
         try:
+            check_front(request, self.table.front_token)
             hit = protocols.match(path, request.method)
             return await hit.route.gateway(self, request, path, hit.params)
         except RequestError as exc:

@@ -330,10 +330,11 @@ class LLMReplica:
     def __init__(self, served_name: str, engine: dict[str, Any], compute: str,
                  bind_host: str, log_dir: str | None = None, nnodes: int = 1, node_rank: int = 0,
                  master: tuple[str, int] | None = None, head: str | None = None,
-                 stages: tuple[str, ...] = ()) -> None:
+                 stages: tuple[str, ...] = (), api_key: str | None = None) -> None:
         """An engine over ``nnodes`` nodes: its first node's actor (``node_rank`` 0) names its
         other nodes' actors in ``stages``; each of those names the first in ``head`` and asks
-        it where to meet (or is given ``master``)."""
+        it where to meet (or is given ``master``). ``api_key``: the Bearer token its OpenAI
+        routes then want (vLLM's ``VLLM_API_KEY``: the front door's token, API keys on)."""
         self.served_name = served_name
         self.engine = VLLMEngine.model_validate(engine)
         self.compute = compute
@@ -376,6 +377,10 @@ class LLMReplica:
         self.scratch = tempfile.mkdtemp(prefix="hetflow-vllm-")
         env = engine_env(self.engine, compute, visibility, threads)
         env.update(TMPDIR=self.scratch, VLLM_RPC_BASE_PATH=self.scratch)
+        if api_key:  # in the environment, not on the command line (ps shows that)
+            env["VLLM_API_KEY"] = api_key
+        else:  # (one of the caller's would lock out the front door, which sends none then)
+            env.pop("VLLM_API_KEY", None)
         # under the reaper: the engine's server, engine core and workers end with this actor,
         # however it dies (kill -9 included), and the scratch folder goes with them
         argv, env = reaped(engine_argv(self.engine, served_name, bind_host, self.port,
@@ -611,7 +616,8 @@ def actor_prefix(app: str) -> str:
 
 def start_pools(app: str, entry: Any, groups: list[tuple[int, Any]], bind_host: str,
                 out: list[tuple[int, str, Any, bool]] | None = None,
-                spread_timeout_s: float = 60.0) -> list[tuple[int, str, Any, bool]]:
+                spread_timeout_s: float = 60.0, api_key: str | None = None
+                ) -> list[tuple[int, str, Any, bool]]:
     """Start one :class:`LLMReplica` actor per planned replica (detached, named, in the
     ``serve`` namespace) - for an engine over several nodes one per node, its first node's
     first; appends ``(pool index, actor name, handle, whether it answers requests)`` to
@@ -634,7 +640,7 @@ def start_pools(app: str, entry: Any, groups: list[tuple[int, Any]], bind_host: 
             if not group.stages:
                 handle = ray.remote(LLMReplica).options(
                     name=name, max_restarts=ENGINE_RESTARTS, **common, **options).remote(
-                    entry.name, engine, group.compute, bind_host)
+                    entry.name, engine, group.compute, bind_host, api_key=api_key)
                 out.append((pool_index, name, handle, True))
                 continue
             stages = [dict(o) for o in group.stages]
@@ -646,7 +652,7 @@ def start_pools(app: str, entry: Any, groups: list[tuple[int, Any]], bind_host: 
             head = ray.remote(LLMReplica).options(
                 name=name, max_restarts=ENGINE_RESTARTS, **common, **stages[0]).remote(
                 entry.name, engine, group.compute, bind_host, nnodes=nnodes, node_rank=0,
-                stages=names)
+                stages=names, api_key=api_key)
             out.append((pool_index, name, head, True))
             for rank in range(1, nnodes):
                 handle = ray.remote(LLMReplica).options(

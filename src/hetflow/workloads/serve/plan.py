@@ -489,7 +489,8 @@ def front_plan(config: ServeConfig, plans: dict[str, ModelPlan],
                          for u in config.upstreams if u.fallback},
         default_model=config.default,
         generative=frozenset(n for n, mp in plans.items() if mp.generative),
-        nice=config.http.nice)
+        nice=config.http.nice,
+        front_token=config.auth.enabled(config.http.host))
 
 
 __all__ = ["describe_plan", "ensure_checkpoint", "front_plan", "ModelPlan", "plan_llm_pools",

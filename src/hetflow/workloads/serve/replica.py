@@ -23,6 +23,7 @@ from starlette.responses import Response
 
 from hetflow.runtime.resources import visible_devices
 from hetflow.workloads.serve import protocols
+from hetflow.workloads.serve.headers import check_front
 from hetflow.workloads.serve.metrics import GatewayMetrics
 from hetflow.workloads.serve.protocol import InputSpec, PredictRequest, RequestError
 from hetflow.workloads.serve.web import client_path, front_name
@@ -50,6 +51,7 @@ class ServerSettings:
     # a generative model's cap on new tokens per OpenAI completion (0: it does not generate);
     # the front door sends it the model's /v1/completions (by the body's model) when it is > 0
     max_new_tokens: int = 0
+    front_token: str | None = None  # API keys on: requests must carry it (headers.check_front)
 
 
 class MetricsReporter:
@@ -121,6 +123,7 @@ class ModelServer:
         path = client_path(request)
         model = self.settings.model
         try:
+            check_front(request, self.settings.front_token)
             try:
                 hit = protocols.match(path, request.method, replica=True)
             except RequestError as exc:

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from hetflow.workloads.serve import protocols, stream_usage
+from hetflow.workloads.serve.headers import FRONT_TOKEN_ENV
 from hetflow.workloads.serve.stream_usage import AT_END_VAR
 
 # an upstream's protocol -> the serving protocol (protocols.registry()) whose model paths it takes
@@ -249,13 +250,15 @@ def routing_rules(ups: tuple[UpstreamPlan, ...], fallbacks: dict[str, str], root
     return lines
 
 
-def backend_sections(ups: tuple[UpstreamPlan, ...], root: str, usage: bool = False) -> list[str]:
+def backend_sections(ups: tuple[UpstreamPlan, ...], root: str, usage: bool = False,
+                     front_token: bool = False) -> list[str]:
     """The upstreams' backends; ``usage``: streamed OpenAI answers charged at their end
-    (:mod:`.stream_usage`; keys on)."""
+    (:mod:`.stream_usage`; keys on); ``front_token``: hetflow's LLM engines want the
+    deployment's token as their Bearer key (keys on)."""
     lines: list[str] = []
     for up in ups:
         if up.local:
-            section = _llm_backend_section(up, root)
+            section = _llm_backend_section(up, root, front_token)
             lines += section[:1] + ([usage_filter_line()] if usage else []) + section[1:]
             continue
         if up.protocol == "openai":
@@ -337,9 +340,11 @@ def openai_token_rules(timeout_s: float) -> list[str]:
 LLM_MIN_TIMEOUT_S = 600  # the least time an LLM replica gets to answer (or between streamed tokens)
 
 
-def _llm_backend_section(up: UpstreamPlan, root: str) -> list[str]:
+def _llm_backend_section(up: UpstreamPlan, root: str, front_token: bool = False) -> list[str]:
     """hetflow's vLLM replicas: the client's own path and model (the served name), least
-    outstanding requests weighted by pool capacity, health from vLLM's ``/health``."""
+    outstanding requests weighted by pool capacity, health from vLLM's ``/health``; the
+    client's credentials never reach them (``front_token``: the deployment's token instead,
+    which the engines want then - vLLM's ``VLLM_API_KEY``)."""
     if up.affinity_bytes:  # (the frontend buffers request bodies: option http-buffer-request)
         balance = [f"    balance hash req.body,bytes(0,{up.affinity_bytes})",
                    "    hash-type consistent",
@@ -362,7 +367,8 @@ def _llm_backend_section(up: UpstreamPlan, root: str) -> list[str]:
         "    http-request del-header x-hetflow-key",
         "    http-request del-header x-hetflow-models",
         "    http-request del-header x-hetflow-client-path",
-        "    http-request del-header Authorization",
+        (f'    http-request set-header Authorization "Bearer ${{{FRONT_TOKEN_ENV}}}"' if front_token
+         else "    http-request del-header Authorization"),
         *openai_token_rules(max(LLM_MIN_TIMEOUT_S, up.timeout_s)),
     ]
     inter_ms = max(100, int(up.check_interval_s * 1000))
