@@ -15,7 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from hetflow.capacity.train import fleet_cost, parse_prices, parse_time, plan_train
+from hetflow.capacity.train import (
+    Evaluation,
+    TrainFleetPlan,
+    fleet_cost,
+    mix_price_ranges,
+    parse_prices,
+    parse_time,
+    plan_train,
+)
 from hetflow.core.errors import InputError, Unschedulable
 
 SCRIPT = Path(sys.executable).with_name("hetflow")
@@ -82,6 +90,37 @@ def test_side_by_side_simulations_find_the_same_fleet(work, target_h) -> None:
     assert len(one.evaluated) < 8 ** 3 // 4  # far from every fleet of the grid
 
 
+def test_where_a_mix_pays_is_read_off_the_fleets_costs_as_lines_in_one_price() -> None:
+    """Two models of one device a node: A alone needs 2 nodes, B alone 3, one of each meets
+    the target too. At A $3 and B $1 B alone is cheapest; a mix is cheapest with A between
+    $1 and $2 (worked by hand: 1 + a < min(2a, 3)) and with B between $1.50 and $3."""
+    def e(a: int, b: int, cost: float) -> Evaluation:
+        return Evaluation({"A": a, "B": b}, cost, 3600.0, 3600.0, 0, True)
+
+    plan = TrainFleetPlan(None, {}, evaluated=[e(2, 0, 6.0), e(0, 3, 3.0), e(1, 1, 4.0),
+                                               Evaluation({"A": 1, "B": 0}, 3.0, None, None, 5, False)])
+    ranges = mix_price_ranges(plan, ["A", "B"], 1, {"A": 3.0, "B": 1.0})
+    assert ranges["A"] == [pytest.approx((1.0, 2.0))] and ranges["B"] == [pytest.approx((1.5, 3.0))]
+    only = TrainFleetPlan(None, {}, evaluated=[e(2, 0, 6.0)])
+    assert mix_price_ranges(only, ["A", "B"], 1, {"A": 3.0, "B": 1.0}) == {"A": [], "B": []}
+
+
+@pytest.mark.parametrize("work, target_h", [(200, 4), (500, 6), (300, 3.2)])
+def test_inside_a_mix_price_range_the_search_at_that_price_buys_a_mix(work, target_h) -> None:
+    simulate, _ = analytic(work, 10)
+    plan = plan_train(MODELS, PRICES, simulate, target_h * 3600, node_size=8, max_nodes=4)
+    ranges = mix_price_ranges(plan, MODELS, 8, PRICES)
+    tried = 0
+    for model, spans in ranges.items():
+        for lo, hi in spans:
+            price = (lo + hi) / 2 if hi != float("inf") else lo * 1.5 + 0.5
+            moved = {**PRICES, model: price}
+            again = plan_train(MODELS, moved, simulate, target_h * 3600, node_size=8, max_nodes=4)
+            assert sum(1 for n in again.best.counts.values() if n) > 1, (model, price, again.best)
+            tried += 1
+    assert tried > 0, ranges
+
+
 def test_a_fleet_ruled_out_by_its_bound_is_not_simulated() -> None:
     simulate, calls = analytic(200, 10)
     plan = plan_train(MODELS, PRICES, simulate, 4 * 3600, max_nodes=4,
@@ -123,6 +162,7 @@ def test_the_command_on_a_real_simulation(tmp_path) -> None:
     assert (tmp_path / "pareto.png").stat().st_size > 1000
     cheaper = [e for e in plan["pareto"] if e["cost_per_hour"] < plan["best"]["cost_per_hour"]]
     assert all(e["avg_jct_h"] > 30 for e in cheaper)  # every cheaper fleet simulated missed the target
+    assert set(plan["mix_price_ranges"]) == {"A100-80GB", "MI300X"}
 
 
 @pytest.mark.parametrize("flags, code, words", [

@@ -103,6 +103,50 @@ class TrainFleetPlan:
         }
 
 
+def mix_price_ranges(plan: TrainFleetPlan, models: Sequence[str], node_size: int | Mapping[str, int],
+                     prices: dict[str, float]) -> dict[str, list[tuple[float, float]]]:
+    """Per model, the ranges of its price (USD per device-hour, the others' as given) at which
+    the cheapest of the simulated fleets that meet the target is a mix of models - where
+    mixing pays. A fleet's JCT does not depend on prices, so no simulation is needed: each
+    fleet's cost is a line in the price, and the ranges lie between the points where a mix's
+    line crosses a single model's. Only the fleets simulated count (at other prices the search
+    would have walked others; the single-model fleets it always finds), so a range is where a
+    mix is sure to pay, not all of it. ``inf`` ends a range that goes on."""
+    sizes = dict(zip(models, node_sizes(models, node_size)))
+    met = [e for e in plan.evaluated if e.meets]
+    out: dict[str, list[tuple[float, float]]] = {}
+    for m in models:
+        lines = []  # (mixed, constant part, slope) of each fleet's cost in m's price
+        for e in met:
+            slope = e.counts.get(m, 0) * sizes[m]
+            lines.append((sum(1 for n in e.counts.values() if n) > 1,
+                          e.cost_per_hour - slope * prices[m], slope))
+        mixed = [(a, b) for is_mix, a, b in lines if is_mix]
+        single = [(a, b) for is_mix, a, b in lines if not is_mix]
+        if not mixed:
+            out[m] = []
+            continue
+        if not single:
+            out[m] = [(0.0, math.inf)]
+            continue
+        points = {0.0}
+        for a1, b1 in mixed:
+            for a2, b2 in single:
+                if b1 != b2 and (x := (a2 - a1) / (b1 - b2)) > 0:
+                    points.add(x)
+        edges = sorted(points)
+        ranges: list[tuple[float, float]] = []
+        for lo, hi in zip(edges, [*edges[1:], math.inf]):
+            x = (lo + hi) / 2 if math.isfinite(hi) else lo * 2 + 1
+            if min(a + b * x for a, b in mixed) < min(a + b * x for a, b in single) - 1e-9:
+                if ranges and ranges[-1][1] == lo:
+                    ranges[-1] = (ranges[-1][0], hi)
+                else:
+                    ranges.append((lo, hi))
+        out[m] = ranges
+    return out
+
+
 def node_sizes(models: Sequence[str], node_size: int | Mapping[str, int]) -> list[int]:
     """Devices a node of each model (``node_size``: one number for all, or per model)."""
     sizes = [node_size if isinstance(node_size, int) else node_size.get(m, 0) for m in models]
@@ -493,4 +537,5 @@ def parse_prices(pairs: Sequence[str], doc: Any = None, source: str = "--prices"
 
 
 __all__ = ["Evaluation", "JobTimes", "job_times", "ServingReservation", "TrainFleetPlan", "fleet_cost", "fleet_lower_bound",
+           "mix_price_ranges",
            "parse_prices", "parse_time", "plan_train", "reserve_serving"]

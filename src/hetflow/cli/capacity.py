@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 
 
@@ -147,7 +148,14 @@ def run_train(args: argparse.Namespace) -> int:
 
     from hetflow.accelerators.catalog import default_catalog
     from hetflow.accelerators.prices import default_prices, device_watts
-    from hetflow.capacity.train import fleet_lower_bound, job_times, parse_prices, parse_time, plan_train
+    from hetflow.capacity.train import (
+        fleet_lower_bound,
+        job_times,
+        mix_price_ranges,
+        parse_prices,
+        parse_time,
+        plan_train,
+    )
     from hetflow.core.errors import InputError, Unschedulable
     from hetflow.scheduling.policies.capacity import ClusterModel
     from hetflow.scheduling.policies.registry import make_policy, parse_policy_list
@@ -213,6 +221,9 @@ def run_train(args: argparse.Namespace) -> int:
     out = plan.to_dict(metric)
     out.update(trace=trace.source, jobs=len(trace.jobs), policy=policy, metric=metric,
                target_h=target_s / 3600, node_size=args.node_size, prices=prices, price_sources=price_source)
+    ranges = mix_price_ranges(plan, models, args.node_size, prices)
+    out["mix_price_ranges"] = {m: [[round(lo, 4), None if math.isinf(hi) else round(hi, 4)] for lo, hi in r]
+                               for m, r in ranges.items()}
     watts = {m: device_watts(m) for m in models}
     for e in [out["best"], out["best_homogeneous"], *out["homogeneous"].values()]:
         if e is not None:  # the fleet's board power at TDP (None when a model's TDP is not known)
@@ -242,7 +253,7 @@ def run_train(args: argparse.Namespace) -> int:
         return 0
     best, homog = out["best"], out["best_homogeneous"]
     if serving is not None:
-        print(f"serving reserved: " + ", ".join(f"{n} x {args.node_size}x {m}" for m, n in serving.nodes.items())
+        print("serving reserved: " + ", ".join(f"{n} x {args.node_size}x {m}" for m, n in serving.nodes.items())
               + "".join(f", {n} x {m}" for m, n in serving.replicas.items() if m not in serving.nodes)
               + f" (${serving.cost_per_hour:,.2f}/h); left to training: "
               + (", ".join(f"{n} x {m}" for m, n in spare.items()) or "none")
@@ -265,10 +276,24 @@ def run_train(args: argparse.Namespace) -> int:
                                f"{e['nodes'][m]} nodes, ${e['cost_per_hour']:,.2f}/h, avg JCT {e['avg_jct_h']:.2f} h"))
     if homog:
         print(f"the mix costs {out['mixed_over_homogeneous']:.2f}x of the best single model")
+    mixes_met = sum(1 for e in plan.evaluated if e.meets and sum(1 for n in e.counts.values() if n) > 1)
+    if len(models) > 1 and not mixes_met:
+        print(f"no mix of the {out['simulated']} fleets simulated met the target, at any price")
+    elif len(models) > 1:
+        print(f"where a mix is the cheapest fleet (one model's price moved, the others' as given; "
+              f"among the {out['simulated']} fleets simulated, {mixes_met} mixes met the target): " + "; ".join(
+                  f"{m} " + (", ".join(_price_range(lo, hi) for lo, hi in r) if r else "at no price")
+                  + f" (now ${prices[m]:g})" for m, r in ranges.items()))
     print(f"price/JCT Pareto front ({len(out['pareto'])} fleets), {out['simulated']} simulated "
           f"({out['stopped_early']} stopped once sure to miss), {out['skipped']} left out (below a miss or dearer), "
           f"{out['bounded']} ruled out by the trace's bound, {out['wall_s']:.1f} s" + (f"; wrote {args.out}/plan.json, pareto.png" if args.out else ""))
     return 0
+
+
+def _price_range(lo: float, hi: float) -> str:
+    if lo <= 0:
+        return "at any price" if math.isinf(hi) else f"up to ${hi:.2f}/h"
+    return f"${lo:.2f}/h and up" if math.isinf(hi) else f"${lo:.2f}-${hi:.2f}/h"
 
 
 def _reserve(args: argparse.Namespace, catalog, prices: dict[str, float]):
