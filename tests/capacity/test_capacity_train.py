@@ -121,6 +121,29 @@ def test_inside_a_mix_price_range_the_search_at_that_price_buys_a_mix(work, targ
     assert tried > 0, ranges
 
 
+def test_when_one_model_is_cheapest_find_mix_walks_on_to_the_cheapest_mix() -> None:
+    """MI300X alone is cheapest here; ``find_mix`` finds the cheapest mix meeting the target
+    (what an exhaustive search over mixes finds), and with it the prices at which mixing pays -
+    where the search at that price then buys a mix."""
+    simulate, _ = analytic(300, 10)
+    target = 6 * 3600
+    plan = plan_train(MODELS, PRICES, simulate, target, node_size=8, max_nodes=4, find_mix=True)
+    assert sum(1 for n in plan.best.counts.values() if n) == 1
+    mixes = [fleet_cost(c, MODELS, 8, PRICES) for c in itertools.product(range(5), repeat=3)
+             if sum(1 for n in c if n) > 1 and simulate(dict(zip(MODELS, c)))["avg_jct_s"] <= target]
+    assert plan.best_mix is not None and plan.best_mix.meets
+    assert plan.best_mix.cost_per_hour == pytest.approx(min(mixes))
+    assert plan.best_mix.cost_per_hour >= plan.best.cost_per_hour
+    assert plan_train(MODELS, PRICES, simulate, target, node_size=8, max_nodes=4).best_mix is None
+    ranges = mix_price_ranges(plan, MODELS, 8, PRICES)
+    spans = [(m, lo, hi) for m, r in ranges.items() for lo, hi in r]
+    assert spans, ranges
+    for model, lo, hi in spans:
+        price = (lo + hi) / 2 if hi != float("inf") else lo * 1.5 + 0.5
+        again = plan_train(MODELS, {**PRICES, model: price}, simulate, target, node_size=8, max_nodes=4)
+        assert sum(1 for n in again.best.counts.values() if n) > 1, (model, price, again.best)
+
+
 def test_a_fleet_ruled_out_by_its_bound_is_not_simulated() -> None:
     simulate, calls = analytic(200, 10)
     plan = plan_train(MODELS, PRICES, simulate, 4 * 3600, max_nodes=4,
@@ -152,7 +175,8 @@ def test_prices_and_times_parse_or_say_why() -> None:
 def test_the_command_on_a_real_simulation(tmp_path) -> None:
     cmd = [*HETFLOW, "capacity", "train", "--trace", "synthetic:jobs=12,rate=6,seed=3",
            "--devices", "A100-80GB,MI300X", "--price", "A100-80GB=2.5", "--price", "mi300x=3.5",
-           "--target-avg-jct", "30h", "--node-size", "4", "--max-nodes", "2", "--out", str(tmp_path), "--json"]
+           "--target-avg-jct", "30h", "--node-size", "4", "--max-nodes", "2", "--out", str(tmp_path), "--json",
+           "--where-mix-pays"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
     plan = json.loads(out.stdout)
@@ -163,6 +187,9 @@ def test_the_command_on_a_real_simulation(tmp_path) -> None:
     cheaper = [e for e in plan["pareto"] if e["cost_per_hour"] < plan["best"]["cost_per_hour"]]
     assert all(e["avg_jct_h"] > 30 for e in cheaper)  # every cheaper fleet simulated missed the target
     assert set(plan["mix_price_ranges"]) == {"A100-80GB", "MI300X"}
+    # one model alone is cheapest here: --where-mix-pays walked on to the cheapest mix
+    assert len(plan["best"]["nodes"]) == 1 and len(plan["best_mix"]["nodes"]) == 2
+    assert plan["best_mix"]["meets_target"] and plan["best_mix"]["cost_per_hour"] >= plan["best"]["cost_per_hour"]
 
 
 @pytest.mark.parametrize("flags, code, words", [

@@ -71,6 +71,7 @@ class TrainFleetPlan:
     skipped: int = 0  # fleets not simulated: no bigger than one that missed the target
     bounded: int = 0  # fleets not simulated: the trace's lower bound already misses the target
     wall_s: float = 0.0
+    best_mix: Evaluation | None = None  # find_mix: the cheapest mix meeting the target (dearer than best)
 
     @property
     def best_homogeneous(self) -> Evaluation | None:
@@ -96,6 +97,7 @@ class TrainFleetPlan:
             "homogeneous": {k: None if v is None else v.to_dict() for k, v in self.homogeneous.items()},
             "mixed_over_homogeneous": (round(self.best.cost_per_hour / homog.cost_per_hour, 4)
                                        if self.best and homog and homog.cost_per_hour else None),
+            **({"best_mix": self.best_mix.to_dict()} if self.best_mix is not None else {}),
             "pareto": [e.to_dict() for e in self.pareto(metric)],
             "simulated": len(self.evaluated), "skipped": self.skipped, "bounded": self.bounded,
             "stopped_early": sum(e.stopped_early for e in self.evaluated),
@@ -337,7 +339,7 @@ def plan_train(models: Sequence[str], prices: dict[str, float], simulate: Callab
                target_s: float, metric: str = "avg", node_size: int | Mapping[str, int] = 8, max_nodes: int = 4,
                max_simulations: int = 400, allow_empty: bool = False,
                bound: Callable[[dict[str, int]], float] | None = None, workers: int = 1,
-               price_cap: float = math.inf) -> TrainFleetPlan:
+               price_cap: float = math.inf, find_mix: bool = False) -> TrainFleetPlan:
     """The cheapest fleet of ``models`` meeting ``target_s`` (see the module docstring).
 
     ``simulate(nodes per model) -> summary`` runs the trace on a fleet (``avg_jct_s``,
@@ -349,6 +351,9 @@ def plan_train(models: Sequence[str], prices: dict[str, float], simulate: Callab
     price order: a batch's results are read cheapest first).
     ``price_cap``: mixed fleets at this price or more are not walked (the caller has a fleet at
     that price that meets the target, e.g. a single-model fleet beyond ``max_nodes``).
+    ``find_mix``: when the best fleet is one model's, walk on to the cheapest mix of models that
+    meets the target too (``best_mix``; more simulations), so :func:`mix_price_ranges` can say
+    at which prices mixing would pay.
     ``allow_empty``: the fleet of no node is a candidate too (``simulate`` then runs on what
     it adds itself, e.g. the devices a serving reservation left over).
     Raises InputError for bad arguments and Unschedulable when no fleet walked meets the target.
@@ -421,6 +426,38 @@ def plan_train(models: Sequence[str], prices: dict[str, float], simulate: Callab
     def order(c: Counts) -> tuple:
         return (fleet_cost(c, models, node_size, prices), sum(c), c)
 
+    def walk(live: list[Counts], best: Counts | None) -> Counts | None:
+        """Simulate the open fleets of ``live`` (below the most others first) until none
+        cheaper than ``best`` (the cheapest that met the target so far) is left; the new best."""
+        while live:
+            at = tuple(np.array(live).T)
+            below = np.zeros((max_nodes + 1,) * len(models), dtype=np.int64)  # open fleets at or below each
+            below[at] = 1
+            for axis in range(len(models)):
+                below = below.cumsum(axis=axis)
+            below = below[at]
+            before = len(failed)
+            batch: list[Counts] = []
+            for k in sorted(range(len(live)), key=lambda k: (-below[k], order(live[k]))):
+                c = live[k]
+                if any(all(x <= y for x, y in zip(c, f)) for f in failed[before:]):
+                    continue  # below a fleet just ruled out
+                if bounded_out(c):  # the trace's bound: a miss without a simulation
+                    failed.append(c)
+                    continue
+                batch.append(c)
+                if len(batch) == workers:
+                    break
+            if batch:
+                run(batch)
+            for c in batch:
+                if cache[c].meets and (best is None or order(c) < order(best)):
+                    best = c
+            misses = failed[before:]
+            live = [c for c in live if c not in cache and not bounds.get(c) and (best is None or order(c) < order(best))
+                    and not any(all(x <= y for x, y in zip(c, f)) for f in misses)]
+        return best
+
     try:
         # single-model fleets: the fewest nodes of each model that meet the target, by bisection
         # (more nodes of one model never finish the trace later), the models' searches side by side
@@ -455,34 +492,18 @@ def plan_train(models: Sequence[str], prices: dict[str, float], simulate: Callab
         best: Counts | None = min((tuple(e.counts[m] for m in models) for e in met), key=order, default=None)
         live = [c for c in grid if c not in cache and (best is None or order(c) < order(best)) and not dominated(c)
                 and fleet_cost(c, models, node_size, prices) < price_cap]
-        while live:
-            at = tuple(np.array(live).T)
-            below = np.zeros((max_nodes + 1,) * len(models), dtype=np.int64)  # open fleets at or below each
-            below[at] = 1
-            for axis in range(len(models)):
-                below = below.cumsum(axis=axis)
-            below = below[at]
-            before = len(failed)
-            batch: list[Counts] = []
-            for k in sorted(range(len(live)), key=lambda k: (-below[k], order(live[k]))):
-                c = live[k]
-                if any(all(x <= y for x, y in zip(c, f)) for f in failed[before:]):
-                    continue  # below a fleet just ruled out
-                if bounded_out(c):  # the trace's bound: a miss without a simulation
-                    failed.append(c)
-                    continue
-                batch.append(c)
-                if len(batch) == workers:
-                    break
-            if batch:
-                run(batch)
-            for c in batch:
-                if cache[c].meets and (best is None or order(c) < order(best)):
-                    best = c
-            misses = failed[before:]
-            live = [c for c in live if c not in cache and not bounds.get(c) and (best is None or order(c) < order(best))
-                    and not any(all(x <= y for x, y in zip(c, f)) for f in misses)]
+        best = walk(live, best)
         plan.best = None if best is None else cache[best]
+        if find_mix and best is not None and sum(1 for n in best if n) < 2:
+            # the cheapest mix too (dearer than the best): the fleets where mixing would pay
+            def is_mix(c: Counts) -> bool:
+                return sum(1 for n in c if n) > 1
+
+            mix = min((c for c in cache if cache[c].meets and is_mix(c)), key=order, default=None)
+            live = [c for c in grid if is_mix(c) and c not in cache and not bounds.get(c) and not dominated(c)
+                    and (mix is None or order(c) < order(mix))]
+            mix = walk(live, mix)
+            plan.best_mix = None if mix is None else cache[mix]
         plan.skipped = sum(1 for c in grid if c not in cache and not bounds.get(c))
     finally:
         if pool is not None:

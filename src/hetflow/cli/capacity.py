@@ -70,6 +70,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--full-runs", action="store_true",
                    help="run every simulated fleet to the end, for its JCT on the Pareto front (default: "
                         "a simulation stops once the fleet is sure to miss the target)")
+    t.add_argument("--where-mix-pays", action="store_true",
+                   help="when one model alone is cheapest, also find the cheapest mix that meets the target "
+                        "(more simulations), so the output says at which prices a mix would be cheapest")
     t.add_argument("--policy", default="hetflow", help="the cluster policy (default hetflow, the controller's)")
     t.add_argument("--throughputs", metavar="F", help="measured job-type x device-type table (as simulate)")
     t.add_argument("--seed", type=int, default=0, help="seed for traces that draw job types")
@@ -217,7 +220,8 @@ def run_train(args: argparse.Namespace) -> int:
 
     workers = args.workers if args.workers is not None else (os.cpu_count() or 1)
     plan = plan_train(models, prices, simulator(True), target_s, metric, args.node_size, args.max_nodes,
-                      args.max_simulations, allow_empty=bool(spare), bound=bounder(True), workers=workers)
+                      args.max_simulations, allow_empty=bool(spare), bound=bounder(True), workers=workers,
+                      find_mix=args.where_mix_pays)
     out = plan.to_dict(metric)
     out.update(trace=trace.source, jobs=len(trace.jobs), policy=policy, metric=metric,
                target_h=target_s / 3600, node_size=args.node_size, prices=prices, price_sources=price_source)
@@ -277,8 +281,14 @@ def run_train(args: argparse.Namespace) -> int:
     if homog:
         print(f"the mix costs {out['mixed_over_homogeneous']:.2f}x of the best single model")
     mixes_met = sum(1 for e in plan.evaluated if e.meets and sum(1 for n in e.counts.values() if n) > 1)
+    if plan.best_mix is not None:
+        e = plan.best_mix
+        print("cheapest mix that meets the target: " + ", ".join(f"{n} x {args.node_size}x {m}"
+                                                                 for m, n in e.counts.items() if n)
+              + f", ${e.cost_per_hour:,.2f}/h, avg JCT {e.avg_jct_s / 3600:.2f} h")
     if len(models) > 1 and not mixes_met:
-        print(f"no mix of the {out['simulated']} fleets simulated met the target, at any price")
+        print(f"no mix of the {out['simulated']} fleets simulated met the target, at any price"
+              + ("" if args.where_mix_pays else " (--where-mix-pays walks on to the cheapest mix)"))
     elif len(models) > 1:
         print(f"where a mix is the cheapest fleet (one model's price moved, the others' as given; "
               f"among the {out['simulated']} fleets simulated, {mixes_met} mixes met the target): " + "; ".join(
