@@ -35,7 +35,7 @@ import itertools
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -105,6 +105,11 @@ class TrainFleetPlan:
         }
 
 
+def is_mix(counts: Iterable[int]) -> bool:
+    """Whether a fleet (nodes per model) holds more than one model."""
+    return sum(1 for n in counts if n) > 1
+
+
 def mix_price_ranges(plan: TrainFleetPlan, models: Sequence[str], node_size: int | Mapping[str, int],
                      prices: dict[str, float]) -> dict[str, list[tuple[float, float]]]:
     """Per model, the ranges of its price (USD per device-hour, the others' as given) at which
@@ -121,8 +126,7 @@ def mix_price_ranges(plan: TrainFleetPlan, models: Sequence[str], node_size: int
         lines = []  # (mixed, constant part, slope) of each fleet's cost in m's price
         for e in met:
             slope = e.counts.get(m, 0) * sizes[m]
-            lines.append((sum(1 for n in e.counts.values() if n) > 1,
-                          e.cost_per_hour - slope * prices[m], slope))
+            lines.append((is_mix(e.counts.values()), e.cost_per_hour - slope * prices[m], slope))
         mixed = [(a, b) for is_mix, a, b in lines if is_mix]
         single = [(a, b) for is_mix, a, b in lines if not is_mix]
         if not mixed:
@@ -494,11 +498,8 @@ def plan_train(models: Sequence[str], prices: dict[str, float], simulate: Callab
                 and fleet_cost(c, models, node_size, prices) < price_cap]
         best = walk(live, best)
         plan.best = None if best is None else cache[best]
-        if find_mix and best is not None and sum(1 for n in best if n) < 2:
+        if find_mix and best is not None and not is_mix(best):
             # the cheapest mix too (dearer than the best): the fleets where mixing would pay
-            def is_mix(c: Counts) -> bool:
-                return sum(1 for n in c if n) > 1
-
             mix = min((c for c in cache if cache[c].meets and is_mix(c)), key=order, default=None)
             live = [c for c in grid if is_mix(c) and c not in cache and not bounds.get(c) and not dominated(c)
                     and (mix is None or order(c) < order(mix))]
@@ -558,5 +559,5 @@ def parse_prices(pairs: Sequence[str], doc: Any = None, source: str = "--prices"
 
 
 __all__ = ["Evaluation", "JobTimes", "job_times", "ServingReservation", "TrainFleetPlan", "fleet_cost", "fleet_lower_bound",
-           "mix_price_ranges",
+           "is_mix", "mix_price_ranges",
            "parse_prices", "parse_time", "plan_train", "reserve_serving"]

@@ -153,6 +153,7 @@ def run_train(args: argparse.Namespace) -> int:
     from hetflow.accelerators.prices import default_prices, device_watts
     from hetflow.capacity.train import (
         fleet_lower_bound,
+        is_mix,
         job_times,
         mix_price_ranges,
         parse_prices,
@@ -280,7 +281,7 @@ def run_train(args: argparse.Namespace) -> int:
                                f"{e['nodes'][m]} nodes, ${e['cost_per_hour']:,.2f}/h, avg JCT {e['avg_jct_h']:.2f} h"))
     if homog:
         print(f"the mix costs {out['mixed_over_homogeneous']:.2f}x of the best single model")
-    mixes_met = sum(1 for e in plan.evaluated if e.meets and sum(1 for n in e.counts.values() if n) > 1)
+    mixes_met = sum(1 for e in plan.evaluated if e.meets and is_mix(e.counts.values()))
     if plan.best_mix is not None:
         e = plan.best_mix
         print("cheapest mix that meets the target: " + ", ".join(f"{n} x {args.node_size}x {m}"

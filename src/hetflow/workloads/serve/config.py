@@ -615,17 +615,7 @@ def _upstream_fallback_errors(config: ServeConfig) -> list[str]:
         elif target.protocol != u.protocol:
             errors.append(f"upstream {u.name}: fallback {u.fallback!r} speaks {target.protocol}, "
                           f"{u.name} {u.protocol}; name an upstream of the same protocol")
-    if errors:
-        return errors
-    for u in config.upstreams:
-        seen, name = [u.name], u.fallback
-        while name is not None:
-            if name in seen:
-                return [f"upstream fallbacks form a cycle: {' -> '.join(seen + [name])}"]
-            seen.append(name)
-            nxt = config.upstream(name)
-            name = nxt.fallback if nxt is not None else None
-    return []
+    return errors or _first_cycle({u.name: u.fallback for u in config.upstreams}, "upstream fallbacks")
 
 
 def upstream_chain(config: ServeConfig, name: str) -> list[str]:
@@ -645,16 +635,21 @@ def _size_errors(key: str, value: int | str) -> list[str]:
     return []
 
 
-def _fallback_cycles(config: ServeConfig) -> list[str]:
-    fallback = {m.name: m.fallback for m in config.models}  # an upstream ends a chain
+def _first_cycle(fallback: dict[str, str | None], what: str) -> list[str]:
+    """One line for the first cycle of ``fallback`` (name -> the next; a name outside it ends
+    a chain), else none."""
     for start in fallback:
         seen, name = [start], fallback[start]
         while name is not None and name in fallback:
             if name in seen:
-                return [f"fallbacks form a cycle: {' -> '.join(seen + [name])}"]
+                return [f"{what} form a cycle: {' -> '.join(seen + [name])}"]
             seen.append(name)
             name = fallback[name]
     return []
+
+
+def _fallback_cycles(config: ServeConfig) -> list[str]:
+    return _first_cycle({m.name: m.fallback for m in config.models}, "fallbacks")  # an upstream ends a chain
 
 
 def is_loopback(host: str) -> bool:
