@@ -70,7 +70,9 @@ class Front:
         self.config = render_config(self.plan, servers, self.admin, None, str(root / "maps"),
                                     self.keys.salt if keys else "",
                                     up.write_lua(str(root)) if needs_lua(self.plan) else None)
-        self.proc, self.log = start_haproxy(root, self.config, lambda: listening(self.port))
+        # ready once it listens and its admin socket is there (the tests drive it through that)
+        self.proc, self.log = start_haproxy(root, self.config,
+                                            lambda: listening(self.port) and Path(self.admin).exists())
 
     def refresh(self) -> None:
         self.keys.refresh(lambda c: admin_call(self.admin, c))
