@@ -33,6 +33,11 @@ Measured, with `hey` (closed loop; ``-q`` caps each worker's rate):
 * ``timing_gap_us``: median time of a 401 for the right key with its last character changed
   minus that for an unrelated wrong key (400 alternating requests each, one connection).
 
+Flags: ``--front-nice N`` / ``--front-realtime N``: the front doors' ``http.nice`` /
+``http.realtime`` (HAProxy under SCHED_FIFO); ``--client-realtime N``: ``hey`` under SCHED_FIFO
+(``chrt``; root), a client that does not wait for a core the replicas keep busy - on one
+machine the closest to a client on cores of its own (docs/benchmarks.md, Gateway runs 17-25).
+
 Last line: ``RESULT auth_over_open=<x> limiter_error=<x> overload_p99_ms=<x> shed_p99_ms=<x>
 over_litellm=<x> capacity_rps=<x> revoke_ms=<x> timing_gap_us=<x>``.
 """
@@ -67,6 +72,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 LITELLM = ROOT / ".venv-litellm" / "bin" / "litellm"
 QUEUE_LIMIT = 16
 HETFLOW = [sys.executable, "-m", "hetflow.cli.main"]
+CLIENT_PREFIX: list[str] = []  # --client-realtime N: ["chrt", "-f", "N"] (hey under SCHED_FIFO)
 
 
 def _models(queue_limit: int | None) -> list[dict]:
@@ -95,7 +101,10 @@ def serve_main(ports: list[int]) -> int:
     ray.init(address="local", num_cpus=3, include_dashboard=False, log_to_driver=False,
              configure_logging=False)
     nice = os.environ.get("HETFLOW_BENCH_FRONT_NICE", "")  # --front-nice
+    realtime = os.environ.get("HETFLOW_BENCH_FRONT_REALTIME", "")  # --front-realtime
     http = {"nice": int(nice)} if nice else {}
+    if realtime:
+        http["realtime"] = int(realtime)
     served = [deploy(serve_config_from_dict({"name": name, "http": {**http, "port": port},
                                              "auth": {"mode": mode},
                                              "models": _models(QUEUE_LIMIT if name == "open" else None)}))
@@ -107,7 +116,7 @@ def hey(url: str, body: Path, concurrency: int, seconds: float, headers: dict[st
         qps: float | None = None, per_request: bool = False) -> dict:
     """One run of `hey`: req/s, answers by status, and (``per_request``) each request's
     (status, seconds) from its CSV."""
-    cmd = ["hey", "-z", f"{seconds}s", "-c", str(concurrency), "-m", "POST",
+    cmd = [*CLIENT_PREFIX, "hey", "-z", f"{seconds}s", "-c", str(concurrency), "-m", "POST",
            "-T", "application/json", "-D", str(body)]
     for name, value in headers.items():
         cmd += ["-H", f"{name}: {value}"]
@@ -184,6 +193,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--front-nice", type=int, metavar="N",
                         help="the front doors' http.nice (default: unset - the replicas' priority, Ray's "
                              "worker niceness 15)")
+    parser.add_argument("--front-realtime", type=int, metavar="N",
+                        help="the front doors' http.realtime: HAProxy under SCHED_FIFO at priority N "
+                             "(default: unset - the ordinary policy)")
+    parser.add_argument("--client-realtime", type=int, metavar="N",
+                        help="run the load client (hey) under SCHED_FIFO at priority N (chrt; root), so "
+                             "that on a machine whose cores the server saturates it does not wait for "
+                             "a core to send or to time an answer (default: the ordinary policy)")
     parser.add_argument("--serve", nargs=2, type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
@@ -191,11 +207,23 @@ def main(argv: list[str] | None = None) -> int:
     if shutil.which("hey") is None:
         print("benchmarks/gateway.py needs `hey`: apt-get install -y hey", file=sys.stderr)
         return 2
+    for flag, value in (("--front-realtime", args.front_realtime), ("--client-realtime", args.client_realtime)):
+        if value is not None and not 1 <= value <= 99:
+            print(f"benchmarks/gateway.py: {flag} {value}: a SCHED_FIFO priority is 1..99", file=sys.stderr)
+            return 2
+    if args.client_realtime is not None:
+        probe = subprocess.run(["chrt", "-f", str(args.client_realtime), "true"], capture_output=True, text=True)
+        if probe.returncode != 0:
+            print(f"benchmarks/gateway.py: --client-realtime needs chrt and the right to use SCHED_FIFO "
+                  f"(root or CAP_SYS_NICE): {probe.stderr.strip()}", file=sys.stderr)
+            return 2
+        CLIENT_PREFIX[:] = ["chrt", "-f", str(args.client_realtime)]
     rounds, seconds, limiter_s = (2, 3.0, 10.0) if args.quick else (4, 6.0, 30.0)
     work = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
     keys_dir = work / "keys"
     env = {**os.environ, "HETFLOW_KEYS_DIR": str(keys_dir),
-           "HETFLOW_BENCH_FRONT_NICE": "" if args.front_nice is None else str(args.front_nice)}
+           "HETFLOW_BENCH_FRONT_NICE": "" if args.front_nice is None else str(args.front_nice),
+           "HETFLOW_BENCH_FRONT_REALTIME": "" if args.front_realtime is None else str(args.front_realtime)}
 
     def make_key(name: str, *flags: str) -> str:
         out = subprocess.run([*HETFLOW, "keys", "create", name, *flags], env=env, capture_output=True,

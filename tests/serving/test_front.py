@@ -217,3 +217,40 @@ def test_stale_front_door_folders_are_swept_and_live_or_foreign_ones_kept(tmp_pa
     assert sorted(removed) == sorted([str(tmp_path / "hetflow-front-a-1"), str(reused)])
     assert live.exists() and foreign.exists() and other.exists()
     assert not (tmp_path / "hetflow-front-a-1").exists() and not reused.exists()
+
+
+def test_realtime_runs_the_process_under_sched_fifo_or_says_why_not() -> None:
+    """``http.realtime``: what HAProxy's process sets before it runs (``_haproxy_setup``) and
+    the line the actor logs when the OS refused it (``realtime_problem``): a process started
+    with it runs SCHED_FIFO at the priority asked where this machine allows that; one whose
+    user may not (uid 65534, no RLIMIT_RTPRIO) runs as usual and the check names what it needs."""
+    import functools
+    import resource
+
+    from hetflow.workloads.serve.front import _haproxy_setup, realtime_problem
+
+    allowed = subprocess.run(["chrt", "-f", "3", "true"], capture_output=True).returncode == 0
+    started = subprocess.Popen(["sleep", "30"], preexec_fn=functools.partial(_haproxy_setup, None, 3))
+
+    def unprivileged() -> None:
+        resource.setrlimit(resource.RLIMIT_RTPRIO, (0, 0))
+        if os.getuid() == 0:
+            os.setgid(65534)
+            os.setuid(65534)
+        _haproxy_setup(None, 3)
+
+    refused = subprocess.Popen(["sleep", "30"], preexec_fn=unprivileged)
+    try:
+        got = os.sched_getscheduler(started.pid), os.sched_getparam(started.pid).sched_priority
+        assert got == ((os.SCHED_FIFO, 3) if allowed else (os.SCHED_OTHER, 0))
+        assert (realtime_problem(started.pid, 3) is None) == allowed
+        assert os.sched_getscheduler(refused.pid) == os.SCHED_OTHER
+        line = realtime_problem(refused.pid, 3)
+        assert line is not None and "\n" not in line
+        assert "http.realtime" in line and "RLIMIT_RTPRIO" in line
+        assert realtime_problem(refused.pid, None) is None  # nothing asked: nothing to say
+        assert realtime_problem(started.pid, 4 if allowed else 3) is not None  # another priority
+    finally:
+        for proc in (started, refused):
+            proc.kill()
+            proc.wait()

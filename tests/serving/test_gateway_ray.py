@@ -58,7 +58,8 @@ def gateway(tmp_path_factory):
                        "url": f"http://127.0.0.1:{provider.server_address[1]}/prov/v1", "fallback": "cloud2"},
                       {"name": "cloud2", "model": "gpt-up2", "api_key_env": "HF_GW_UPSTREAM_KEY",
                        "url": f"http://127.0.0.1:{provider.server_address[1]}/prov/v1"}],
-        "http": {"port": port, "nice": 5},  # the front door's priority, above its actor's 15
+        # the front door's priority, above its actor's 15, and its real-time policy
+        "http": {"port": port, "nice": 5, "realtime": 7},
         "auth": {"mode": "keys"},
         "models": [
             {"name": "digits", "weights": "random", "devices": "cpu", "replicas": 1,
@@ -104,12 +105,21 @@ def gateway(tmp_path_factory):
 
 def test_the_front_door_runs_at_its_configured_cpu_priority(gateway) -> None:
     """``http.nice: 5``: HAProxy (master and worker) at 5, above the nice 15 Ray starts its
-    workers - the front door's actor among them - with."""
+    workers - the front door's actor among them - with. ``http.realtime: 7``: every thread of
+    master and workers under SCHED_FIFO 7 (the worker running now was forked by a reload: the
+    server list filled in after the start), the actor under the ordinary policy; where this machine refuses SCHED_FIFO,
+    HAProxy runs as usual."""
     haproxies = named_with_env(b"haproxy", f"HETFLOW_KEYS_DIR={gateway['dir']}")
     assert haproxies
     assert {nice_of(p) for p in haproxies} == {5}
     master = next(p for p in haproxies if parent_of(p) not in haproxies)
     assert nice_of(parent_of(master)) == 15  # the actor that started it: Ray's worker niceness
+    allowed = subprocess.run(["chrt", "-f", "7", "true"], capture_output=True).returncode == 0
+    threads = [int(t) for p in haproxies for t in os.listdir(f"/proc/{p}/task")]
+    assert len(threads) > len(haproxies)  # the workers' threads are counted too
+    policies = {(os.sched_getscheduler(t), os.sched_getparam(t).sched_priority) for t in threads}
+    assert policies == ({(os.SCHED_FIFO, 7)} if allowed else {(os.SCHED_OTHER, 0)})
+    assert os.sched_getscheduler(parent_of(master)) == os.SCHED_OTHER
 
 
 def test_the_replicas_and_gateway_ports_take_only_what_passed_the_front_door(gateway) -> None:

@@ -147,6 +147,7 @@ class FrontPlan:
     # own backend - its replicas answer it, and its queue limit counts it - like its other paths
     generative: frozenset[str] = frozenset()
     nice: int | None = None  # HAProxy's CPU priority (None: its actor's, Ray's worker niceness)
+    realtime: int | None = None  # HAProxy under SCHED_FIFO at this priority (None: not)
     # API keys on: every request to a replica, the gateway or an LLM engine carries the
     # deployment's token (headers.FRONT_TOKEN_ENV in HAProxy's environment; check_front)
     front_token: bool = False
@@ -415,9 +416,11 @@ def admin_call(socket_path: str, command: str) -> str:
     return b"".join(chunks).decode(errors="replace")
 
 
-def _haproxy_setup(nice: int | None) -> None:
+def _haproxy_setup(nice: int | None, realtime: int | None = None) -> None:
     """In HAProxy's process before it runs: SIGKILL when the actor's thread that started it
-    ends, and the front door's CPU priority where the OS allows it (the caller checks)."""
+    ends, the front door's CPU priority and its real-time policy where the OS allows them (the
+    caller checks). Threads HAProxy starts, and the workers its master forks on a reload,
+    inherit the policy."""
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except OSError:
@@ -427,6 +430,26 @@ def _haproxy_setup(nice: int | None) -> None:
             os.setpriority(os.PRIO_PROCESS, 0, nice)
         except OSError:
             pass  # not allowed: it keeps the actor's (said in the actor's log by _start)
+    if realtime is not None:
+        try:
+            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(realtime))
+        except OSError:
+            pass  # not allowed: the ordinary policy (said in the actor's log by _start)
+
+
+def realtime_problem(pid: int, realtime: int | None) -> str | None:
+    """Why process ``pid`` does not run as ``http.realtime`` asks (None: it does, or nothing
+    was asked)."""
+    if realtime is None:
+        return None
+    try:
+        policy, prio = os.sched_getscheduler(pid), os.sched_getparam(pid).sched_priority
+    except OSError:
+        return None  # already gone: the start loop says why
+    if policy == os.SCHED_FIFO and prio == realtime:
+        return None
+    return (f"hetflow front door: HAProxy runs under the ordinary CPU policy, not SCHED_FIFO "
+            f"{realtime} (http.realtime needs root, CAP_SYS_NICE or RLIMIT_RTPRIO >= {realtime})")
 
 
 def _safe(name: str) -> str:
@@ -607,7 +630,7 @@ class FrontDoor:
                 env={**os.environ, **self.upstream_keys},
                 stdout=subprocess.DEVNULL,
                 stderr=open(os.path.join(self.dir, "haproxy.log"), "ab"),
-                preexec_fn=functools.partial(_haproxy_setup, self.plan.nice))
+                preexec_fn=functools.partial(_haproxy_setup, self.plan.nice, self.plan.realtime))
             started.set()
             self.proc.wait()
 
@@ -621,6 +644,8 @@ class FrontDoor:
         if self.plan.nice is not None and got != self.plan.nice:
             print(f"hetflow front door: HAProxy runs at nice {got}, not http.nice {self.plan.nice} "
                   f"(lowering a nice value needs root, CAP_SYS_NICE or RLIMIT_NICE)", file=sys.stderr)
+        if (problem := realtime_problem(self.proc.pid, self.plan.realtime)) is not None:
+            print(problem, file=sys.stderr)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

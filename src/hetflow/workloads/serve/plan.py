@@ -490,6 +490,7 @@ def front_plan(config: ServeConfig, plans: dict[str, ModelPlan],
         default_model=config.default,
         generative=frozenset(n for n, mp in plans.items() if mp.generative),
         nice=config.http.nice,
+        realtime=config.http.realtime,
         front_token=config.auth.enabled(config.http.host))
 
 
