@@ -129,8 +129,10 @@ def test_when_one_model_is_cheapest_find_mix_walks_on_to_the_cheapest_mix() -> N
     target = 6 * 3600
     plan = plan_train(MODELS, PRICES, simulate, target, node_size=8, max_nodes=4, find_mix=True)
     assert sum(1 for n in plan.best.counts.values() if n) == 1
+    best = tuple(plan.best.counts[m] for m in MODELS)
     mixes = [fleet_cost(c, MODELS, 8, PRICES) for c in itertools.product(range(5), repeat=3)
-             if sum(1 for n in c if n) > 1 and simulate(dict(zip(MODELS, c)))["avg_jct_s"] <= target]
+             if sum(1 for n in c if n) > 1 and simulate(dict(zip(MODELS, c)))["avg_jct_s"] <= target
+             and not all(x >= y for x, y in zip(c, best))]  # one holding the best never pays
     assert plan.best_mix is not None and plan.best_mix.meets
     assert plan.best_mix.cost_per_hour == pytest.approx(min(mixes))
     assert plan.best_mix.cost_per_hour >= plan.best.cost_per_hour
@@ -346,3 +348,43 @@ def test_every_shipped_price_names_its_source() -> None:
         parse_prices_doc({"schema": "hetflow.prices/v1", "prices": {"Z9000": {}}})
     with pytest.raises(InputError, match="unknown key"):
         parse_prices_doc(yaml.safe_load("schema: hetflow.prices/v1\nprices: {T4: {price: 1}}"))
+
+
+@pytest.mark.parametrize("a100_speed, h100_price", [(1.0, 4.5), (0.5, 9.0)])
+def test_the_walk_on_to_a_mix_leaves_out_mixes_holding_the_best_and_those_dearer_than_a_swap(
+        monkeypatch, a100_speed, h100_price) -> None:
+    """A mix holding the whole best fleet costs at least as much at any prices, so it is never
+    where mixing pays: the walk on skips them. It starts from a price to beat: one node of the
+    best's model fewer and the fewest nodes of another model making up for it (bisection);
+    beyond those bisections it simulates only mixes cheaper than the cheapest such swap, and it
+    finds what an exhaustive search over the mixes not holding the best finds. (In the second
+    case a slow A100 makes the best fleet and one A100 node cheaper than any swap.)"""
+    monkeypatch.setitem(SPEED, "A100-80GB", a100_speed)
+    prices = {**PRICES, "H100-SXM": h100_price}
+    simulate, calls = analytic(300, 10)
+    target = 6 * 3600
+    plan = plan_train(MODELS, prices, simulate, target, node_size=8, max_nodes=4, find_mix=True)
+    best = tuple(plan.best.counts[m] for m in MODELS)
+    (lone,) = [i for i, n in enumerate(best) if n]
+    assert best[lone] > 1  # so there is a swap
+
+    def meets(c) -> bool:
+        out = simulate(dict(zip(MODELS, c)))
+        return out["avg_jct_s"] is not None and out["avg_jct_s"] <= target
+
+    ran = [tuple(c[m] for m in MODELS) for c in calls]
+    holds = [c for c in ran if all(x >= y for x, y in zip(c, best)) and c != best]
+    assert not holds
+    swaps = []
+    for j in range(3):
+        if j != lone:
+            fleets = [tuple(best[lone] - 1 if x == lone else k if x == j else 0 for x in range(3)) for k in range(1, 5)]
+            swaps += [c for c in fleets if meets(c)][:1]
+    seed = min(fleet_cost(c, MODELS, 8, prices) for c in swaps)
+    swap_lines = {tuple(best[lone] - 1 if x == lone else k if x == j else 0 for x in range(3))
+                  for j in range(3) if j != lone for k in range(1, 5)}
+    others = [c for c in ran if sum(1 for n in c if n) > 1 and c not in swap_lines]
+    assert all(fleet_cost(c, MODELS, 8, prices) < seed for c in others)
+    exhaustive = min(fleet_cost(c, MODELS, 8, prices) for c in itertools.product(range(5), repeat=3)
+                     if sum(1 for n in c if n) > 1 and not all(x >= y for x, y in zip(c, best)) and meets(c))
+    assert plan.best_mix is not None and plan.best_mix.cost_per_hour == pytest.approx(exhaustive)
