@@ -95,11 +95,14 @@ def start_vllm(model: Path, port: int, work: Path) -> subprocess.Popen:
                             start_new_session=True)
 
 
-def start_hetflow(model: Path, port: int, work: Path, front_nice: int | None = None) -> subprocess.Popen:
+def start_hetflow(model: Path, port: int, work: Path, front_nice: int | None = None,
+                  front_realtime: int | None = None) -> subprocess.Popen:
     import yaml
 
     config = work / "serve.yaml"
     nice = {} if front_nice is None else {"nice": front_nice}
+    if front_realtime is not None:
+        nice["realtime"] = front_realtime
     config.write_text(yaml.safe_dump({
         "name": "llmbench", "http": {"host": "127.0.0.1", "port": port, **nice},
         "models": [{"name": "tiny", "engine": "vllm", "vllm": {"model": str(model), **ENGINE},
@@ -183,6 +186,8 @@ def main() -> int:
     ap.add_argument("--no-rayllm", action="store_true", help="leave Ray Serve LLM out")
     ap.add_argument("--front-nice", type=int, metavar="N",
                     help="hetflow's front door's http.nice (default: unset - its actor's, Ray's worker niceness 15)")
+    ap.add_argument("--front-realtime", type=int, metavar="N",
+                    help="hetflow's front door's http.realtime: HAProxy under SCHED_FIFO at priority N (default: unset)")
     args = ap.parse_args()
     if args.quick:
         args.rounds, args.num_prompts = 2, 16
@@ -202,7 +207,7 @@ def main() -> int:
     sides = ["vllm", "hetflow"] + ([] if args.no_rayllm else ["rayllm"])
     ports = {side: free_port() for side in sides}
     starters = {"vllm": start_vllm, "rayllm": start_rayllm,
-                "hetflow": lambda m, p, w: start_hetflow(m, p, w, args.front_nice)}
+                "hetflow": lambda m, p, w: start_hetflow(m, p, w, args.front_nice, args.front_realtime)}
     procs = {side: starters[side](model, ports[side], work) for side in sides}
     results: dict[str, list[dict]] = {side: [] for side in sides}
     try:
