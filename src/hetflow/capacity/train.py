@@ -512,7 +512,8 @@ def plan_train(models: Sequence[str], prices: dict[str, float], simulate: Callab
             # A price to beat before the walk: one node of the best's model fewer and the fewest
             # nodes of one other model that make up for it (by bisection, each other model side by
             # side, as for the single-model fleets). Without it the walk went through the whole
-            # grid's mixes (25+ minutes on Gavel's 1,000-job trace with 17 nodes a model).
+            # grid's mixes: on Gavel's 1,000-job trace with 17 nodes a model, unfinished after 25
+            # minutes; with it, 89 simulations in 7 minutes (docs/capacity.md).
             if best[lone] > 1:
                 spans = {j: [0, max_nodes + 1] for j in range(len(models)) if j != lone}
 

@@ -292,7 +292,8 @@ def run_train(args: argparse.Namespace) -> int:
               + ("" if args.where_mix_pays else " (--where-mix-pays walks on to the cheapest mix)"))
     elif len(models) > 1:
         print(f"where a mix is the cheapest fleet (one model's price moved, the others' as given; "
-              f"among the {out['simulated']} fleets simulated, {mixes_met} {'mix' if mixes_met == 1 else 'mixes'} met the target): " + "; ".join(
+              f"among the {out['simulated']} fleets simulated, {mixes_met} "
+              f"{'mix' if mixes_met == 1 else 'mixes'} met the target): " + "; ".join(
                   f"{m} " + (", ".join(_price_range(lo, hi) for lo, hi in r) if r else "at no price")
                   + f" (now ${prices[m]:g})" for m, r in ranges.items()))
     print(f"price/JCT Pareto front ({len(out['pareto'])} fleets), {out['simulated']} simulated "

@@ -87,9 +87,10 @@ class HTTPConfig(_Section):
     replicas' work. HAProxy only wakes for network events and does little each time; the
     kernel still keeps 5% of every second for ordinary processes (``sched_rt_runtime_us``).
     Measured on 2 cores at 3x capacity (docs/benchmarks.md, Gateway runs 17-25): the refusals'
-    P99 4.1-5.0 ms against 7.9-10.9 unset, the admitted ones' within the runs' spread. Unset (the default): the ordinary policy. Needs root,
-    ``CAP_SYS_NICE`` or ``RLIMIT_RTPRIO``; without it HAProxy runs as usual, with a line in the
-    actor's log. Takes precedence over ``nice`` (which orders only ordinary processes)."""
+    P99 4.1-5.0 ms against 7.9-10.9 unset, the admitted ones' within the runs' spread. Unset
+    (the default): the ordinary policy. Needs root, ``CAP_SYS_NICE`` or ``RLIMIT_RTPRIO``;
+    without it HAProxy runs as usual, with a line in the actor's log. Takes precedence over
+    ``nice`` (which orders only ordinary processes)."""
 
 
 class LimitsConfig(_Section):
