@@ -16,6 +16,9 @@
   the ones its tests started to end, then fails the run (exit 1, one line per leak) if any is
   still alive, if a ``ray_current_cluster`` was left in a worker's folder, or if the user's own
   Ray temp folder changed.
+* **Job logs of their own.** ``HETFLOW_JOBS_DIR`` (where hetflow's controller writes its jobs'
+  logs) points under the run's base folder; the run fails if the default ``/tmp/hetflow/jobs``
+  gained an entry.
 * **The ``ray`` marker is true.** A test not marked ``ray`` or ``hosts`` that starts a Ray
   instance (in-process or through a command it runs) fails, naming it: `make test-quick` runs
   only unmarked tests and must start no Ray.
@@ -45,6 +48,10 @@ USER_ADDRESS_FILE = ray_address_file()
 RAY_DIR = BASE / WORKER
 RAY_DIR.mkdir(exist_ok=True)
 os.environ["RAY_TMPDIR"] = str(RAY_DIR)
+# hetflow's controller writes its jobs' logs there (ControllerSettings.log_dir); every test
+# process, and the Ray instances and commands it starts, inherit it: not the user's /tmp/hetflow/jobs
+os.environ["HETFLOW_JOBS_DIR"] = str(BASE / "jobs")
+USER_JOBS_DIR = Path("/tmp/hetflow/jobs")  # the controller's default (DEFAULT_JOBS_DIR)
 _SLOT = int(WORKER[2:]) if WORKER.startswith("gw") and WORKER[2:].isdigit() else 0
 _SPAN = 200  # ports per test process: Ray's own ranges (1,000 each) hold five processes
 for _kind, _first in (("HTTP", 30000), ("GRPC", 40000)):
@@ -97,6 +104,14 @@ _before: dict[str, object] = {}
 def pytest_sessionstart(session: pytest.Session) -> None:
     _before["processes"] = set(watched_processes())
     _before["user_cluster"] = _read(USER_ADDRESS_FILE)
+    _before["user_jobs"] = _listing(USER_JOBS_DIR)
+
+
+def _listing(folder: Path) -> set[str]:
+    try:
+        return {p.name for p in folder.iterdir()}
+    except OSError:
+        return set()
 
 
 @pytest.fixture(autouse=True)
@@ -149,6 +164,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if user != _before["user_cluster"]:
         found.append(f"Ray's recorded cluster in {USER_ADDRESS_FILE} changed during the run "
                      f"({_before['user_cluster']} -> {user}): a test ignored RAY_TMPDIR")
+    added = _listing(USER_JOBS_DIR) - _before["user_jobs"]
+    if added:
+        found.append(f"job logs written to {USER_JOBS_DIR} during the run ({', '.join(sorted(added))}): "
+                     "a controller started without the tests' HETFLOW_JOBS_DIR")
     if found:
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         for line in found:

@@ -204,3 +204,16 @@ def test_a_job_files_device_type_matches_models_as_the_planner_does() -> None:
     assert allowed("H100-SXM") == {"H100-SXM"}
     assert allowed("A10") == {"A10"}  # not A100-80GB
     assert allowed("A100") == {"A100-80GB"}
+
+
+def test_the_jobs_log_folder_defaults_to_hetflow_jobs_dir_else_tmp(monkeypatch) -> None:
+    """``log_dir``: ``$HETFLOW_JOBS_DIR`` where the controller starts (the tests point it at
+    their own folder), else /tmp/hetflow/jobs; a setting given or saved wins over both."""
+    from hetflow.control.controller import settings_from
+
+    monkeypatch.delenv("HETFLOW_JOBS_DIR", raising=False)
+    assert ControllerSettings().log_dir == "/tmp/hetflow/jobs"
+    monkeypatch.setenv("HETFLOW_JOBS_DIR", "/srv/jobs")
+    assert ControllerSettings().log_dir == "/srv/jobs"
+    assert settings_from({"log_dir": "/saved"}, None).log_dir == "/saved"
+    assert settings_from(None, {"log_dir": "/given"}).log_dir == "/given"

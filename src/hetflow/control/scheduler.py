@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -77,6 +78,10 @@ from hetflow.scheduling.throughput import (
 )
 
 
+JOBS_DIR_ENV = "HETFLOW_JOBS_DIR"
+DEFAULT_JOBS_DIR = "/tmp/hetflow/jobs"
+
+
 @dataclass(frozen=True)
 class ControllerSettings:
     """How the controller schedules. Stored with the state; a restarted controller keeps it."""
@@ -95,8 +100,9 @@ class ControllerSettings:
     """How long a runner waits for Ray to commit its devices before giving them back."""
     stop_grace_s: float = 60.0
     """How long a stopping job gets to checkpoint before it is killed."""
-    log_dir: str = "/tmp/hetflow/jobs"
-    """Where runners write each job's log, on the job's first node (tails are kept in the GCS)."""
+    log_dir: str = field(default_factory=lambda: os.environ.get(JOBS_DIR_ENV) or DEFAULT_JOBS_DIR)
+    """Where runners write each job's log, on the job's first node (tails are kept in the GCS).
+    Default: ``$HETFLOW_JOBS_DIR`` where the controller starts, else ``/tmp/hetflow/jobs``."""
     ray_jobs: bool = True
     """Show each attempt as a Ray job (``ray job list``, the dashboard; :mod:`hetflow.control.attempt_job`)
     when the cluster runs Ray's dashboard (its job API)."""
