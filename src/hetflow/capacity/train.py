@@ -465,27 +465,31 @@ def plan_train(models: Sequence[str], prices: dict[str, float], simulate: Callab
     try:
         # single-model fleets: the fewest nodes of each model that meet the target, by bisection
         # (more nodes of one model never finish the trace later), the models' searches side by side
-        span = {i: [0, max_nodes + 1] for i in range(len(models))}  # misses at lo, meets at hi
+        def bisect(fleet: Callable[[int, int], Counts], lines: Iterable[int]) -> dict[int, int]:
+            """Per line ``i``: the fewest ``n`` (1..max_nodes) for which ``fleet(i, n)`` meets the
+            target, by bisection (more nodes never finish the trace later), the lines side by side;
+            ``max_nodes + 1`` where none does."""
+            span = {i: [0, max_nodes + 1] for i in lines}  # misses at lo, meets at hi
+            while True:
+                for i, (lo, hi) in span.items():  # what the bounds settle
+                    while hi - lo > 1 and bounded_out(fleet(i, lo + 1)):
+                        failed.append(fleet(i, lo + 1))
+                        lo += 1
+                    span[i] = [lo, hi]
+                open_ = [i for i, (lo, hi) in span.items() if hi - lo > 1][:workers]
+                if not open_:
+                    return {i: hi for i, (_lo, hi) in span.items()}
+                batch = [(i, (span[i][0] + span[i][1]) // 2) for i in open_]
+                run([fleet(i, n) for i, n in batch if fleet(i, n) not in cache])
+                for i, n in batch:
+                    span[i][1 if cache[fleet(i, n)].meets else 0] = n
 
         def single(i: int, n: int) -> Counts:
             return tuple(n if j == i else 0 for j in range(len(models)))
 
-        while True:
-            for i, (lo, hi) in span.items():  # what the bounds and earlier misses settle
-                while hi - lo > 1 and bounded_out(single(i, lo + 1)):
-                    failed.append(single(i, lo + 1))
-                    lo += 1
-                span[i] = [lo, hi]
-            open_ = [i for i, (lo, hi) in span.items() if hi - lo > 1]
-            if not open_:
-                break
-            batch = [single(i, (span[i][0] + span[i][1]) // 2) for i in open_][:workers]
-            run(batch)
-            for c in batch:
-                i = next(k for k, n in enumerate(c) if n)
-                span[i][1 if cache[c].meets else 0] = c[i]
+        fewest = bisect(single, range(len(models)))
         for i, m in enumerate(models):
-            hi = span[i][1]
+            hi = fewest[i]
             plan.homogeneous[m] = cache[single(i, hi)] if hi <= max_nodes else None
         # mixed fleets: the cheapest that meets the target. Under the same assumption (a fleet with
         # no more of any model than one that missed misses too), each simulation either lowers the
@@ -515,25 +519,10 @@ def plan_train(models: Sequence[str], prices: dict[str, float], simulate: Callab
             # grid's mixes: on Gavel's 1,000-job trace with 17 nodes a model, unfinished after 25
             # minutes; with it, 89 simulations in 7 minutes (docs/capacity.md).
             if best[lone] > 1:
-                spans = {j: [0, max_nodes + 1] for j in range(len(models)) if j != lone}
-
                 def swap(j: int, k: int) -> Counts:
                     return tuple(best[lone] - 1 if x == lone else k if x == j else 0 for x in range(len(models)))
 
-                while True:
-                    for j, (lo, hi) in spans.items():  # what the bounds settle
-                        while hi - lo > 1 and bounded_out(swap(j, lo + 1)):
-                            failed.append(swap(j, lo + 1))
-                            lo += 1
-                        spans[j] = [lo, hi]
-                    open_ = [j for j, (lo, hi) in spans.items() if hi - lo > 1][:workers]
-                    if not open_:
-                        break
-                    batch = [swap(j, (spans[j][0] + spans[j][1]) // 2) for j in open_]
-                    run([c for c in batch if c not in cache])
-                    for j, c in zip(open_, batch):
-                        spans[j][1 if cache[c].meets else 0] = c[j]
-                for j, (_lo, hi) in spans.items():
+                for j, hi in bisect(swap, (j for j in range(len(models)) if j != lone)).items():
                     if hi <= max_nodes and (mix is None or order(swap(j, hi)) < order(mix)):
                         mix = swap(j, hi)
             live = [c for c in grid if is_mix(c) and not holds_best(c) and c not in cache and not bounds.get(c)
