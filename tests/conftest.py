@@ -31,6 +31,7 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 # A Ray temp folder per test process, nothing left behind, a true `ray` marker (see there).
 from tests.ray_hygiene import _ray_marker_is_true, pytest_sessionstart  # noqa: E402,F401
 from tests.ray_hygiene import pytest_sessionfinish as _hygiene_sessionfinish  # noqa: E402
+from tests.ray_hygiene import remove_own_pymp_dir  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures" / "topology"  # recorded vendor-tool outputs (SOURCES.md there)
@@ -201,6 +202,7 @@ def pytest_unconfigure(config):
     status = getattr(config, "_hetflow_exitstatus", None)
     if status is None or os.environ.get("HETFLOW_TESTS_NORMAL_EXIT") == "1":
         return
+    remove_own_pymp_dir()  # multiprocessing's own removal runs at a normal exit only
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(status)

@@ -19,6 +19,13 @@
 * **Job logs of their own.** ``HETFLOW_JOBS_DIR`` (where hetflow's controller writes its jobs'
   logs) points under the run's base folder; the run fails if the default ``/tmp/hetflow/jobs``
   gained an entry.
+* **Temporary files of their own.** ``TMPDIR`` points the test processes' children (and the
+  xdist workers themselves) at a folder under the run's base: what Python's ``tempfile`` makes
+  there - multiprocessing's ``pymp-*`` folders of processes that end through ``os._exit`` or
+  ``kill -9``, torchrun's ``torchelastic_*`` log folders, vLLM's IPC sockets and file stores -
+  goes with the run's folder. The run fails if the user's temporary folder gained one of those.
+  The first process keeps the user's folder for itself, so pytest's ``tmp_path`` folders stay
+  where pytest keeps them.
 * **The ``ray`` marker is true.** A test not marked ``ray`` or ``hosts`` that starts a Ray
   instance (in-process or through a command it runs) fails, naming it: `make test-quick` runs
   only unmarked tests and must start no Ray.
@@ -52,6 +59,16 @@ os.environ["RAY_TMPDIR"] = str(RAY_DIR)
 # process, and the Ray instances and commands it starts, inherit it: not the user's /tmp/hetflow/jobs
 os.environ["HETFLOW_JOBS_DIR"] = str(BASE / "jobs")
 USER_JOBS_DIR = Path("/tmp/hetflow/jobs")  # the controller's default (DEFAULT_JOBS_DIR)
+# the user's temporary folder, kept by the first process (pytest's basetemp is made there)
+USER_TMP = Path(tempfile.gettempdir()) if OWNS_BASE else Path(os.environ.get("HETFLOW_TESTS_USER_TMP", "/tmp"))
+os.environ.setdefault("HETFLOW_TESTS_USER_TMP", str(USER_TMP))
+TMP_DIR = BASE / "tmp"
+TMP_DIR.mkdir(exist_ok=True)
+os.environ["TMPDIR"] = str(TMP_DIR)
+if not OWNS_BASE:
+    tempfile.tempdir = None  # recomputed from TMPDIR: this worker's own files go there too
+# what Python's tempfile makes for the programs the tests run, and must not be left in USER_TMP
+LEFT_IN_TMP = ("pymp-", "torchelastic_", "vllm_dist_")
 _SLOT = int(WORKER[2:]) if WORKER.startswith("gw") and WORKER[2:].isdigit() else 0
 _SPAN = 200  # ports per test process: Ray's own ranges (1,000 each) hold five processes
 for _kind, _first in (("HTTP", 30000), ("GRPC", 40000)):
@@ -105,6 +122,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     _before["processes"] = set(watched_processes())
     _before["user_cluster"] = _read(USER_ADDRESS_FILE)
     _before["user_jobs"] = _listing(USER_JOBS_DIR)
+    _before["user_tmp"] = _listing(USER_TMP)
 
 
 def _listing(folder: Path) -> set[str]:
@@ -168,6 +186,12 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if added:
         found.append(f"job logs written to {USER_JOBS_DIR} during the run ({', '.join(sorted(added))}): "
                      "a controller started without the tests' HETFLOW_JOBS_DIR")
+    own = own_pymp_dir()
+    added = {name for name in _listing(USER_TMP) - _before["user_tmp"]
+             if name.startswith(LEFT_IN_TMP) and str(USER_TMP / name) != own}
+    if added:
+        found.append(f"temporary files left in {USER_TMP} during the run ({', '.join(sorted(added))}): "
+                     "a program the tests ran ignored TMPDIR")
     if found:
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         for line in found:
@@ -178,6 +202,21 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     if not new:
         shutil.rmtree(BASE, ignore_errors=True)
+
+
+def own_pymp_dir() -> str | None:
+    """This process's multiprocessing folder (``pymp-*``), if it made one: the first process
+    makes it in the user's folder, and its exit through ``os._exit`` (tests/conftest.py) would
+    skip multiprocessing's own removal of it."""
+    import multiprocessing
+
+    return multiprocessing.current_process()._config.get("tempdir")
+
+
+def remove_own_pymp_dir() -> None:
+    folder = own_pymp_dir()
+    if folder:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 __all__ = ["_ray_marker_is_true", "pytest_sessionfinish", "pytest_sessionstart"]

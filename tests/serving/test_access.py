@@ -7,6 +7,7 @@ from __future__ import annotations
 import http.client
 import json
 import re
+import threading
 import time
 from pathlib import Path
 
@@ -33,12 +34,20 @@ from tests.serving.haproxy_run import StandIn, listening, serve_in_thread, start
 
 class _Backend(StandIn):
     tokens = "40"  # the tokens each answer says it used
+    slow_in_flight = 0  # slow requests being answered now (all instances)
+    _lock = threading.Lock()
 
     def _answer(self) -> None:
         n = int(self.headers.get("content-length") or 0)
         self.rfile.read(n)
         if self.path.endswith("/slow-model/predict") or "/slow-model/v1/completions" in self.path:
-            time.sleep(0.6)  # the model's own backend (the gateway's path has no model in it)
+            with _Backend._lock:
+                _Backend.slow_in_flight += 1
+            try:
+                time.sleep(1.0)  # the model's own backend (the gateway's path has no model in it)
+            finally:
+                with _Backend._lock:
+                    _Backend.slow_in_flight -= 1
         self.send_json(200, {"path": self.path, "key": self.headers.get(acc.KEY_HEADER),
                              "models": self.headers.get(acc.MODELS_HEADER)},
                        {acc.TOKENS_HEADER: self.tokens})  # as the gateway's completions answer
@@ -344,8 +353,8 @@ def test_revoke_rotate_and_expiry_reach_the_running_front_door(front, store) -> 
     ("/v1/completions", b'{"model": "slow-model", "prompt": "hi", "max_tokens": 4}')],
     ids=["predict", "completions"])
 def test_a_full_model_is_refused_at_once(front, store, keys, path, body) -> None:
-    """``queue_limit`` 2 per replica, two replicas: of 8 concurrent slow requests, 4 run, 4 get
-    503 fast."""
+    """``queue_limit`` 2 per replica, two replicas: while 4 slow requests run, 4 more
+    concurrent ones get 503 at once; the 4 are answered."""
     import concurrent.futures as cf
 
     key = K.create_key(store, "team-a")
@@ -357,13 +366,19 @@ def test_a_full_model_is_refused_at_once(front, store, keys, path, body) -> None
         status, headers, _ = f.call(path, auth, body)
         return status, time.perf_counter() - started, headers.get("retry-after")
 
+    # the 4 slots filled first (a burst of all 8 at once lets a request pass the check in the
+    # moment before a slot is counted - one per HAProxy thread: access.no_free_slot), then
+    # 4 more while they run
     with cf.ThreadPoolExecutor(8) as pool:
-        results = list(pool.map(one, range(8)))
-    ok = [r for r in results if r[0] == 200]
-    shed = [r for r in results if r[0] == 503]
-    # 4 slots; one more may pass the check in the moment before a slot is counted (it then
-    # waits for one: access.no_free_slot)
-    assert len(ok) in (4, 5) and len(ok) + len(shed) == 8, results
+        running = [pool.submit(one, k) for k in range(4)]
+        deadline = time.monotonic() + 5
+        while _Backend.slow_in_flight < 4 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert _Backend.slow_in_flight == 4
+        shed = list(pool.map(one, range(4)))
+        ok = [r.result() for r in running]
+    assert [r[0] for r in ok] == [200] * 4, ok
+    assert [r[0] for r in shed] == [503] * 4, shed
     assert all(r[1] < 0.5 and r[2] == "1" for r in shed)  # answered without waiting for a slot
     assert f.call(path, auth, body)[0] == 200  # room again
 

@@ -110,7 +110,7 @@ def ipc_sockets() -> set[str]:
     """UNIX sockets named by a uuid in the temporary folder: where vLLM puts its ZMQ IPC
     sockets unless told otherwise (``VLLM_RPC_BASE_PATH``); an engine ended by a signal never
     unlinks them."""
-    folder = Path(tempfile.gettempdir())
+    folder = Path(os.environ.get("TMPDIR") or tempfile.gettempdir())  # the engines' (they inherit it)
     return {p.name for p in folder.iterdir() if UUID_NAME.fullmatch(p.name) and p.is_socket()}
 
 

@@ -220,8 +220,8 @@ def no_free_slot(backend: str) -> list[str]:
     ones for an instant). It is -1 when a server without ``maxconn`` counts: the gateway
     backups, which count only once every replica is down - the fallback path, never shed. A
     server's count moves when its connection is made, a moment after the check: in a burst one
-    request can pass in that moment; it waits in the server's queue for a slot, and while any
-    request waits (``queue``) the next ones are refused."""
+    request per HAProxy thread can pass in that moment; it waits in the server's queue for a
+    slot, and while any request waits (``queue``) the next ones are refused."""
     up = f"{{ nbsrv({backend}) -m int gt 0 }}"
     return [f"{up} {{ be_conn_free({backend}) -m int eq 0 }}",
             f"{up} {{ queue({backend}) -m int gt 0 }}"]
