@@ -26,11 +26,6 @@
   goes with the run's folder. The run fails if the user's temporary folder gained one of those.
   The first process keeps the user's folder for itself, so pytest's ``tmp_path`` folders stay
   where pytest keeps them.
-* **Ray's own telemetry off.** Ray's metrics collection, task events, event-loop statistics and
-  its dashboard agent's 5-second node reports are set off (``setdefault``: a developer's own
-  setting wins) for every test process and what it starts: nothing of hetflow reads them, and on
-  2 cores they cost 5-8 % of a Ray module's CPU (tests/serving/test_serve_ray.py 114 -> 105
-  CPU-s, tests/control/test_controller_ray.py 95 -> 90, 2026-12-07).
 * **The ``ray`` marker is true.** A test not marked ``ray`` or ``hosts`` that starts a Ray
   instance (in-process or through a command it runs) fails, naming it: `make test-quick` runs
   only unmarked tests and must start no Ray.
@@ -80,10 +75,6 @@ for _kind, _first in (("HTTP", 30000), ("GRPC", 40000)):
     _low = _first + _SPAN * (_SLOT % 5)
     os.environ[f"RAY_SERVE_DIRECT_INGRESS_MIN_{_kind}_PORT"] = str(_low)
     os.environ[f"RAY_SERVE_DIRECT_INGRESS_MAX_{_kind}_PORT"] = str(_low + _SPAN - 1)
-
-for _name, _value in (("RAY_enable_metrics_collection", "0"), ("RAY_enable_task_events", "0"),
-                      ("RAY_event_stats", "0"), ("REPORTER_UPDATE_INTERVAL_MS", "60000")):
-    os.environ.setdefault(_name, _value)
 
 WATCHED = ("raylet", "gcs_server", "haproxy")  # programs a test must not leave running
 GRACE_S = 20.0  # processes get this long to end after the last test (raylets stop in ~1 s)
