@@ -89,6 +89,7 @@ def start_vllm(model: Path, port: int, work: Path) -> subprocess.Popen:
     engine = VLLMEngine(model=str(model), **ENGINE)
     env = engine_env(engine, "cpu", {"CUDA_VISIBLE_DEVICES": ""}, threads=1)
     env["VLLM_RPC_BASE_PATH"] = str(work)  # its IPC sockets (never unlinked when it is stopped)
+    env["TMPDIR"] = str(work)  # and its file store (/tmp/vllm_dist_*, left behind too)
     log = work / "vllm.log"
     return subprocess.Popen(engine_argv(engine, "tiny", "127.0.0.1", port), env=env,
                             stdout=log.open("wb"), stderr=subprocess.STDOUT,
@@ -143,6 +144,7 @@ def start_rayllm(model: Path, port: int, work: Path) -> subprocess.Popen:
     accelerator_type), its own local Ray, the same engine arguments."""
     env = {k: v for k, v in os.environ.items() if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"}
     env["VLLM_RPC_BASE_PATH"] = str(work)  # its engine's IPC sockets stay in the benchmark's folder
+    env["TMPDIR"] = str(work)  # and its temporary files
     log = work / "rayllm.log"
     engine = {k: v for k, v in ENGINE.items()}
     return subprocess.Popen([sys.executable, "-c", RAYLLM, str(model), str(port), repr(engine),
