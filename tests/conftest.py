@@ -21,6 +21,12 @@ import signal
 
 import pytest
 
+# pytest's assertion rewriting of each test module (4-5 CPU-s a collection, in every xdist worker)
+# is cached beside the module (__pycache__, ignored by git) unless bytecode writing is off, as
+# PYTHONDONTWRITEBYTECODE sets it on this kind of machine: the test processes write it (the
+# commands and Ray workers the tests start keep the user's setting)
+sys.dont_write_bytecode = False
+
 # A suite started in the background by a script (`cmd &` without job control) inherits SIGINT
 # ignored, and so would every command a test starts: those that test Ctrl-C (`hetflow serve`,
 # `hetflow launch` -> 130) would then never see it. A handler (unlike "ignored") is not passed

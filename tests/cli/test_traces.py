@@ -65,7 +65,7 @@ def mirror(tmp_path):
         out.write_bytes(decompressed_bytes(existing(REPO / ds.in_repo / f.name)))
     handler = type("Handler", (_Quiet,), {"requests": []})
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(handler, directory=str(root)))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
     thread.start()
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}", root, handler.requests

@@ -35,6 +35,7 @@ from tests.serving.haproxy_run import StandIn, listening, serve_in_thread, start
 class _Backend(StandIn):
     tokens = "40"  # the tokens each answer says it used
     slow_in_flight = 0  # slow requests being answered now (all instances)
+    gate: threading.Event | None = None  # set by a test: slow requests wait for it instead
     _lock = threading.Lock()
 
     def _answer(self) -> None:
@@ -44,7 +45,11 @@ class _Backend(StandIn):
             with _Backend._lock:
                 _Backend.slow_in_flight += 1
             try:
-                time.sleep(1.0)  # the model's own backend (the gateway's path has no model in it)
+                gate = _Backend.gate
+                if gate is not None:
+                    gate.wait(10)
+                else:
+                    time.sleep(0.6)  # the model's own backend (the gateway's path has no model in it)
             finally:
                 with _Backend._lock:
                     _Backend.slow_in_flight -= 1
@@ -367,16 +372,22 @@ def test_a_full_model_is_refused_at_once(front, store, keys, path, body) -> None
         return status, time.perf_counter() - started, headers.get("retry-after")
 
     # the 4 slots filled first (a burst of all 8 at once lets a request pass the check in the
-    # moment before a slot is counted - one per HAProxy thread: access.no_free_slot), then
-    # 4 more while they run
-    with cf.ThreadPoolExecutor(8) as pool:
-        running = [pool.submit(one, k) for k in range(4)]
-        deadline = time.monotonic() + 5
-        while _Backend.slow_in_flight < 4 and time.monotonic() < deadline:
-            time.sleep(0.005)
-        assert _Backend.slow_in_flight == 4
-        shed = list(pool.map(one, range(4)))
-        ok = [r.result() for r in running]
+    # moment before a slot is counted - one per HAProxy thread: access.no_free_slot), held
+    # there until 4 more have been answered
+    _Backend.gate = gate = threading.Event()
+    try:
+        with cf.ThreadPoolExecutor(8) as pool:
+            running = [pool.submit(one, k) for k in range(4)]
+            deadline = time.monotonic() + 5
+            while _Backend.slow_in_flight < 4 and time.monotonic() < deadline:
+                time.sleep(0.005)
+            assert _Backend.slow_in_flight == 4
+            shed = list(pool.map(one, range(4)))
+            gate.set()
+            ok = [r.result() for r in running]
+    finally:
+        gate.set()
+        _Backend.gate = None
     assert [r[0] for r in ok] == [200] * 4, ok
     assert [r[0] for r in shed] == [503] * 4, shed
     assert all(r[1] < 0.5 and r[2] == "1" for r in shed)  # answered without waiting for a slot

@@ -31,6 +31,7 @@ from hetflow.workloads.serve.front import (
 )
 from tests.net import free_port
 from tests.serving.haproxy_run import (
+    POLL_S,
     PROVIDER_KEY,
     OpenAIProvider,
     StandIn,
@@ -474,7 +475,7 @@ def test_an_https_upstream_is_verified_against_its_ca(tmp_path):
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(cert, key)
     provider.socket = context.wrap_socket(provider.socket, server_side=True)
-    threading.Thread(target=provider.serve_forever, daemon=True).start()
+    threading.Thread(target=provider.serve_forever, kwargs={"poll_interval": POLL_S}, daemon=True).start()
     _Provider.healthy, _Provider.seen = True, []
     good, bad = tmp_path / "good", tmp_path / "bad"
     good.mkdir()
