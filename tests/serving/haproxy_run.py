@@ -85,6 +85,52 @@ class StandIn(http.server.BaseHTTPRequestHandler):
             pass
 
 
+class Held:
+    """Slow requests a test's stand-in servers are answering now (``answer``), and the way a
+    test fills a queue limit's slots and holds them there while more requests arrive
+    (``then_more``): a burst of all of them at once lets a request pass the free-slot check in
+    the moment before a slot is counted - one per HAProxy thread (access.no_free_slot)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.in_flight = 0
+        self.gate: threading.Event | None = None
+
+    def answer(self, delay_s: float) -> None:
+        """In a handler: ``delay_s`` seconds, or until released while a test holds the slots."""
+        with self.lock:
+            self.in_flight += 1
+        try:
+            gate = self.gate
+            if gate is not None:
+                gate.wait(10)
+            else:
+                time.sleep(delay_s)
+        finally:
+            with self.lock:
+                self.in_flight -= 1
+
+    def then_more(self, one: Callable[[int], object], slots: int = 4) -> tuple[list, list]:
+        """``slots`` requests (``one(i)``) that fill the slots and are held there, then as many
+        more while they are; both results."""
+        import concurrent.futures as cf
+
+        self.gate = gate = threading.Event()
+        try:
+            with cf.ThreadPoolExecutor(2 * slots) as pool:
+                running = [pool.submit(one, i) for i in range(slots)]
+                deadline = time.monotonic() + 5
+                while self.in_flight < slots and time.monotonic() < deadline:
+                    time.sleep(0.005)
+                assert self.in_flight == slots, self.in_flight
+                more = list(pool.map(one, range(slots, 2 * slots)))
+                gate.set()
+                return [r.result() for r in running], more
+        finally:
+            gate.set()
+            self.gate = None
+
+
 POLL_S = 0.02  # how often a stand-in server's loop looks whether it is to stop
 
 

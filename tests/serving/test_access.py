@@ -7,7 +7,6 @@ from __future__ import annotations
 import http.client
 import json
 import re
-import threading
 import time
 from pathlib import Path
 
@@ -29,30 +28,19 @@ from hetflow.workloads.serve.front import (
 )
 from hetflow.workloads.serve import upstream as up
 from tests.net import free_port
-from tests.serving.haproxy_run import StandIn, listening, serve_in_thread, start_haproxy
+from tests.serving.haproxy_run import Held, StandIn, listening, serve_in_thread, start_haproxy
+
+SLOW = Held()  # slow-model's requests (test_a_full_model_is_refused_at_once holds them)
 
 
 class _Backend(StandIn):
     tokens = "40"  # the tokens each answer says it used
-    slow_in_flight = 0  # slow requests being answered now (all instances)
-    gate: threading.Event | None = None  # set by a test: slow requests wait for it instead
-    _lock = threading.Lock()
 
     def _answer(self) -> None:
         n = int(self.headers.get("content-length") or 0)
         self.rfile.read(n)
         if self.path.endswith("/slow-model/predict") or "/slow-model/v1/completions" in self.path:
-            with _Backend._lock:
-                _Backend.slow_in_flight += 1
-            try:
-                gate = _Backend.gate
-                if gate is not None:
-                    gate.wait(10)
-                else:
-                    time.sleep(0.6)  # the model's own backend (the gateway's path has no model in it)
-            finally:
-                with _Backend._lock:
-                    _Backend.slow_in_flight -= 1
+            SLOW.answer(0.6)  # the model's own backend (the gateway's path has no model in it)
         self.send_json(200, {"path": self.path, "key": self.headers.get(acc.KEY_HEADER),
                              "models": self.headers.get(acc.MODELS_HEADER)},
                        {acc.TOKENS_HEADER: self.tokens})  # as the gateway's completions answer
@@ -360,8 +348,6 @@ def test_revoke_rotate_and_expiry_reach_the_running_front_door(front, store) -> 
 def test_a_full_model_is_refused_at_once(front, store, keys, path, body) -> None:
     """``queue_limit`` 2 per replica, two replicas: while 4 slow requests run, 4 more
     concurrent ones get 503 at once; the 4 are answered."""
-    import concurrent.futures as cf
-
     key = K.create_key(store, "team-a")
     f = front(queue_limits={"slow-model": 2}, keys=keys)
     auth = bearer(key) if keys else {}
@@ -371,23 +357,7 @@ def test_a_full_model_is_refused_at_once(front, store, keys, path, body) -> None
         status, headers, _ = f.call(path, auth, body)
         return status, time.perf_counter() - started, headers.get("retry-after")
 
-    # the 4 slots filled first (a burst of all 8 at once lets a request pass the check in the
-    # moment before a slot is counted - one per HAProxy thread: access.no_free_slot), held
-    # there until 4 more have been answered
-    _Backend.gate = gate = threading.Event()
-    try:
-        with cf.ThreadPoolExecutor(8) as pool:
-            running = [pool.submit(one, k) for k in range(4)]
-            deadline = time.monotonic() + 5
-            while _Backend.slow_in_flight < 4 and time.monotonic() < deadline:
-                time.sleep(0.005)
-            assert _Backend.slow_in_flight == 4
-            shed = list(pool.map(one, range(4)))
-            gate.set()
-            ok = [r.result() for r in running]
-    finally:
-        gate.set()
-        _Backend.gate = None
+    ok, shed = SLOW.then_more(one)  # the 4 slots filled and held, then 4 more
     assert [r[0] for r in ok] == [200] * 4, ok
     assert [r[0] for r in shed] == [503] * 4, shed
     assert all(r[1] < 0.5 and r[2] == "1" for r in shed)  # answered without waiting for a slot

@@ -9,7 +9,6 @@ import concurrent.futures as cf
 import http.client
 import json
 import os
-import threading
 import time
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from hetflow.workloads.serve.llm import CapacityMeter, LLMRouting, capacity_weig
 from hetflow.workloads.serve.upstream import UpstreamPlan, key_env_name, llm_backend, write_lua
 from tests.net import free_port
 from tests.serving.haproxy_run import (
+    Held,
     PROVIDER_KEY,
     OpenAIProvider,
     StandIn,
@@ -33,13 +33,7 @@ SYSTEM = ("You are a careful assistant for a platform team. Answer in one short 
           "the configuration key you rely on, and say when you are unsure. ") * 3
 
 
-class Held:
-    """POSTs the stand-in engines are answering now, and an event a test may make them wait
-    for instead of their delay (a queue limit's slots held while more requests arrive)."""
-
-    lock = threading.Lock()
-    in_flight = 0
-    gate: threading.Event | None = None
+HELD = Held()  # the stand-in engines' POSTs (the queue-limit tests hold them)
 
 
 def _engine(name: str, delay_s: float) -> type[StandIn]:
@@ -47,17 +41,7 @@ def _engine(name: str, delay_s: float) -> type[StandIn]:
         def _answer(self) -> None:
             self.rfile.read(int(self.headers.get("content-length") or 0))
             if self.command == "POST":
-                with Held.lock:
-                    Held.in_flight += 1
-                try:
-                    gate = Held.gate
-                    if gate is not None:
-                        gate.wait(10)
-                    else:
-                        time.sleep(delay_s)
-                finally:
-                    with Held.lock:
-                        Held.in_flight -= 1
+                HELD.answer(delay_s)
             self.send_json(200, {"by": name})
 
         do_GET = do_POST = _answer
@@ -172,26 +156,6 @@ def test_without_affinity_requests_go_to_the_least_busy_engine(front) -> None:
     assert seen == {"e0", "e1"}  # the same conversation, no affinity: both engines take turns
 
 
-def held_then_more(one) -> tuple[list, list]:
-    """4 requests (``one(i)``) that fill the 4 slots and are held there, then 4 more while
-    they are; both results. (8 at once would let a request pass the check in the moment before
-    a slot is counted - one per HAProxy thread: see access.no_free_slot.)"""
-    Held.gate = gate = threading.Event()
-    try:
-        with cf.ThreadPoolExecutor(8) as pool:
-            running = [pool.submit(one, i) for i in range(4)]
-            deadline = time.monotonic() + 5
-            while Held.in_flight < 4 and time.monotonic() < deadline:
-                time.sleep(0.005)
-            assert Held.in_flight == 4
-            more = list(pool.map(one, range(4, 8)))
-            gate.set()
-            return [r.result() for r in running], more
-    finally:
-        gate.set()
-        Held.gate = None
-
-
 def test_past_its_queue_limit_the_model_is_refused_at_once(front) -> None:
     """``queue_limit`` 2 per engine, two slow engines: of 8 concurrent requests 4 run and 4 get
     503 + Retry-After at once (each engine's server carries maxconn 2); then there is room."""
@@ -203,7 +167,7 @@ def test_past_its_queue_limit_the_model_is_refused_at_once(front) -> None:
         status, text, headers = f.chat_with_headers(conversation(i, 0))
         return status, time.perf_counter() - started, headers.get("retry-after"), text
 
-    ok, shed = held_then_more(one)
+    ok, shed = HELD.then_more(one)
     assert [r[0] for r in ok] == [200] * 4, ok
     assert [r[0] for r in shed] == [503] * 4, shed
     assert all(r[1] < 0.5 and r[2] == "1" and "queue limit" in r[3] for r in shed), shed
@@ -215,7 +179,7 @@ def test_past_its_queue_limit_an_llm_sends_the_overflow_to_its_fallback_upstream
     the engines take what their limit allows, the rest go to the provider under its own model
     name and key instead of a 503; with room again, the engines answer."""
     f = front([("e0", 1), ("e1", 1)], LLMRouting(), delay_s=0.6, queue_limit=2, fallback=True)
-    ok, over = held_then_more(lambda i: f.chat(conversation(i, 0)))
+    ok, over = HELD.then_more(lambda i: f.chat(conversation(i, 0)))
     assert all(status == 200 for status, _ in ok + over), ok + over
     assert sorted(by for _, by in ok) == ["e0", "e0", "e1", "e1"], ok  # 2 on each engine
     assert [by for _, by in over] == ["upstream:gpt-up"] * 4, over
