@@ -40,15 +40,14 @@ from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
-from torch.distributed.checkpoint.stateful import Stateful
+
+# torch.distributed.checkpoint is imported where a DCP checkpoint is read or written, not here:
+# importing it costs about 0.6 CPU-s (DTensor's operator tables), and most processes that import
+# this module - every hetflow.train rank and Tune trial, whose checkpoints are directories of
+# files (below) - never touch DCP (issue 28: the suite's ranks and trials are 100+ processes).
+# ModelState and OptimizerState need no base class: DCP's ``Stateful`` is a runtime-checkable
+# protocol (a ``state_dict`` and a ``load_state_dict`` method).
 
 COMPLETE = "COMPLETE"
 META = "meta.json"
@@ -72,20 +71,22 @@ class CheckpointInfo:
     meta: dict[str, Any]
 
 
-class ModelState(Stateful):
+class ModelState:
     """The model's weights under single-device names, whatever wraps or shards it."""
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
 
     def state_dict(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
         return get_model_state_dict(self.model)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict
         set_model_state_dict(self.model, state_dict)
 
 
-class OptimizerState(Stateful):
+class OptimizerState:
     """The optimizer's state keyed by parameter names (not positions), so it reshards too."""
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
@@ -93,9 +94,11 @@ class OptimizerState(Stateful):
         self.optimizer = optimizer
 
     def state_dict(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
         return get_optimizer_state_dict(self.model, self.optimizer)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
         set_optimizer_state_dict(self.model, self.optimizer, state_dict)
 
 
@@ -141,6 +144,7 @@ def save_checkpoint(root: str | Path, step: int, state: dict[str, Any], meta: di
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir()
     _barrier()
+    import torch.distributed.checkpoint as dcp
     with _single_process_quiet():
         dcp.save(state, checkpoint_id=partial, no_dist=not dist.is_initialized())
     if rank == 0:
@@ -210,6 +214,7 @@ def remove_partials(root: str | Path) -> int:
 
 def load_checkpoint(info: CheckpointInfo, state: dict[str, Any]) -> None:
     """Load ``info`` into ``state`` in place (every rank calls this with its own share)."""
+    import torch.distributed.checkpoint as dcp
     with _single_process_quiet():
         dcp.load(state, checkpoint_id=info.path, no_dist=not dist.is_initialized())
 
@@ -217,6 +222,7 @@ def load_checkpoint(info: CheckpointInfo, state: dict[str, Any]) -> None:
 def load_model_weights(info: CheckpointInfo, model: nn.Module) -> None:
     """Load a checkpoint's weights into a plain single-device model, in a process with no
     process group (evaluation, export)."""
+    import torch.distributed.checkpoint as dcp
     state = {"model": model.state_dict()}
     with _single_process_quiet():
         dcp.load(state, checkpoint_id=info.path, no_dist=True)

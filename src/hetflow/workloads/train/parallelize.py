@@ -25,7 +25,6 @@ from typing import Any
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 from hetflow.core.request import MeshAxis
@@ -33,8 +32,9 @@ from hetflow.workloads.train.config import TrainConfig
 from hetflow.workloads.models.spec import spec_of
 
 DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-# torch.distributed.pipelining is imported only by a pipelined layout (pp > 1): it costs every
-# rank process ~0.6 s of CPU at start otherwise.
+# torch.distributed.pipelining is imported only by a pipelined layout (pp > 1), and FSDP only by
+# an FSDP layout: each costs every rank process (and every Tune trial, which imports the loop)
+# ~0.6-0.8 s of CPU at start otherwise (DTensor's operator tables).
 SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B"}
 
 
@@ -90,6 +90,8 @@ def pipeline_split(model: nn.Module, stage: int, num_stages: int) -> nn.Module:
 def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, dtype: torch.dtype | None) -> nn.Module:
     """FSDP2: each block is one all-gather unit, the root holds the rest (a model without a
     ``layers`` ModuleDict of blocks is one unit)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
     policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype \
         else MixedPrecisionPolicy()
     blocks = getattr(model, "layers", None)
