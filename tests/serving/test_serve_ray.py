@@ -634,6 +634,7 @@ def test_health_and_metrics(served) -> None:
                      "hetflow_upstream_requests": "counter", "hetflow_upstream_errors": "counter",
                      "hetflow_upstream_response_duration_seconds": "gauge", "hetflow_upstream_up": "gauge",
                      # engine: vllm pools (none in this config: the families are there, empty)
+                     "hetflow_llm_replicas": "gauge", "hetflow_llm_replicas_wanted": "gauge",
                      "hetflow_llm_replicas_answering": "gauge", "hetflow_llm_requests_running": "gauge",
                      "hetflow_llm_requests_waiting": "gauge", "hetflow_llm_kv_cache_usage_ratio": "gauge",
                      "hetflow_llm_routing_weight": "gauge",

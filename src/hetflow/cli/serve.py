@@ -156,7 +156,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
         signal.signal(signal.SIGTERM, _interrupt)  # a service manager's stop: as Ctrl-C
         _print(served, args)
-        _wait(args.duration)
+        _wait(args.duration, served)
     except KeyboardInterrupt:
         pass
     finally:
@@ -275,7 +275,12 @@ def _plan_or_stop(config: Any, args: argparse.Namespace) -> int:
                     tp += (f", pipeline parallel {pp}" if pp > 1 else "") + f", each over {e['nodes']} nodes"
                     if e.get("layer_split"):
                         tp += f" (layers {'/'.join(map(str, e['layer_split']))})"
-                print(f"    pool {e['pool']}: {e['replicas']} engine(s) on {where}{tp}, weight {e['weight']}")
+                scale = e.get("autoscaling")
+                count = (f"{e['replicas']} engine slot(s) of {scale['min_replicas']}-"
+                         f"{scale['max_replicas']} autoscaled (starts with {scale['initial_replicas']}, "
+                         f"{scale['target_ongoing_requests']:g} ongoing requests each)"
+                         if scale else f"{e['replicas']} engine(s)")
+                print(f"    pool {e['pool']}: {count} on {where}{tp}, weight {e['weight']}")
         return 0
     finally:
         if started:
@@ -294,10 +299,28 @@ def _raw_address(path: str) -> str | None:
     return address if isinstance(address, str) else None
 
 
-def _wait(duration: float | None) -> None:
+def _wait(duration: float | None, served: Any = None) -> None:
+    """Until ``duration`` has passed (None: until interrupted); meanwhile what the front door
+    did to autoscaled LLM pools (an engine started or stopped) is printed as it happens."""
     deadline = None if duration is None else time.monotonic() + duration
+    scaled = served is not None and any(
+        p.autoscaling for m in served.config.models if m.engine == "vllm" for p in m.effective_pools)
+    said: dict[tuple[str, int], int] = {}
+    looked = time.monotonic()
     while deadline is None or time.monotonic() < deadline:
         time.sleep(0.5 if deadline is None else max(0.0, min(0.5, deadline - time.monotonic())))
+        if scaled and time.monotonic() - looked >= 2.0:
+            looked = time.monotonic()
+            try:
+                pools = served.state().get("llm_scaling", {})
+            except Exception:  # noqa: BLE001 - the front door busy or restarting: next look
+                continue
+            for model, by_pool in pools.items():
+                for pool, st in by_pool.items():
+                    new = st["said"] - said.get((model, pool), 0)
+                    for line in st["events"][-new:] if new > 0 else []:
+                        print(line.removeprefix("hetflow front door: "), flush=True)
+                    said[(model, pool)] = st["said"]
 
 
 def describe(served: Any) -> dict[str, Any]:

@@ -38,6 +38,7 @@ from hetflow.core.errors import InputError
 from hetflow.core.units import parse_bytes
 from hetflow.core.validation import describe
 from hetflow.core.yamlfile import read_yaml
+from hetflow.workloads.serve.autoscaling import MAX_REPLICAS, AutoscalingConfig
 from hetflow.workloads.serve.llm import POOL_DEVICES, LLMPool, LLMRouting, VLLMEngine
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
@@ -48,10 +49,6 @@ SERVED_DEVICES = DeviceKeys("a served model", ("kind", "model", "vendor", "memor
                             {"kind": "auto", "share": True, "strategy": "pack"})
 """A served model's ``devices``: one replica's (hetflow.core.devices)."""
 
-MAX_REPLICAS = 100_000
-"""The most replicas one model (or LLM pool) may ask for. Past the numeric bounds of this file
-(timeouts: a day; a batch: 65,536 rows; queues: 1,000,000) the config is refused in one line:
-larger values overflow HAProxy's or Serve's own limits, or wait forever."""
 
 
 class _Section(BaseModel):
@@ -143,43 +140,6 @@ class AuthConfig(_Section):
 
     def enabled(self, host: str) -> bool:
         return self.mode == "keys" or (self.mode == "auto" and not is_loopback(host))
-
-
-class AutoscalingConfig(_Section):
-    """Ray Serve autoscaling of one model's replicas (by ongoing requests per replica)."""
-
-    min_replicas: int = Field(1, ge=1, le=MAX_REPLICAS)
-    """Fewest replicas kept running (at least one, so the gateway can tell 'down' from idle)."""
-    max_replicas: int = Field(4, ge=1, le=MAX_REPLICAS)
-    """Most replicas; on hetflow nodes this many are planned (by memory) up front."""
-    initial_replicas: int | None = Field(None, ge=1)
-    """Replicas at start (default: ``min_replicas``)."""
-    target_ongoing_requests: float = Field(16.0, gt=0)
-    """Ongoing requests per replica the autoscaler aims at. With batching, about one or two
-    batches' worth of requests."""
-    upscale_delay_s: float = Field(3.0, ge=0)
-    """How long the load must stay above target before replicas are added."""
-    downscale_delay_s: float = Field(30.0, ge=0)
-    """How long the load must stay below target before replicas are removed."""
-
-    @model_validator(mode="after")
-    def _bounds(self) -> "AutoscalingConfig":
-        initial = self.initial_replicas or self.min_replicas
-        if not self.min_replicas <= initial <= self.max_replicas:
-            raise ValueError(f"need min_replicas <= initial_replicas <= max_replicas, got "
-                             f"{self.min_replicas}, {initial}, {self.max_replicas}")
-        return self
-
-    def to_serve(self) -> dict[str, Any]:
-        """The ``autoscaling_config`` dict Ray Serve takes."""
-        return {
-            "min_replicas": self.min_replicas,
-            "initial_replicas": self.initial_replicas or self.min_replicas,
-            "max_replicas": self.max_replicas,
-            "target_ongoing_requests": self.target_ongoing_requests,
-            "upscale_delay_s": self.upscale_delay_s,
-            "downscale_delay_s": self.downscale_delay_s,
-        }
 
 
 class BatchingConfig(_Section):
@@ -343,6 +303,9 @@ class ModelServeConfig(_Section):
         kind = "gpu" if d.kind == "gpu" or d.vendor or d.model else "cpu"
         given = {k: v for k, v in (("model", d.model), ("vendor", d.vendor), ("memory", d.memory))
                  if v is not None}
+        if self.autoscaling is not None:
+            return [LLMPool(devices={"kind": kind, **given}, autoscaling=self.autoscaling,
+                            cpus_per_replica=self.cpus_per_replica)]
         return [LLMPool(devices={"kind": kind, **given}, replicas=self.replicas or 1,
                         cpus_per_replica=self.cpus_per_replica)]
 
@@ -532,9 +495,9 @@ def llm_errors(m: ModelServeConfig, sources: list[str]) -> list[str]:
                       "arguments)")
     if sources:
         errors.append(f"engine: vllm serves vllm.model; drop {', '.join(sources)}")
-    if m.autoscaling is not None:
-        errors.append("engine: vllm takes fixed replicas per pool (pools: [{replicas: N}]); "
-                      "autoscaling is not supported for it yet")
+    if m.autoscaling is not None and m.pools:
+        errors.append("engine: vllm with pools: give autoscaling per pool "
+                      "(pools: [{autoscaling: {min_replicas: 1, max_replicas: 4}}])")
     for i, pool in enumerate(m.pools):
         if pool.devices.kind == "cpu" and (pool.devices.vendor or pool.devices.model):
             errors.append(f"pool {i + 1}: devices.vendor/model need devices.kind gpu")

@@ -144,7 +144,9 @@ class Served:
                 pass
             ray.kill(self.front)
             self.front = None
-        _stop_llm_replicas(self.llm_replicas)
+        autoscaled = any(p.autoscaling for m in self.config.models if m.engine == "vllm"
+                         for p in m.effective_pools)
+        _stop_llm_replicas(self.llm_replicas, self.config.name if autoscaled else None)
         self.llm_replicas = []
 
 
@@ -298,6 +300,7 @@ def deploy(config: ServeConfig, *, timeout_s: float = 300.0) -> Served:
     started = connect_ray(config.ray_address)
     front = None
     llm_replicas: list[tuple[str, int, str, Any]] = []
+    scaling: list[Any] = []  # the autoscaled engine: vllm pools (the front door scales them)
     try:
         haproxy_binary()  # no binary: one clear line now, not a failed actor later
         if config.auth.store == "cluster":
@@ -317,7 +320,7 @@ def deploy(config: ServeConfig, *, timeout_s: float = 300.0) -> Served:
                            wait_for_applications_running=False)
         except Exception as exc:  # noqa: BLE001 - Serve raises several kinds; say which
             raise ServeFailed(f"application {config.name} failed to deploy: {exc}") from None
-        llm_servers = _start_llms(config, llm_replicas, timeout_s, front_token)
+        llm_servers = _start_llms(config, llm_replicas, timeout_s, front_token, scaling)
         here = ray.get_runtime_context().get_node_id()
         actor = ray.remote(FrontDoor).options(
             name=front_name(config.name), namespace="serve", num_cpus=0, max_concurrency=64,
@@ -325,7 +328,7 @@ def deploy(config: ServeConfig, *, timeout_s: float = 300.0) -> Served:
             scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False))
         try:
             front = actor.remote(front_plan(config, plans, llm_servers),
-                                 upstream_keys=upstream_keys)
+                                 upstream_keys=upstream_keys, scaling=scaling)
             ray.get(front.run.remote(), timeout=60)
         except ray.exceptions.RayActorError as exc:
             raise ServeFailed(f"the front door (HAProxy on {host}:{config.http.port}) did not "
@@ -340,8 +343,12 @@ def deploy(config: ServeConfig, *, timeout_s: float = 300.0) -> Served:
         _wait_ready(served, timeout_s)
     except BaseException:
         if front is not None:
+            try:  # no autoscaled engine starts after this
+                ray.get(front.stop.remote(), timeout=30)
+            except Exception:  # noqa: BLE001 - it never started, or died
+                pass
             ray.kill(front)
-        _stop_llm_replicas(llm_replicas)
+        _stop_llm_replicas(llm_replicas, config.name if scaling else None)
         if started:
             ray.shutdown()
         raise
@@ -349,19 +356,31 @@ def deploy(config: ServeConfig, *, timeout_s: float = 300.0) -> Served:
 
 
 def _start_llms(config: ServeConfig, out: list[tuple[str, int, str, Any]], timeout_s: float,
-                api_key: str | None = None) -> dict[str, list[tuple[str, str, int, int]]]:
+                api_key: str | None = None, scaling: list[Any] | None = None
+                ) -> dict[str, list[tuple[str, str, int, int]]]:
     """Start every ``engine: vllm`` model's replicas (appended to ``out`` as they start, so a
-    failure stops them) and wait until each engine answers; model -> its front-door servers."""
+    failure stops them) and wait until each engine answers; model -> its front-door servers.
+    The autoscaled pools' specs (``scaling.ScaledPool``: their planned slots) go to ``scaling``."""
     llm_groups = plan_llm_pools(config)
     if not llm_groups:
         return {}
-    from hetflow.workloads.serve.llm import INSTALL, server_name, start_pools, vllm_available
+    from hetflow.workloads.serve.llm import (INSTALL, pool_slots, server_name, start_pools,
+                                             vllm_available)
+    from hetflow.workloads.serve.scaling import ScaledPool
 
     if not vllm_available():
         raise InputError(f"engine: vllm needs vLLM in this environment: {INSTALL}")
     bind = config.http.host if is_loopback(config.http.host) else "0.0.0.0"
     heads: set[str] = set()
     for name, groups in llm_groups.items():
+        entry = config.model(name)
+        for index, slots in pool_slots(groups).items():
+            pool = entry.effective_pools[index]
+            if pool.autoscaling is not None and scaling is not None:
+                scaling.append(ScaledPool(
+                    name, index, pool.autoscaling.model_dump(), slots, entry, pool.weight, bind,
+                    startup_timeout_s=entry.vllm.merged(pool.engine).startup_timeout_s,
+                    drain_timeout_s=config.limits.request_timeout_s))
         started: list[tuple[int, str, Any, bool]] = []
         try:
             start_pools(config.name, config.model(name), groups, bind, started, api_key=api_key)
@@ -408,13 +427,17 @@ def _wait_engine(model: str, name: str, ready: Any, stages: list[tuple[str, Any]
                           f"{cause}") from None
 
 
-def _stop_llm_replicas(replicas: list[tuple[str, int, str, Any]]) -> None:
-    from hetflow.workloads.serve.llm import remove_spreads, stop_actors
+def _stop_llm_replicas(replicas: list[tuple[str, int, str, Any]], app: str | None = None) -> None:
+    """Stop the engines started with the deployment; with ``app``, every engine of the
+    application too (an autoscaled pool's, which the front door started)."""
+    from hetflow.workloads.serve.llm import kill_replicas, remove_spreads, stop_actors
 
     stop_actors([handle for _model, _pool, _name, handle in replicas])
     if replicas:  # the placement groups of engines over several nodes (named as their first)
         remove_spreads(names={name for _m, _p, name, _h in replicas})
     replicas.clear()
+    if app is not None:
+        kill_replicas(app)
 
 
 def stop(config: ServeConfig) -> list[str]:

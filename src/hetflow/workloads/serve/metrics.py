@@ -24,7 +24,7 @@ Exposed at ``GET /metrics`` (Prometheus text 0.0.4, or OpenMetrics when the scra
   (connection errors, bad answers and 5xx), ``hetflow_upstream_response_duration_seconds{upstream}`` (mean
   response time of its last 1,024 requests) and ``hetflow_upstream_up{upstream}`` (1 while
   its health checks pass) - from the front door's HAProxy counters.
-* ``hetflow_llm_{replicas_answering,requests_running,requests_waiting,kv_cache_usage_ratio,
+* ``hetflow_llm_{replicas,replicas_wanted,replicas_answering,requests_running,requests_waiting,kv_cache_usage_ratio,
   routing_weight,capacity_tokens_per_second}{model,pool}`` (gauges), ``hetflow_llm_{generation,prompt}_tokens_total{model,pool}``,
   ``hetflow_llm_engine_restarts_total{model,pool}`` (counters) and
   ``hetflow_llm_{first_token,output_token}_duration_seconds{model,pool}`` (summaries:
@@ -66,6 +66,8 @@ METRIC_TYPES = {
     "hetflow_upstream_errors_total": "counter",
     "hetflow_upstream_response_duration_seconds": "gauge",
     "hetflow_upstream_up": "gauge",
+    "hetflow_llm_replicas": "gauge",
+    "hetflow_llm_replicas_wanted": "gauge",
     "hetflow_llm_replicas_answering": "gauge",
     "hetflow_llm_requests_running": "gauge",
     "hetflow_llm_requests_waiting": "gauge",
@@ -196,6 +198,9 @@ class GatewayMetrics:
                                   else float(v.get(field, 0))) for k, v in self.upstreams.items()})
         pools = {(m, str(p)): st for m, by_pool in self.llm_pools.items() for p, st in by_pool.items()}
         for name, field, help_text in (
+                ("replicas", "replicas", "LLM replicas (engines) in the pool's routing."),
+                ("replicas_wanted", "wanted", "Engines the pool wants: its fixed count, or (autoscaled) "
+                 "its ongoing requests over target_ongoing_requests, within min and max_replicas."),
                 ("replicas_answering", "answering", "LLM replicas whose engine answered the last look."),
                 ("requests_running", "running", "Requests the pool's engines are generating for."),
                 ("requests_waiting", "waiting", "Requests waiting in the pool's engines."),

@@ -122,7 +122,7 @@ def check_cpus(config: ServeConfig, groups: dict[str, list[ReplicaGroup]], clust
     asks = {name: sum(group_cpus(g) for g in gs) for name, gs in groups.items()}
     for entry in config.models:  # engine: vllm models, planned later: each pool's replicas
         if entry.engine == "vllm":
-            asks[entry.name] = sum(p.replicas * p.cpus_per_replica for p in entry.effective_pools)
+            asks[entry.name] = sum(p.planned_replicas * p.cpus_per_replica for p in entry.effective_pools)
     gateway = config.gateway.replicas * config.gateway.cpus
     total = sum(asks.values()) + gateway
     if cluster_cpus > 0 and total > cluster_cpus + 1e-9:
@@ -255,6 +255,12 @@ def _describe_engine(entry: Any, pool: int, group: ReplicaGroup) -> dict[str, An
            "devices": devices, "ray_gpus": group.ray_actor_options.get("num_gpus") or 0,
            "tensor_parallel_size": engine.tensor_parallel_size,
            "weight": entry.effective_pools[pool].weight}
+    scaling = entry.effective_pools[pool].autoscaling
+    if scaling is not None:  # its engines are planned up to max_replicas; the front door scales
+        out["autoscaling"] = {"min_replicas": scaling.min_replicas,
+                              "initial_replicas": scaling.initial_replicas or scaling.min_replicas,
+                              "max_replicas": scaling.max_replicas,
+                              "target_ongoing_requests": scaling.target_ongoing_requests}
     if group.stages:
         out["nodes"] = len(group.stages)
         out["pipeline_parallel_size"] = engine.pipeline_parallel_size
@@ -295,7 +301,7 @@ def plan_pools(app: str, entry: Any, snapshot: Any, ray_gpus: float
             continue
         shadow = ModelServeConfig.model_construct(
             name=f"{entry.name}-p{i + 1}", devices=pool.devices.model_copy(update={"strategy": "pack"}),
-            replicas=pool.replicas, autoscaling=None, cpus_per_replica=pool.cpus_per_replica,
+            replicas=pool.planned_replicas, autoscaling=None, cpus_per_replica=pool.cpus_per_replica,
             precision="fp32", gpu_fraction=1.0)
         for group in plan_replica_groups(app, shadow, snapshot, ray_gpus, memory):
             out.append((i, group))
@@ -316,19 +322,20 @@ def _tensor_parallel_groups(app: str, entry: Any, index: int, pool: Any, tp: int
 
     base = f"{app}.{entry.name}-p{index + 1}"
     where = f"model {entry.name}: pool {index + 1}"
+    count = pool.planned_replicas  # autoscaling: its maximum, planned up front
     if not has_devices(snapshot, pool):
-        if pool.replicas * tp > ray_gpus + 1e-9:
-            raise Unschedulable(f"{where}: {pool.replicas} replicas x tensor_parallel_size {tp} "
-                                f"need {pool.replicas * tp} GPUs; the cluster has no hetflow GPU "
+        if count * tp > ray_gpus + 1e-9:
+            raise Unschedulable(f"{where}: {count} replicas x tensor_parallel_size {tp} "
+                                f"need {count * tp} GPUs; the cluster has no hetflow GPU "
                                 f"node and {ray_gpus:g} Ray GPUs")
         options = {"num_cpus": pool.cpus_per_replica, "num_gpus": tp}
-        return [ReplicaGroup(entry.name, f"{base}-tp{tp}", pool.replicas, None, options,
+        return [ReplicaGroup(entry.name, f"{base}-tp{tp}", count, None, options,
                              compute="gpu")], snapshot
     requests = [PlacementRequest.parse(
         f"{base}-r{r}", count=tp, memory=memory, memory_note="LLM replica (per device)",
-        vendor=pool.devices.vendor, model=pool.devices.model, share=False) for r in range(pool.replicas)]
+        vendor=pool.devices.vendor, model=pool.devices.model, share=False) for r in range(count)]
     placements, snapshot = plan_in_turn(requests, snapshot, lambda r, exc: (
-        f"{where}: replica {r + 1} of {pool.replicas} (tensor_parallel_size {tp}) does not fit "
+        f"{where}: replica {r + 1} of {count} (tensor_parallel_size {tp}) does not fit "
         f"({exc}); lower replicas or tensor_parallel_size"))
     groups = []
     for r, placement in enumerate(placements):
@@ -370,7 +377,7 @@ def _multi_node_groups(app: str, entry: Any, index: int, pool: Any, engine: Any,
     models = pool.node_models or [pool.devices.model] * n
     if pool.devices.kind == "gpu" and has_devices(snapshot, pool):
         groups = []
-        for r in range(pool.replicas):
+        for r in range(pool.planned_replicas):
             stages, nodes, first, held = [], [], None, []
             for s in range(n):
                 view = replace(snapshot, nodes=tuple(nd for nd in snapshot.nodes if nd.name not in nodes))
@@ -421,7 +428,7 @@ def _multi_node_groups(app: str, entry: Any, index: int, pool: Any, engine: Any,
     split = layer_split(entry, pool, engine, [], where)  # only a given one: no memory known here
     if split:
         options["runtime_env"] = {"env_vars": {"VLLM_PP_LAYER_PARTITION": ",".join(map(str, split))}}
-    return [ReplicaGroup(entry.name, f"{base}-x{n}", pool.replicas, None, options,
+    return [ReplicaGroup(entry.name, f"{base}-x{n}", pool.planned_replicas, None, options,
                          compute=pool.devices.kind, stages=(options,) * n,
                          spread=(bundle,) * n)], snapshot
 
