@@ -761,7 +761,7 @@ class FrontDoor:
     def _scale_once(self) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
-        from hetflow.workloads.serve.llm import pool_index, scrape_engine
+        from hetflow.workloads.serve.llm import scrape_engine
 
         for scaler in self.scalers:
             if self._stopped:
@@ -773,11 +773,14 @@ class FrontDoor:
             ongoing = {s[0]: (st.get("running", 0.0) + st.get("waiting", 0.0)) if st else None
                        for s, st in zip(servers, stats)}
 
-            def apply(new: list[tuple[str, str, int, int]], model: str = model, pool: int = pool) -> None:
+            def apply(add: tuple[str, str, int, int] | None = None, remove: str | None = None,
+                      model: str = model) -> None:
+                """Into the routing (``add``) or out of it (``remove``, a server name), on the
+                servers of now (an engine followed to a new address meanwhile stays there)."""
                 with self._busy:
                     self._reload_with(tuple(
                         dataclasses.replace(u, servers=tuple(
-                            [s for s in u.servers if pool_index(s[0]) != pool] + list(new)))
+                            [s for s in u.servers if s[0] != remove] + ([add] if add else [])))
                         if u.local and u.name == model else u for u in self.plan.upstreams))
 
             scaler.tick(self._pool_servers(model, pool), ongoing, apply,

@@ -87,8 +87,9 @@ class _Change:
 @dataclass
 class PoolScaler:
     """One pool's engines, scaled. The front door calls :meth:`tick` every ``EVERY_S`` with the
-    pool's servers now and each one's ongoing requests; ``apply`` puts a new server list into
-    the routing (the front door rewrites and reloads HAProxy)."""
+    pool's servers now and each one's ongoing requests; ``apply(add=server)`` /
+    ``apply(remove=name)`` puts an engine into the routing or takes it out (the front door
+    rewrites and reloads HAProxy)."""
 
     spec: ScaledPool
     app: str
@@ -114,7 +115,7 @@ class PoolScaler:
         print(line, file=sys.stderr, flush=True)
 
     def tick(self, servers: list[tuple[str, str, int, int]], ongoing: dict[str, float | None],
-             apply: Callable[[list[tuple[str, str, int, int]]], None], now: float | None = None,
+             apply: Callable[..., None], now: float | None = None,
              stopped: Callable[[], bool] = lambda: False,
              creating: Any = contextlib.nullcontext()) -> None:
         """One look: ``servers`` are the pool's engines in the routing now (front-door server
@@ -166,7 +167,7 @@ class PoolScaler:
                                        namespace="serve")
             except ValueError:
                 handle = None
-            apply([s for s in servers if s[0] != name])
+            apply(remove=name)
             self._say(f"{self.ongoing:g} ongoing requests over {_engines(len(servers))} (target "
                       f"{a['target_ongoing_requests']:g} each): engine {name} out of the "
                       "routing, stopping once its requests are done")
@@ -174,7 +175,7 @@ class PoolScaler:
                 self.draining = _Change(replica, handle, now, server=(name, host, port))
 
     def _check_start(self, servers: list[tuple[str, str, int, int]],
-                     apply: Callable[[list[tuple[str, str, int, int]]], None], now: float) -> None:
+                     apply: Callable[..., None], now: float) -> None:
         import ray
 
         from hetflow.workloads.serve.llm import stop_actors
@@ -192,7 +193,7 @@ class PoolScaler:
                 cause = str(getattr(exc, "cause", None) or exc).strip().splitlines()[-1][:300]
                 self._say(f"engine {name} failed to start: {cause}")
                 return
-            apply(servers + [(name, host, int(port), self.spec.weight)])
+            apply(add=(name, host, int(port), self.spec.weight))
             self.starting = None
             self.clock.since = now  # the next step waits a whole delay from here
             self._say(f"engine {name} answers at {host}:{port} ({len(servers) + 1} running)")
