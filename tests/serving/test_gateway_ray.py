@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ import yaml
 from tests.net import free_port
 from tests.procs import named_with_env, nice_of, parent_of
 from tests.serving.haproxy_run import serve_in_thread
+from tests.serving.serve_run import stop, wait_serving
 from tests.serving.test_upstream import SECRET, _Provider
 
 pytestmark = pytest.mark.ray
@@ -85,20 +85,11 @@ def gateway(tmp_path_factory):
                                  "--duration", "600"], env=user_env(keys_dir), stdout=stdout,
                                 stderr=stderr)
     try:
-        deadline = time.monotonic() + 240
-        while "serving gw at" not in out_path.read_text():
-            assert proc.poll() is None, err_path.read_text()[-3000:]
-            assert time.monotonic() < deadline, "hetflow serve did not come up in 240 s"
-            time.sleep(0.5)
+        wait_serving(proc, out_path, err_path, "gw", timeout_s=240)
         yield {"url": f"http://127.0.0.1:{port}", "port": port, "keys": made, "dir": keys_dir,
                "refused": refused, "out": out_path, "err": err_path}
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
         provider.shutdown()
         provider.server_close()
 

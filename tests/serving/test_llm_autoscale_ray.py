@@ -21,7 +21,7 @@ import requests
 import yaml
 
 from tests.net import free_port
-from tests.serving.llm_run import HETFLOW, NEEDS_VLLM, stop, wait_serving
+from tests.serving.serve_run import HETFLOW, NEEDS_VLLM, stop, wait_serving
 
 pytestmark = NEEDS_VLLM
 TARGET = 2  # ongoing requests per engine the pool aims at

@@ -26,7 +26,7 @@ import yaml
 from tests.net import free_port
 from tests.procs import stat_fields
 from tests.ray_cluster import hetflow_cluster
-from tests.serving.llm_run import HETFLOW, NEEDS_VLLM, stop, wait_serving
+from tests.serving.serve_run import HETFLOW, NEEDS_VLLM, stop, wait_serving
 from tests.serving.haproxy_run import PROVIDER_KEY, OpenAIProvider, serve_in_thread
 
 pytestmark = NEEDS_VLLM

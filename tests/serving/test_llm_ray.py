@@ -27,7 +27,7 @@ import requests
 import yaml
 
 from tests.net import free_port
-from tests.serving.llm_run import HETFLOW, NEEDS_VLLM, stop, wait_serving
+from tests.serving.serve_run import HETFLOW, NEEDS_VLLM, stop, wait_serving
 from tests.procs import group_of, nice_of, parent_of
 
 pytestmark = NEEDS_VLLM

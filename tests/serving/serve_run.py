@@ -1,6 +1,6 @@
-"""What the modules that serve a real vLLM engine with ``hetflow serve`` share: the command, the
-marks (Ray; skipped with the install line where vLLM is absent), waiting for the serving line
-and the stop a user gives (Ctrl-C)."""
+"""What the modules that run ``hetflow serve`` as a user does share: the command, waiting for
+its serving line, the stop a user gives (Ctrl-C), and the marks of the modules that need vLLM
+(Ray; skipped with the install line where vLLM is absent)."""
 
 from __future__ import annotations
 
